@@ -1,0 +1,126 @@
+/* tandem: devices, their memory, and their host threads.
+ *
+ * A device is a CPU core set, a GPU or an OpenCL device, opened from a device
+ * spec (see td_devices_open). Each device has one host thread of its own, and
+ * only that thread touches the device: calls made from other threads are
+ * handed to it and waited for. Memory on one device is separate from every
+ * other, even between CPU devices; data moves by explicit copies. */
+#ifndef TANDEM_DEVICE_H
+#define TANDEM_DEVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tandem/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct td_device td_device;
+typedef struct td_device_list td_device_list;
+typedef struct td_buffer td_buffer;
+typedef struct td_event td_event;
+
+/* What `tandem devices` shows about one device. Strings are "" and numbers 0
+ * (or -1 for indexes) where the backend does not know. */
+typedef struct td_device_info {
+    char name[32];    /* "cpu:0", "cuda:1", "opencl:0.1" */
+    char backend[16]; /* "cpu", "cuda", "opencl" */
+    char model[128];  /* "AMD EPYC 9R14", "NVIDIA H200" */
+    char vendor[64];
+    char driver[64];   /* driver or runtime version */
+    int compute_units; /* cores, SMs or compute units */
+    int clock_mhz;
+    uint64_t mem_total; /* bytes usable on this device (the budget if one is set) */
+    uint64_t mem_free;
+    uint64_t mem_budget;    /* 0: no budget */
+    int fp64;               /* 1 when f64 arithmetic is supported */
+    double fp64_rate;       /* f64:f32 throughput, 0 when unknown */
+    char isa[160];          /* CPUs: SIMD extensions, "SSE4.2 AVX2 AVX-512F ..." */
+    char cores[64];         /* CPUs: the logical CPUs owned, "0-1" */
+    int pinned;             /* CPUs: 1 when the host thread is bound to its cores */
+    int cc_major, cc_minor; /* CUDA compute capability */
+    char peers[128];        /* GPUs: devices reachable by peer copies */
+    int numa_node;          /* -1 when unknown */
+    uint64_t local_mem;     /* OpenCL local or CUDA shared memory per block */
+    int max_work_group;     /* OpenCL max work-group or CUDA max threads per block */
+    double slowdown;        /* >1 when the device was slowed on purpose */
+} td_device_info;
+
+/* Opens the devices a spec names. The grammar, items separated by commas:
+ *
+ *   cpu            one device owning every core this process may use
+ *   cpu:N          the device of logical CPU N (one core)
+ *   cpu*K          the cores split into K devices
+ *   cuda:N, cuda:*     CUDA GPU N, every CUDA GPU
+ *   opencl:P.D, opencl:*  device D of OpenCL platform P, every OpenCL device
+ *   auto           every GPU when there is one, else `cpu`
+ *   all            every device of every backend (for listings)
+ *
+ * and options in braces after an item: {cores=N, mem=512M, slowdown=3,
+ * split=2}. On failure *out is NULL and the message names the item and lists
+ * the devices that exist. The caller destroys the list, which closes the
+ * devices; every buffer must be freed before. */
+TD_API td_status td_devices_open(const char *spec, td_device_list **out);
+TD_API void td_device_list_destroy(td_device_list *list);
+TD_API size_t td_device_list_count(const td_device_list *list);
+/* Borrowed: valid while the list lives. NULL when i is out of range. */
+TD_API td_device *td_device_list_get(const td_device_list *list, size_t i);
+/* One line per backend that offered no device, such as "cuda: no CUDA device
+ * (CUDA driver version is insufficient for CUDA runtime version)"; "" when
+ * none. Valid while the list lives. */
+TD_API const char *td_device_list_notes(const td_device_list *list);
+
+/* "cpu:0". Valid while the device is open. */
+TD_API const char *td_device_name(const td_device *dev);
+/* Fills *out. Safe from any thread. */
+TD_API td_status td_device_get_info(td_device *dev, td_device_info *out);
+/* 1 when f64 arithmetic is supported. */
+TD_API int td_device_supports_f64(const td_device *dev);
+
+/* Runs fn(dev, arg) on the device's host thread and waits for it; runs it
+ * directly when called from that thread. Returns what fn returned, and fn's
+ * message becomes the caller's. */
+typedef td_status (*td_device_fn)(td_device *dev, void *arg);
+TD_API td_status td_device_run(td_device *dev, td_device_fn fn, void *arg);
+
+/* Queues fn(dev, arg) on the device's host thread, after everything queued
+ * before it (an in-order queue), and returns at once. *event, when not NULL,
+ * receives an event to wait on; the caller destroys it. */
+TD_API td_status td_device_submit(td_device *dev, td_device_fn fn, void *arg, td_event **event);
+/* Waits for the task and returns its status, carrying its message over. */
+TD_API td_status td_event_wait(td_event *ev);
+/* TD_OK when done, TD_IN_PROGRESS while not; never blocks. */
+TD_API td_status td_event_query(td_event *ev);
+TD_API void td_event_destroy(td_event *ev);
+/* Waits until everything queued on the device, and its own device queue, is done. */
+TD_API td_status td_device_sync(td_device *dev);
+
+/* The device whose host thread is calling, or NULL. */
+TD_API td_device *td_device_current(void);
+
+/* Memory. Allocation counts against the device's budget ({mem=...}) as well
+ * as its real memory; going over either is TD_ERR_OUT_OF_MEMORY with the
+ * device, the size asked and the size left in the message. */
+TD_API td_status td_buffer_alloc(td_device *dev, size_t nbytes, td_buffer **out);
+/* NULL-safe. Must be called before the buffer's device is closed. */
+TD_API void td_buffer_free(td_buffer *buf);
+TD_API size_t td_buffer_size(const td_buffer *buf);
+TD_API td_device *td_buffer_device(const td_buffer *buf);
+/* Host to device and device to host, synchronous. Out-of-range offsets or
+ * sizes are TD_ERR_INVALID_ARG. */
+TD_API td_status td_buffer_write(td_buffer *dst, size_t offset, const void *src, size_t nbytes);
+TD_API td_status td_buffer_read(const td_buffer *src, size_t offset, void *dst, size_t nbytes);
+/* Device to device, any two devices: direct (peer) where the backend can,
+ * else staged through host memory. Synchronous. */
+TD_API td_status td_buffer_copy(td_buffer *dst, size_t dst_offset, const td_buffer *src,
+                                size_t src_offset, size_t nbytes);
+
+/* Bytes in use on the device through td_buffer_alloc. */
+TD_API uint64_t td_device_mem_used(const td_device *dev);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

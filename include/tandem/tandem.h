@@ -1,0 +1,11 @@
+/* tandem: neural networks on several devices at once. One include for all. */
+#ifndef TANDEM_TANDEM_H
+#define TANDEM_TANDEM_H
+
+#include "tandem/core.h"
+#include "tandem/device.h"
+#include "tandem/nn.h"
+#include "tandem/status.h"
+#include "tandem/tensor.h"
+
+#endif

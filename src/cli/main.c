@@ -1,0 +1,51 @@
+/* tandem: the command-line tool. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "tandem/tandem.h"
+
+typedef struct command {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} command;
+
+static const command commands[] = {
+    {"devices", td_cli_devices, "list the devices here: memory, fp64, SIMD, peers"},
+};
+
+static void usage(FILE *out) {
+    fprintf(out, "usage: tandem <command> [options]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+        fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(out, "\n'tandem <command> --help' describes a command's options.\n");
+}
+
+int td_cli_fail(const char *what, int status) {
+    const char *detail = td_last_error();
+    fprintf(stderr, "tandem: %s: %s%s%s\n", what, td_status_str((td_status)status),
+            *detail ? ": " : "", detail);
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("tandem %s\n", TD_VERSION_STRING);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+        if (!strcmp(argv[1], commands[i].name))
+            return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "tandem: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,102 @@
+/* The inside of the device layer: the backend interface and the device
+ * object. Only the device layer and the backends include this. */
+#ifndef TD_DEVICE_IMPL_H
+#define TD_DEVICE_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "device/kernels.h"
+#include "device/spec.h"
+#include "tandem/device.h"
+
+#define TD_BACKEND_API_VERSION 1
+
+typedef struct td_device_sink td_device_sink;
+
+/* A backend is a static const table of these plus a void *ctx per device.
+ * Slots marked optional may be NULL; the device layer supplies the default. */
+typedef struct td_backend_ops {
+    uint32_t api_version; /* TD_BACKEND_API_VERSION */
+    const char *name;     /* "cpu", "cuda", "opencl" */
+
+    /* Lists the devices that exist, one name a line ("cpu:0 (1 core)\n"), or
+     * says why there are none. Used for listings and error messages. */
+    void (*describe)(char *buf, size_t n);
+    /* How many physical devices exist (0 when none; why goes to the message). */
+    int (*count)(void);
+    /* Expands one spec item into devices, calling td__device_sink_add() for
+     * each. On failure the message names the item. */
+    td_status (*open)(const td_spec_item *item, td_device_sink *sink);
+    /* Releases a device's context; NULL-safe. Runs on the caller's thread
+     * after the host thread has ended. */
+    void (*close)(void *ctx);
+
+    /* Optional. Run once on the device's host thread when it starts and ends:
+     * pinning to cores, cudaSetDevice, queue creation. */
+    td_status (*thread_init)(void *ctx);
+    void (*thread_deinit)(void *ctx);
+
+    /* The remaining calls run on the device's host thread only. */
+    td_status (*info)(void *ctx, td_device_info *out);
+    td_status (*alloc)(void *ctx, size_t nbytes, void **ptr);
+    void (*free)(void *ctx, void *ptr); /* NULL-safe */
+    /* Host to device and device to host; synchronous on return. */
+    td_status (*write)(void *ctx, void *dst, const void *src, size_t nbytes);
+    td_status (*read)(void *ctx, void *dst, const void *src, size_t nbytes);
+    /* Within one device. */
+    td_status (*copy)(void *ctx, void *dst, const void *src, size_t nbytes);
+    /* Optional: between two devices of this backend, run on dst's host
+     * thread. NULL: the device layer stages through host memory. */
+    td_status (*copy_peer)(void *dst_ctx, void *dst, void *src_ctx, const void *src, size_t nbytes);
+    /* Optional: waits for the device's own queue. NULL: already synchronous. */
+    td_status (*sync)(void *ctx);
+
+    const td_kernels *kernels;
+} td_backend_ops;
+
+typedef struct td_task td_task;
+
+struct td_device {
+    char name[32];
+    const td_backend_ops *ops;
+    void *ctx;
+    td_device_options opts;
+    uint64_t mem_budget; /* 0: none */
+    atomic_uint_least64_t mem_used;
+
+    /* The host thread and its in-order queue of tasks. */
+    pthread_t thread;
+    bool thread_started;
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    td_task *head, *tail;
+    bool stopping;
+    td_status init_status; /* what thread_init returned */
+    int fp64;              /* cached at start: tensors ask on every create */
+};
+
+struct td_buffer {
+    td_device *dev;
+    void *ptr; /* the backend's pointer: host memory for CPU devices */
+    size_t nbytes;
+};
+
+/* Called by a backend's open() once per device it makes. The name is copied;
+ * ctx becomes the device's and is released with ops->close on failure too. */
+td_status td__device_sink_add(td_device_sink *sink, const td_backend_ops *ops, const char *name,
+                              void *ctx, const td_device_options *opts);
+
+/* The registered backends, in listing order (cpu first). */
+const td_backend_ops *const *td__backends(size_t *count);
+
+extern const td_backend_ops td__cpu_backend;
+#ifdef TD_HAVE_CUDA
+extern const td_backend_ops td__cuda_backend;
+#endif
+#ifdef TD_HAVE_OPENCL
+extern const td_backend_ops td__opencl_backend;
+#endif
+
+#endif

@@ -1,0 +1,63 @@
+#include "support/support.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+void td_test_assert_message_contains(const char *needle) {
+    const char *msg = td_last_error();
+    if (!strstr(msg, needle))
+        fail_msg("message \"%s\" lacks \"%s\"", msg, needle);
+}
+
+void td_test_skip(const char *why) {
+    printf("skipped: %s\n", why);
+    fflush(stdout);
+    exit(77);
+}
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    char *buf;
+    long n;
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    buf = malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    if (buf)
+        buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+int td_test_run_command(const char *cmd, char **out, char **err) {
+    char outp[] = "/tmp/td_test_outXXXXXX", errp[] = "/tmp/td_test_errXXXXXX";
+    int fo = mkstemp(outp), fe = mkstemp(errp);
+    char *full;
+    int rc;
+    size_t n;
+    if (fo < 0 || fe < 0)
+        return -1;
+    close(fo);
+    close(fe);
+    n = strlen(cmd) + strlen(outp) + strlen(errp) + 16;
+    full = malloc(n);
+    snprintf(full, n, "%s >%s 2>%s", cmd, outp, errp);
+    rc = system(full);
+    free(full);
+    *out = slurp(outp);
+    *err = slurp(errp);
+    unlink(outp);
+    unlink(errp);
+    if (rc == -1 || !WIFEXITED(rc))
+        return -1;
+    return WEXITSTATUS(rc);
+}

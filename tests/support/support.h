@@ -1,0 +1,42 @@
+/* Helpers shared by the tests: cmocka, plus checks that print tandem's own
+ * message when a call fails. */
+#ifndef TD_TEST_SUPPORT_H
+#define TD_TEST_SUPPORT_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+/* cmocka needs the four includes above first. */
+#include <cmocka.h>
+
+#include "tandem/tandem.h"
+
+/* Fails the test with the status name and td_last_error() unless call is TD_OK. */
+#define TD_ASSERT_OK(call)                                                                         \
+    do {                                                                                           \
+        td_status st_ = (call);                                                                    \
+        if (st_ != TD_OK)                                                                          \
+            fail_msg("%s returned %s: %s", #call, td_status_name(st_), td_last_error());           \
+    } while (0)
+
+/* Fails unless call returns `want`; prints the message it gave either way. */
+#define TD_ASSERT_STATUS(call, want)                                                               \
+    do {                                                                                           \
+        td_status st_ = (call);                                                                    \
+        if (st_ != (want))                                                                         \
+            fail_msg("%s returned %s, expected %s: %s", #call, td_status_name(st_),                \
+                     td_status_name(want), td_last_error());                                       \
+    } while (0)
+
+/* Fails unless td_last_error() contains needle. */
+void td_test_assert_message_contains(const char *needle);
+
+/* Exits 77 (counted as skipped by ctest) after printing "skipped: why". */
+void td_test_skip(const char *why) __attribute__((noreturn));
+
+/* Runs a command, captures its stdout and stderr into malloc'ed strings, and
+ * returns its exit status (or -1). */
+int td_test_run_command(const char *cmd, char **out, char **err);
+
+#endif
