@@ -17,8 +17,17 @@ static void usage(FILE *out) {
                  "  --help          show this help\n");
 }
 
-static double gib(uint64_t b) {
-    return (double)b / (1024.0 * 1024.0 * 1024.0);
+/* "23.5 GiB", "512.0 MiB". */
+static const char *human(uint64_t b, char buf[32]) {
+    static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)b;
+    int u = 0;
+    while (v >= 1024.0 && u < 4) {
+        v /= 1024.0;
+        u++;
+    }
+    snprintf(buf, 32, u ? "%.1f %s" : "%.0f %s", v, units[u]);
+    return buf;
 }
 
 static void print_text(const td_device_info *d) {
@@ -37,8 +46,9 @@ static void print_text(const td_device_info *d) {
                d->pinned ? " (pinned)" : " (not pinned)");
     if (d->clock_mhz)
         printf("  %-16s %d MHz\n", "clock", d->clock_mhz);
-    printf("  %-16s %.2f GiB total, %.2f GiB free%s\n", "memory", gib(d->mem_total),
-           gib(d->mem_free), d->mem_budget ? " (budget)" : "");
+    char total[32], free_b[32];
+    printf("  %-16s %s total, %s free%s\n", "memory", human(d->mem_total, total),
+           human(d->mem_free, free_b), d->mem_budget ? " (budget)" : "");
     if (d->fp64_rate > 0)
         printf("  %-16s %s (fp64:fp32 = 1:%g)\n", "fp64", d->fp64 ? "yes" : "no",
                1.0 / d->fp64_rate);
