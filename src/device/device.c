@@ -541,7 +541,7 @@ td_status td_buffer_alloc(td_device *dev, size_t nbytes, td_buffer **out) {
     if ((st = td_device_run(dev, alloc_task, &a)) != TD_OK) {
         atomic_fetch_sub(&dev->mem_used, nbytes);
         free(buf);
-        return st;
+        return td__error_prefix(st, "%s: ", dev->name);
     }
     buf->dev = dev;
     buf->ptr = a.ptr;

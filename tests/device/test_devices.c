@@ -140,6 +140,7 @@ static void a_huge_allocation_fails_cleanly_without_a_budget(void **state) {
     /* 2^62 bytes: no machine has it; the failure is a status, not a crash. */
     TD_ASSERT_STATUS(td_buffer_alloc(td_device_list_get(list, 0), (size_t)1 << 62, &b),
                      TD_ERR_OUT_OF_MEMORY);
+    td_test_assert_message_contains("cpu:0: allocating");
     assert_null(b);
     assert_int_equal(td_device_mem_used(td_device_list_get(list, 0)), 0);
     td_device_list_destroy(list);

@@ -225,7 +225,17 @@ static td_status cpu_info(void *ctx, td_device_info *out) {
     return TD_OK;
 }
 
+/* Linux overcommits: a huge malloc can succeed and the process be killed
+ * later when it touches the pages. Asking for more than the machine has is
+ * refused here, while it is still a clean error. */
 static td_status cpu_alloc(void *ctx, size_t nbytes, void **ptr) {
+    uint64_t total = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+    *ptr = NULL;
+    if (nbytes > total) {
+        char a[32], b[32];
+        return td__error(TD_ERR_OUT_OF_MEMORY, "allocating %s exceeds this machine's memory (%s)",
+                         td__format_bytes((double)nbytes, a), td__format_bytes((double)total, b));
+    }
     *ptr = td__aligned_alloc(nbytes, "device memory");
     return *ptr ? TD_OK : TD_ERR_OUT_OF_MEMORY;
 }

@@ -186,15 +186,14 @@ static td_status cuda_info(void *ctx, td_device_info *out) {
 }
 
 static td_status cuda_alloc(void *ctx, size_t nbytes, void **ptr) {
-    cuda_device *cd = ctx;
     cudaError_t err = cudaMalloc(ptr, nbytes ? nbytes : 1);
     if (err != cudaSuccess) {
         char a[32];
         *ptr = NULL;
         cudaGetLastError(); /* an allocation failure is not sticky: clear it */
         return td__error(err == cudaErrorMemoryAllocation ? TD_ERR_OUT_OF_MEMORY : TD_ERR_DEVICE,
-                         "%s: cudaMalloc of %s failed: %s", cd->name,
-                         td__format_bytes((double)nbytes, a), cudaGetErrorString(err));
+                         "cudaMalloc of %s failed: %s", td__format_bytes((double)nbytes, a),
+                         cudaGetErrorString(err));
     }
     return TD_OK;
 }
