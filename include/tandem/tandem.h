@@ -7,5 +7,6 @@
 #include "tandem/nn.h"
 #include "tandem/status.h"
 #include "tandem/tensor.h"
+#include "tandem/train.h"
 
 #endif

@@ -1,0 +1,221 @@
+/* tandem: data sets, seeded batching, and the training loop.
+ *
+ * Data sets live in host memory; a loader walks one in a seeded order and
+ * fills host batches (td_batch, see nn.h) that a model copies to its device.
+ * The order depends only on (seed, epoch), never on how many devices train,
+ * so a run split across devices sees the same samples as a run on one. */
+#ifndef TANDEM_TRAIN_H
+#define TANDEM_TRAIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tandem/nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* IDX files (MNIST) ----------------------------------------------------------
+ *
+ * An IDX file is a 4-byte magic number (two zero bytes, a type byte, the number
+ * of dimensions), one 32-bit big-endian extent per dimension, then the data.
+ * tandem reads type 0x08 (unsigned bytes) with 1 to 4 dimensions. */
+
+typedef struct td_idx {
+    int ndim;                  /* 1 (labels) to 4 */
+    int64_t dims[TD_MAX_DIMS]; /* dims[0] is the number of items */
+    uint8_t *data;             /* (dims[0], ..., dims[ndim-1]) bytes, malloc'ed */
+    size_t size;               /* bytes in data */
+} td_idx;
+
+/* Parses an IDX file held in memory, gzip-compressed (as MNIST ships) or
+ * not. Checks the magic number, the type, the extents and that the length is
+ * exactly what the header says. `name` stands for the file in messages. On
+ * failure *out is zeroed and the message says what is wrong (TD_ERR_CORRUPT,
+ * TD_ERR_UNSUPPORTED). The caller releases *out with td_idx_deinit(). */
+TD_API td_status td_idx_parse(const void *bytes, size_t n, const char *name, td_idx *out);
+/* td_idx_parse() of the file at path; a missing file is TD_ERR_IO naming it. */
+TD_API td_status td_idx_read(const char *path, td_idx *out);
+/* Frees the data; NULL-safe and safe on a zeroed td_idx. */
+TD_API void td_idx_deinit(td_idx *idx);
+
+/* Data sets --------------------------------------------------------------- */
+
+typedef struct td_dataset td_dataset;
+
+typedef struct td_dataset_info {
+    td_input_kind kind;         /* features (images) or tokens (text) */
+    int64_t size;               /* samples */
+    int ndim;                   /* per-sample input shape[0..ndim) */
+    int64_t shape[TD_MAX_DIMS]; /* (1, 28, 28) for MNIST, (T) for text */
+    int64_t features;           /* product of shape */
+    int64_t num_classes;        /* 10, or the vocabulary size */
+    int64_t labels_per_sample;  /* 1, or T for text */
+} td_dataset_info;
+
+/* Images and labels from two IDX files (images: (n, rows, cols) bytes;
+ * labels: (n) bytes, each below 256). Pixels become floats
+ *     x = (p / 255 - 0.1307) / 0.3081,
+ * MNIST's training-set mean and standard deviation, as PyTorch's MNIST
+ * examples do. Errors name the file. The caller destroys *out. */
+TD_API td_status td_dataset_open_idx(const char *images_path, const char *labels_path,
+                                     td_dataset **out);
+
+/* The MNIST layout in dir: train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz,
+ * t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz (gzipped or, without
+ * .gz, not). *train gets 60,000 samples and *test 10,000. */
+TD_API td_status td_mnist_open(const char *dir, td_dataset **train, td_dataset **test);
+
+typedef enum td_text_vocab {
+    TD_TEXT_BYTES = 0, /* 256 tokens: token = byte value */
+    TD_TEXT_CHARS =
+        1, /* the distinct bytes of the file, sorted: token = rank (65 for Tiny Shakespeare) */
+} td_text_vocab;
+
+typedef struct td_text_options {
+    int64_t context;     /* T: tokens per sample */
+    double val_fraction; /* the file's last part held out for validation, e.g. 0.1 */
+    td_text_vocab vocab;
+} td_text_options;
+
+#define TD_TEXT_OPTIONS_INIT                                                                       \
+    { 128, 0.1, TD_TEXT_BYTES }
+
+/* A character-level text data set. The file's first (1 - val_fraction) bytes
+ * train, the rest validate. Training sample i is the window of T tokens
+ * starting at byte i (every start, so a shuffled epoch is random windows
+ * drawn without replacement); validation sample i starts at byte i * T (the
+ * held-out text once, without overlap). Labels are the next byte of each
+ * position. Either part too short for one window is TD_ERR_INVALID_ARG
+ * naming the file. The caller destroys both. */
+TD_API td_status td_text_open(const char *path, const td_text_options *opt, td_dataset **train,
+                              td_dataset **val);
+
+/* NULL-safe. */
+TD_API void td_dataset_destroy(td_dataset *ds);
+TD_API void td_dataset_get_info(const td_dataset *ds, td_dataset_info *out);
+/* The file (or folder) the data set came from. Valid while ds lives. */
+TD_API const char *td_dataset_source(const td_dataset *ds);
+/* Text data sets with TD_TEXT_CHARS: the vocabulary, token i being byte
+ * vocab[i], and its length; NULL and 0 otherwise. Valid while ds lives. */
+TD_API const uint8_t *td_dataset_vocab(const td_dataset *ds, size_t *len);
+
+/* Writes sample `index` (0 <= index < size): its features into x (features
+ * floats) for images or its tokens into tokens (T ints) for text, and its
+ * labels_per_sample labels. The pointer not used by the kind may be NULL.
+ * Thread-safe: reads only. */
+TD_API td_status td_dataset_get(const td_dataset *ds, int64_t index, float *x, int32_t *tokens,
+                                int32_t *labels);
+
+/* Loaders: seeded shuffling and batching -------------------------------------
+ *
+ * Epoch e visits the samples in the order of a Fisher-Yates shuffle driven by
+ * Philox with key seed and counters (i, e): the same (seed, epoch) gives the
+ * same order on every machine and for every device count. Batches hold
+ * `batch` samples; the epoch's last one may be smaller. */
+
+typedef struct td_loader td_loader;
+
+/* The loader borrows ds, which must outlive it. shuffle = 0 keeps the data
+ * set's order (for evaluation). The caller destroys *out. */
+TD_API td_status td_loader_create(const td_dataset *ds, int64_t batch, uint64_t seed, int shuffle,
+                                  td_loader **out);
+/* NULL-safe. */
+TD_API void td_loader_destroy(td_loader *l);
+/* Fills *out with the next batch of the current epoch; its arrays belong to
+ * the loader and stay valid until the next call. At the end of an epoch
+ * *out->n is 0 once and the following call starts the next epoch. */
+TD_API td_status td_loader_next(td_loader *l, td_batch *out);
+/* Where the next batch starts: the epoch and the position in its order. */
+TD_API void td_loader_position(const td_loader *l, int64_t *epoch, int64_t *index);
+/* Moves to (epoch, index) as td_loader_position() gave it, so that a resumed
+ * run reads exactly what an uninterrupted one would have. */
+TD_API td_status td_loader_seek(td_loader *l, int64_t epoch, int64_t index);
+/* ceil(size / batch). */
+TD_API int64_t td_loader_batches_per_epoch(const td_loader *l);
+/* The sample at position i of epoch e's order (for tests and tools). */
+TD_API td_status td_loader_order(const td_loader *l, int64_t epoch, int64_t i, int64_t *sample);
+
+/* The trainer ---------------------------------------------------------------- */
+
+typedef enum td_train_event_kind {
+    TD_TRAIN_EVENT_STEP = 0,  /* after each optimizer step */
+    TD_TRAIN_EVENT_EPOCH = 1, /* at each epoch's end, after evaluation */
+    TD_TRAIN_EVENT_DONE = 2,  /* once, after the final evaluation */
+} td_train_event_kind;
+
+typedef struct td_train_event {
+    td_train_event_kind kind;
+    int64_t step;           /* optimizer steps taken so far (over the whole run) */
+    int64_t total_steps;    /* steps the run will take, when known; else 0 */
+    int64_t epoch;          /* 0-based epoch the step belongs to */
+    int64_t batch_in_epoch; /* batches done in this epoch */
+    int64_t batches_per_epoch;
+    double loss;          /* STEP: this batch's mean loss; EPOCH/DONE: the epoch's train loss */
+    double accuracy;      /* STEP: this batch's; EPOCH/DONE: the epoch's train accuracy */
+    double lr;            /* the rate the step used */
+    double samples_per_s; /* STEP: since the epoch began; EPOCH: the epoch's; DONE: the run's */
+    double eval_loss;     /* EPOCH/DONE: test (or validation) mean loss; NAN when not run */
+    double eval_accuracy; /* EPOCH/DONE: test (or validation) accuracy */
+    double elapsed_s;     /* since the run (this process) began */
+} td_train_event;
+
+/* Called on the thread that runs td_train_run(). A non-zero return stops
+ * the run after the current step (the checkpoint is still written). */
+typedef int (*td_train_callback)(void *arg, const td_train_event *ev);
+
+typedef struct td_train_config {
+    const char *model_path; /* model JSON; NULL when resuming takes the checkpoint's */
+    const char *data_path;  /* an MNIST folder, or a text file for a token model */
+    const char *devices;    /* device spec; the first device trains; NULL: "cpu" */
+    td_dtype dtype;
+    int64_t epochs;           /* epochs to train; 0 with steps > 0: steps decide */
+    int64_t steps;            /* stop after this many optimizer steps in all; 0: epochs decide */
+    int64_t batch;            /* samples per step */
+    uint64_t seed;            /* initialisation, data order and dropout */
+    td_optimizer_config opt;  /* total_steps 0: filled in from epochs/steps */
+    double max_seconds;       /* stop after this much training time; 0: no limit */
+    int64_t eval_samples;     /* evaluate on at most this many test samples; 0: all */
+    int eval_each_epoch;      /* evaluate at every epoch's end, not only at the end */
+    const char *checkpoint;   /* written at each epoch's end and at the end; NULL: none */
+    int64_t checkpoint_every; /* also every this many steps; 0: not */
+    const char *resume;       /* a checkpoint to continue from; NULL: start afresh */
+    const char *metrics;      /* JSON lines, one per step and per epoch; NULL: none */
+    td_train_callback callback;
+    void *callback_arg;
+} td_train_config;
+
+#define TD_TRAIN_CONFIG_INIT                                                                       \
+    {                                                                                              \
+        NULL, NULL, NULL, TD_F32, 1, 0, 64, 1, TD_OPTIMIZER_CONFIG_INIT, 0.0, 0, 1, NULL, 0, NULL, \
+            NULL, NULL, NULL                                                                       \
+    }
+
+typedef struct td_train_summary {
+    int64_t steps;        /* optimizer steps taken in all (including before a resume) */
+    int64_t epochs_done;  /* complete epochs */
+    int64_t samples;      /* samples trained on by this process */
+    double train_seconds; /* time in training steps (this process) */
+    double samples_per_s; /* samples / train_seconds */
+    double final_loss;    /* mean train loss of the last epoch (or of the steps since it began) */
+    double test_loss;     /* on the test or validation set; NAN when not evaluated */
+    double test_accuracy;
+    int64_t test_samples;
+    int stopped; /* 1 when max_seconds or the callback ended the run early */
+} td_train_summary;
+
+/* Trains cfg->model_path on cfg->data_path: loads or resumes, runs the
+ * steps, evaluates, writes the checkpoint and the metrics, and reports
+ * through cfg->callback. Errors name the file, flag or device at fault. */
+TD_API td_status td_train_run(const td_train_config *cfg, td_train_summary *out);
+
+/* Evaluates a model on the whole of ds (in order, batch samples at a time):
+ * *out gets the loss sum, the correct count and the label count. */
+TD_API td_status td_evaluate(td_model *m, const td_dataset *ds, int64_t batch, int64_t max_samples,
+                             td_step_result *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
