@@ -5,6 +5,7 @@
 #include "tandem/core.h"
 #include "tandem/device.h"
 #include "tandem/nn.h"
+#include "tandem/parallel.h"
 #include "tandem/status.h"
 #include "tandem/tensor.h"
 #include "tandem/train.h"
