@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/alloc.h"
 #include "core/error.h"
@@ -491,6 +492,23 @@ int td_device_supports_f64(const td_device *dev) {
 
 uint64_t td_device_mem_used(const td_device *dev) {
     return dev ? atomic_load(&dev->mem_used) : 0;
+}
+
+double td__device_slowdown(const td_device *dev) {
+    return dev && dev->opts.has_slowdown ? dev->opts.slowdown : 1.0;
+}
+
+void td__device_throttle(td_device *dev, uint64_t start_ns) {
+    double f = td__device_slowdown(dev);
+    uint64_t spent = td_clock_ns() - start_ns;
+    double extra = (f - 1.0) * (double)spent;
+    struct timespec ts;
+    if (f <= 1.0 || extra < 1000.0)
+        return;
+    ts.tv_sec = (time_t)(extra / 1e9);
+    ts.tv_nsec = (long)(extra - (double)ts.tv_sec * 1e9);
+    while (nanosleep(&ts, &ts) != 0)
+        ; /* interrupted: sleep the rest */
 }
 
 /* Memory ------------------------------------------------------------------- */

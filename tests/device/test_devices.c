@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "device/device-impl.h"
 #include "support/support.h"
 
 static td_device_list *open_ok(const char *spec) {
@@ -193,6 +194,23 @@ static void out_of_range_transfers_are_refused(void **state) {
     td_device_list_destroy(list);
 }
 
+static void slowdown_stretches_a_phase_of_work(void **state) {
+    td_device_list *list = open_ok("cpu:0{slowdown=3},cpu:1");
+    td_device *slow = td_device_list_get(list, 0);
+    uint64_t start = td_clock_ns(), busy_end;
+    td_device_info info;
+    while (td_clock_ns() - start < 20000000ull)
+        ; /* 20 ms of work */
+    busy_end = td_clock_ns();
+    td__device_throttle(slow, start);
+    /* Sleeping never ends early: the phase took at least 3x its work. */
+    assert_true(td_clock_ns() - start >= 3 * (busy_end - start) - 1000000ull);
+    assert_true(td__device_slowdown(td_device_list_get(list, 1)) == 1.0);
+    TD_ASSERT_OK(td_device_get_info(slow, &info));
+    assert_true(info.slowdown == 3.0);
+    td_device_list_destroy(list);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(cpu_specs_give_the_devices_they_name),
@@ -202,6 +220,7 @@ int main(void) {
         cmocka_unit_test(a_huge_allocation_fails_cleanly_without_a_budget),
         cmocka_unit_test(copies_between_devices_keep_every_byte),
         cmocka_unit_test(out_of_range_transfers_are_refused),
+        cmocka_unit_test(slowdown_stretches_a_phase_of_work),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
