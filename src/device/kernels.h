@@ -68,10 +68,9 @@ typedef struct td_kernels {
                       double beta, void *c, int64_t ldc);
     /* `batch` GEMMs; matrix i starts stride_a * i elements after a, and so on. */
     td_status (*gemm_batched)(void *ctx, td_dtype dt, int ta, int tb, int64_t m, int64_t n,
-                              int64_t k, double alpha, const void *a, int64_t lda,
-                              int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b,
-                              double beta, void *c, int64_t ldc, int64_t stride_c,
-                              int64_t batch);
+                              int64_t k, double alpha, const void *a, int64_t lda, int64_t stride_a,
+                              const void *b, int64_t ldb, int64_t stride_b, double beta, void *c,
+                              int64_t ldc, int64_t stride_c, int64_t batch);
 
     /* y (outer, c, inner) += bias (c). */
     td_status (*bias_add)(void *ctx, td_dtype dt, void *y, const void *bias, int64_t outer,
@@ -82,8 +81,8 @@ typedef struct td_kernels {
     /* y = f(x), n elements; y may be x. */
     td_status (*act_fwd)(void *ctx, td_dtype dt, td_act act, size_t n, const void *x, void *y);
     /* dx = dy * f'(x); y = f(x) is given too (tanh and sigmoid use it). dx may be dy. */
-    td_status (*act_bwd)(void *ctx, td_dtype dt, td_act act, size_t n, const void *x,
-                         const void *y, const void *dy, void *dx);
+    td_status (*act_bwd)(void *ctx, td_dtype dt, td_act act, size_t n, const void *x, const void *y,
+                         const void *dy, void *dx);
     /* y = a + b. */
     td_status (*add)(void *ctx, td_dtype dt, size_t n, const void *a, const void *b, void *y);
     /* y = alpha x + beta y (beta 0: y is only written). */
@@ -91,8 +90,8 @@ typedef struct td_kernels {
                        void *y);
     /* y = x * keep / (1 - p), keep = (number (offset + i) of stream seed >= p).
      * The same call with dy and dx is the backward. */
-    td_status (*dropout)(void *ctx, td_dtype dt, size_t n, double p, uint64_t seed,
-                         uint64_t offset, const void *x, void *y);
+    td_status (*dropout)(void *ctx, td_dtype dt, size_t n, double p, uint64_t seed, uint64_t offset,
+                         const void *x, void *y);
     /* Softmax cross-entropy over logits (rows, classes) with labels (rows):
      * *loss_sum gets the sum of -log softmax[label], *correct how many rows'
      * arg-max equal the label; when dlogits is not NULL it gets
@@ -112,14 +111,12 @@ typedef struct td_kernels {
                                const void *dy, void *dx, void *dgamma, void *dbeta, int acc);
     /* y (b, t, c) = wte[tokens (b, t)] + wpe[t] (wpe (>= t, c) may be NULL).
      * Token ids outside [0, vocab) are an error naming the position. */
-    td_status (*embed_fwd)(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t c,
-                           int64_t vocab, const int32_t *tokens, const void *wte, const void *wpe,
-                           void *y);
+    td_status (*embed_fwd)(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t c, int64_t vocab,
+                           const int32_t *tokens, const void *wte, const void *wpe, void *y);
     /* dwte[tokens] += dy, dwpe[t] += sum over b of dy; both first zeroed
      * unless acc. dwpe may be NULL. */
-    td_status (*embed_bwd)(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t c,
-                           int64_t vocab, const int32_t *tokens, const void *dy, void *dwte,
-                           void *dwpe, int acc);
+    td_status (*embed_bwd)(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t c, int64_t vocab,
+                           const int32_t *tokens, const void *dy, void *dwte, void *dwpe, int acc);
     /* y (n, oc, oh, ow) = conv(x (n, c, h, w), w (oc, c, kh, kw)) + bias (oc). */
     td_status (*conv2d_fwd)(void *ctx, td_dtype dt, const td_conv_desc *d, const void *x,
                             const void *w, const void *bias, void *y);
@@ -135,11 +132,11 @@ typedef struct td_kernels {
                           const void *dy, const int32_t *argmax, void *dx);
     /* For each of `rows` (t, t) matrices: p = softmax(scale * s) over each row
      * with the entries above the diagonal masked out (and written as 0). */
-    td_status (*causal_softmax_fwd)(void *ctx, td_dtype dt, int64_t rows, int64_t t,
-                                    double scale, const void *s, void *p);
+    td_status (*causal_softmax_fwd)(void *ctx, td_dtype dt, int64_t rows, int64_t t, double scale,
+                                    const void *s, void *p);
     /* ds = scale * p * (dp - sum_j p dp) row by row (ds may be dp). */
-    td_status (*causal_softmax_bwd)(void *ctx, td_dtype dt, int64_t rows, int64_t t,
-                                    double scale, const void *p, const void *dp, void *ds);
+    td_status (*causal_softmax_bwd)(void *ctx, td_dtype dt, int64_t rows, int64_t t, double scale,
+                                    const void *p, const void *dp, void *ds);
     /* *out = sum of x[i]^2, accumulated in double. */
     td_status (*sumsq)(void *ctx, td_dtype dt, size_t n, const void *x, double *out);
     /* SGD with momentum (buf may be NULL when momentum is 0), L2 weight decay. */

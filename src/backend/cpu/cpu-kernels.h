@@ -7,8 +7,7 @@
 #include "backend/cpu/cpu-impl.h"
 
 /* The [begin, end) of part i of n when `total` items are split evenly. */
-static inline void td__part_range(size_t total, int part, int nparts, size_t *begin,
-                                  size_t *end) {
+static inline void td__part_range(size_t total, int part, int nparts, size_t *begin, size_t *end) {
     *begin = total * (size_t)part / (size_t)nparts;
     *end = total * (size_t)(part + 1) / (size_t)nparts;
 }
@@ -18,9 +17,9 @@ static inline void td__part_range(size_t total, int part, int nparts, size_t *be
 void *td__cpu_scratch(size_t n);
 
 /* Serial GEMM on the calling thread (cblas), row-major. */
-void td__cpu_gemm_serial(td_dtype dt, int ta, int tb, int64_t m, int64_t n, int64_t k,
-                         double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
-                         double beta, void *c, int64_t ldc);
+void td__cpu_gemm_serial(td_dtype dt, int ta, int tb, int64_t m, int64_t n, int64_t k, double alpha,
+                         const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
+                         void *c, int64_t ldc);
 
 /* kern_gemm.c */
 td_status td__cpu_gemm(void *ctx, td_dtype dt, int ta, int tb, int64_t m, int64_t n, int64_t k,
@@ -29,13 +28,11 @@ td_status td__cpu_gemm(void *ctx, td_dtype dt, int ta, int tb, int64_t m, int64_
 td_status td__cpu_gemm_batched(void *ctx, td_dtype dt, int ta, int tb, int64_t m, int64_t n,
                                int64_t k, double alpha, const void *a, int64_t lda,
                                int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b,
-                               double beta, void *c, int64_t ldc, int64_t stride_c,
-                               int64_t batch);
+                               double beta, void *c, int64_t ldc, int64_t stride_c, int64_t batch);
 td_status td__cpu_conv2d_fwd(void *ctx, td_dtype dt, const td_conv_desc *d, const void *x,
                              const void *w, const void *bias, void *y);
 td_status td__cpu_conv2d_bwd(void *ctx, td_dtype dt, const td_conv_desc *d, const void *x,
-                             const void *w, const void *dy, void *dx, void *dw, void *db,
-                             int acc);
+                             const void *w, const void *dy, void *dx, void *dw, void *db, int acc);
 
 /* kern_elem.c: SIMD elementwise ops and reductions */
 td_status td__cpu_bias_add(void *ctx, td_dtype dt, void *y, const void *bias, int64_t outer,
@@ -46,15 +43,15 @@ td_status td__cpu_act_fwd(void *ctx, td_dtype dt, td_act act, size_t n, const vo
 td_status td__cpu_act_bwd(void *ctx, td_dtype dt, td_act act, size_t n, const void *x,
                           const void *y, const void *dy, void *dx);
 td_status td__cpu_add(void *ctx, td_dtype dt, size_t n, const void *a, const void *b, void *y);
-td_status td__cpu_axpby(void *ctx, td_dtype dt, size_t n, double alpha, const void *x,
-                        double beta, void *y);
+td_status td__cpu_axpby(void *ctx, td_dtype dt, size_t n, double alpha, const void *x, double beta,
+                        void *y);
 td_status td__cpu_dropout(void *ctx, td_dtype dt, size_t n, double p, uint64_t seed,
                           uint64_t offset, const void *x, void *y);
 td_status td__cpu_sumsq(void *ctx, td_dtype dt, size_t n, const void *x, double *out);
 td_status td__cpu_sgd(void *ctx, td_dtype dt, size_t n, void *w, const void *g, void *buf,
                       const td_opt_args *o);
-td_status td__cpu_adamw(void *ctx, td_dtype dt, size_t n, void *w, const void *g, void *m,
-                        void *v, const td_opt_args *o);
+td_status td__cpu_adamw(void *ctx, td_dtype dt, size_t n, void *w, const void *g, void *m, void *v,
+                        const td_opt_args *o);
 
 /* kern_nn.c */
 td_status td__cpu_xent(void *ctx, td_dtype dt, int64_t rows, int64_t classes, const void *logits,
@@ -63,23 +60,20 @@ td_status td__cpu_xent(void *ctx, td_dtype dt, int64_t rows, int64_t classes, co
 td_status td__cpu_layernorm_fwd(void *ctx, td_dtype dt, int64_t rows, int64_t cols, double eps,
                                 const void *x, const void *gamma, const void *beta, void *y,
                                 void *mean, void *rstd);
-td_status td__cpu_layernorm_bwd(void *ctx, td_dtype dt, int64_t rows, int64_t cols,
-                                const void *x, const void *gamma, const void *mean,
-                                const void *rstd, const void *dy, void *dx, void *dgamma,
-                                void *dbeta, int acc);
-td_status td__cpu_embed_fwd(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t c,
-                            int64_t vocab, const int32_t *tokens, const void *wte,
-                            const void *wpe, void *y);
-td_status td__cpu_embed_bwd(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t c,
-                            int64_t vocab, const int32_t *tokens, const void *dy, void *dwte,
-                            void *dwpe, int acc);
+td_status td__cpu_layernorm_bwd(void *ctx, td_dtype dt, int64_t rows, int64_t cols, const void *x,
+                                const void *gamma, const void *mean, const void *rstd,
+                                const void *dy, void *dx, void *dgamma, void *dbeta, int acc);
+td_status td__cpu_embed_fwd(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t c, int64_t vocab,
+                            const int32_t *tokens, const void *wte, const void *wpe, void *y);
+td_status td__cpu_embed_bwd(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t c, int64_t vocab,
+                            const int32_t *tokens, const void *dy, void *dwte, void *dwpe, int acc);
 td_status td__cpu_pool_fwd(void *ctx, td_dtype dt, td_pool_kind kind, const td_conv_desc *d,
                            const void *x, void *y, int32_t *argmax);
 td_status td__cpu_pool_bwd(void *ctx, td_dtype dt, td_pool_kind kind, const td_conv_desc *d,
                            const void *dy, const int32_t *argmax, void *dx);
-td_status td__cpu_causal_softmax_fwd(void *ctx, td_dtype dt, int64_t rows, int64_t t,
-                                     double scale, const void *s, void *p);
-td_status td__cpu_causal_softmax_bwd(void *ctx, td_dtype dt, int64_t rows, int64_t t,
-                                     double scale, const void *p, const void *dp, void *ds);
+td_status td__cpu_causal_softmax_fwd(void *ctx, td_dtype dt, int64_t rows, int64_t t, double scale,
+                                     const void *s, void *p);
+td_status td__cpu_causal_softmax_bwd(void *ctx, td_dtype dt, int64_t rows, int64_t t, double scale,
+                                     const void *p, const void *dp, void *ds);
 
 #endif

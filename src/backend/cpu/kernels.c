@@ -1,12 +1,6 @@
 /* CPU kernels. Each splits its range over the device's cores. */
-#include "backend/cpu/cpu-impl.h"
+#include "backend/cpu/cpu-kernels.h"
 #include "core/philox.h"
-
-/* The [begin, end) of part i of n when `total` items are split evenly. */
-static void part_range(size_t total, int part, int nparts, size_t *begin, size_t *end) {
-    *begin = total * (size_t)part / (size_t)nparts;
-    *end = total * (size_t)(part + 1) / (size_t)nparts;
-}
 
 typedef struct fill_args {
     void *x;
@@ -18,7 +12,7 @@ typedef struct fill_args {
 static void fill_part(void *p, int part, int nparts) {
     fill_args *a = p;
     size_t b, e;
-    part_range(a->n, part, nparts, &b, &e);
+    td__part_range(a->n, part, nparts, &b, &e);
     if (a->dt == TD_F32) {
         float *x = a->x, v = (float)a->value;
         for (size_t i = b; i < e; i++)
@@ -48,7 +42,7 @@ typedef struct rng_args {
 static void rng_part(void *p, int part, int nparts) {
     rng_args *r = p;
     size_t b, e;
-    part_range(r->n, part, nparts, &b, &e);
+    td__part_range(r->n, part, nparts, &b, &e);
     for (size_t i = b; i < e; i++) {
         uint64_t k = r->offset + i;
         double v = r->kind == TD_RNG_UNIFORM ? r->a + (r->b - r->a) * td__rng_uniform_at(r->seed, k)
@@ -70,4 +64,27 @@ static td_status cpu_rng(void *ctx, void *x, td_dtype dt, size_t n, td_rng_kind 
 const td_kernels td__cpu_kernels = {
     .fill = cpu_fill,
     .rng = cpu_rng,
+    .gemm = td__cpu_gemm,
+    .gemm_batched = td__cpu_gemm_batched,
+    .bias_add = td__cpu_bias_add,
+    .bias_grad = td__cpu_bias_grad,
+    .act_fwd = td__cpu_act_fwd,
+    .act_bwd = td__cpu_act_bwd,
+    .add = td__cpu_add,
+    .axpby = td__cpu_axpby,
+    .dropout = td__cpu_dropout,
+    .xent = td__cpu_xent,
+    .layernorm_fwd = td__cpu_layernorm_fwd,
+    .layernorm_bwd = td__cpu_layernorm_bwd,
+    .embed_fwd = td__cpu_embed_fwd,
+    .embed_bwd = td__cpu_embed_bwd,
+    .conv2d_fwd = td__cpu_conv2d_fwd,
+    .conv2d_bwd = td__cpu_conv2d_bwd,
+    .pool_fwd = td__cpu_pool_fwd,
+    .pool_bwd = td__cpu_pool_bwd,
+    .causal_softmax_fwd = td__cpu_causal_softmax_fwd,
+    .causal_softmax_bwd = td__cpu_causal_softmax_bwd,
+    .sumsq = td__cpu_sumsq,
+    .sgd = td__cpu_sgd,
+    .adamw = td__cpu_adamw,
 };
