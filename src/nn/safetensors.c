@@ -1,0 +1,724 @@
+/* The safetensors format: a verifying reader and an atomic writer. */
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "tandem/checkpoint.h"
+
+/* Python's safetensors refuses headers over 100 MB; so does this reader. */
+#define TD_ST_MAX_HEADER ((uint64_t)100 * 1000 * 1000)
+/* Files larger than this are refused before reading. */
+#define TD_ST_MAX_FILE ((size_t)1 << 36)
+#define TD_ST_CRC_KEY  "tandem.crc32"
+
+typedef struct st_meta {
+    char *key, *value;
+} st_meta;
+
+struct td_safetensors {
+    char name[1024];
+    uint8_t *bytes; /* the whole file */
+    size_t n;
+    td_st_tensor *tensors; /* sorted by data offset */
+    size_t count;
+    st_meta *meta;
+    size_t nmeta;
+    int has_checksum;
+};
+
+/* Reading ------------------------------------------------------------------ */
+
+void td_safetensors_destroy(td_safetensors *st) {
+    if (!st)
+        return;
+    for (size_t i = 0; i < st->count; i++)
+        free((char *)st->tensors[i].name);
+    for (size_t i = 0; i < st->nmeta; i++) {
+        free(st->meta[i].key);
+        free(st->meta[i].value);
+    }
+    free(st->tensors);
+    free(st->meta);
+    free(st->bytes);
+    free(st);
+}
+
+static int dtype_from_name(const char *s, td_dtype *dt) {
+    if (!strcmp(s, "F32"))
+        *dt = TD_F32;
+    else if (!strcmp(s, "F64"))
+        *dt = TD_F64;
+    else
+        return 0;
+    return 1;
+}
+
+static int known_dtype(const char *s) {
+    static const char *const names[] = {"BOOL", "U8",  "I8",  "F8_E5M2", "F8_E4M3",
+                                        "I16",  "U16", "F16", "BF16",    "I32",
+                                        "U32",  "F32", "F64", "I64",     "U64"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (!strcmp(s, names[i]))
+            return 1;
+    return 0;
+}
+
+/* A JSON integer in [0, max], else -1. */
+static int64_t json_index(const json_t *v, int64_t max) {
+    json_int_t x;
+    if (!json_is_integer(v))
+        return -1;
+    x = json_integer_value(v);
+    return x < 0 || x > max ? -1 : (int64_t)x;
+}
+
+static int cmp_meta(const void *a, const void *b) {
+    return strcmp(((const st_meta *)a)->key, ((const st_meta *)b)->key);
+}
+
+/* CRC-32 of the data, then of each metadata key and value (with their
+ * terminating zeros) in key order, leaving out the checksum itself. */
+static uint32_t checksum(const uint8_t *data, size_t n, st_meta *meta, size_t nmeta) {
+    uLong crc = crc32(0L, Z_NULL, 0);
+    while (n > 0) {
+        uInt chunk = n > (1u << 30) ? (1u << 30) : (uInt)n;
+        crc = crc32(crc, data, chunk);
+        data += chunk;
+        n -= chunk;
+    }
+    qsort(meta, nmeta, sizeof *meta, cmp_meta);
+    for (size_t i = 0; i < nmeta; i++) {
+        if (!strcmp(meta[i].key, TD_ST_CRC_KEY))
+            continue;
+        crc = crc32(crc, (const Bytef *)meta[i].key, (uInt)strlen(meta[i].key) + 1);
+        crc = crc32(crc, (const Bytef *)meta[i].value, (uInt)strlen(meta[i].value) + 1);
+    }
+    return (uint32_t)crc;
+}
+
+static int cmp_offset(const void *a, const void *b) {
+    const td_st_tensor *x = a, *y = b;
+    const uint8_t *px = x->data, *py = y->data;
+    if (px != py)
+        return px < py ? -1 : 1;
+    /* Empty tensors share an offset with their neighbour; names break ties. */
+    if (x->nbytes != y->nbytes)
+        return x->nbytes < y->nbytes ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+static td_status parse_metadata(td_safetensors *st, json_t *m) {
+    const char *key;
+    json_t *v;
+    if (!json_is_object(m))
+        return td__error(TD_ERR_CORRUPT, "%s: \"__metadata__\" is not an object", st->name);
+    if (!(st->meta = td__calloc((json_object_size(m) + 1) * sizeof *st->meta, "metadata")))
+        return TD_ERR_OUT_OF_MEMORY;
+    json_object_foreach(m, key, v) {
+        if (!json_is_string(v))
+            return td__error(TD_ERR_CORRUPT, "%s: metadata \"%s\" is not a string", st->name, key);
+        st->meta[st->nmeta].key = td__strdup(key);
+        st->meta[st->nmeta].value = td__strdup(json_string_value(v));
+        st->nmeta++;
+        if (!st->meta[st->nmeta - 1].key || !st->meta[st->nmeta - 1].value)
+            return TD_ERR_OUT_OF_MEMORY;
+    }
+    return TD_OK;
+}
+
+static td_status parse_tensor(td_safetensors *st, const char *key, json_t *v, const uint8_t *data,
+                              size_t data_len, td_st_tensor *t) {
+    json_t *dtype, *shape, *offsets;
+    int64_t begin, end;
+    size_t numel = 1, nbytes = 0, esize;
+    int zero = 0, overflow = 0;
+    if (!json_is_object(v))
+        return td__error(TD_ERR_CORRUPT, "%s: tensor \"%s\": entry is not an object", st->name,
+                         key);
+    dtype = json_object_get(v, "dtype");
+    shape = json_object_get(v, "shape");
+    offsets = json_object_get(v, "data_offsets");
+    if (!json_is_string(dtype) || !json_is_array(shape) || !json_is_array(offsets))
+        return td__error(TD_ERR_CORRUPT,
+                         "%s: tensor \"%s\": needs \"dtype\" (string), \"shape\" and "
+                         "\"data_offsets\" (arrays)",
+                         st->name, key);
+    if (!dtype_from_name(json_string_value(dtype), &t->dtype))
+        return td__error(known_dtype(json_string_value(dtype)) ? TD_ERR_UNSUPPORTED
+                                                               : TD_ERR_CORRUPT,
+                         "%s: tensor \"%s\": dtype \"%.32s\"; tandem reads F32 and F64", st->name,
+                         key, json_string_value(dtype));
+    esize = td_dtype_size(t->dtype);
+    if (json_array_size(shape) > TD_ST_MAX_DIMS)
+        return td__error(TD_ERR_UNSUPPORTED, "%s: tensor \"%s\": %zu dimensions; at most %d",
+                         st->name, key, json_array_size(shape), TD_ST_MAX_DIMS);
+    t->ndim = (int)json_array_size(shape);
+    for (int d = 0; d < t->ndim; d++) {
+        int64_t e = json_index(json_array_get(shape, (size_t)d), INT64_MAX);
+        if (e < 0)
+            return td__error(TD_ERR_CORRUPT,
+                             "%s: tensor \"%s\": shape[%d] is not a non-negative integer", st->name,
+                             key, d);
+        t->shape[d] = e;
+        if (e == 0)
+            zero = 1;
+        else if (__builtin_mul_overflow(numel, (size_t)e, &numel))
+            overflow = 1;
+    }
+    if (zero)
+        numel = 0;
+    else if (__builtin_mul_overflow(numel, esize, &nbytes))
+        overflow = 1;
+    if (json_array_size(offsets) != 2 ||
+        (begin = json_index(json_array_get(offsets, 0), INT64_MAX)) < 0 ||
+        (end = json_index(json_array_get(offsets, 1), INT64_MAX)) < 0 || end < begin)
+        return td__error(TD_ERR_CORRUPT,
+                         "%s: tensor \"%s\": data_offsets must be [begin, end] with "
+                         "0 <= begin <= end",
+                         st->name, key);
+    if ((uint64_t)end > data_len)
+        return td__error(TD_ERR_CORRUPT,
+                         "%s: tensor \"%s\": data ends at byte %lld, past the %zu bytes of data "
+                         "in the file (truncated?)",
+                         st->name, key, (long long)end, data_len);
+    if (overflow || numel * esize != (size_t)(end - begin))
+        return td__error(TD_ERR_CORRUPT,
+                         "%s: tensor \"%s\": shape and dtype need %s bytes, data_offsets give %lld",
+                         st->name, key, overflow ? "too many" : "a different number of",
+                         (long long)(end - begin));
+    t->numel = numel;
+    t->data = data + begin;
+    t->nbytes = (size_t)(end - begin);
+    if (!(t->name = td__strdup(key)))
+        return TD_ERR_OUT_OF_MEMORY;
+    return TD_OK;
+}
+
+td_status td_safetensors_parse(const void *bytes, size_t n, const char *name,
+                               td_safetensors **out) {
+    td_safetensors *st = NULL;
+    json_t *root = NULL, *v;
+    json_error_t jerr;
+    const char *key;
+    const uint8_t *data;
+    uint64_t hlen = 0;
+    size_t data_len, pos;
+    td_status st_;
+    if (!out)
+        return td__error(TD_ERR_INVALID_ARG, "td_safetensors_parse: out is NULL");
+    *out = NULL;
+    if (!bytes && n)
+        return td__error(TD_ERR_INVALID_ARG, "td_safetensors_parse: bytes is NULL");
+    if (!(st = td__calloc(sizeof *st, "a safetensors file")))
+        return TD_ERR_OUT_OF_MEMORY;
+    snprintf(st->name, sizeof st->name, "%s", name ? name : "<memory>");
+    if (!(st->bytes = malloc(n ? n : 1))) {
+        st_ = td__error(TD_ERR_OUT_OF_MEMORY, "%s: no memory for %zu bytes", st->name, n);
+        goto fail;
+    }
+    if (n)
+        memcpy(st->bytes, bytes, n);
+    st->n = n;
+    if (n < 8) {
+        st_ = td__error(TD_ERR_CORRUPT, "%s: %zu bytes, shorter than the 8-byte header length",
+                        st->name, n);
+        goto fail;
+    }
+    for (int i = 7; i >= 0; i--)
+        hlen = hlen << 8 | st->bytes[i];
+    if (hlen > n - 8 || hlen > TD_ST_MAX_HEADER || hlen < 2) {
+        st_ =
+            td__error(TD_ERR_CORRUPT,
+                      "%s: header length %llu does not fit the file (%zu bytes) or the limit "
+                      "(%llu)",
+                      st->name, (unsigned long long)hlen, n, (unsigned long long)TD_ST_MAX_HEADER);
+        goto fail;
+    }
+    if (!(root = json_loadb((const char *)st->bytes + 8, (size_t)hlen, JSON_REJECT_DUPLICATES,
+                            &jerr))) {
+        st_ = td__error(TD_ERR_CORRUPT, "%s: header JSON, column %d: %s", st->name, jerr.column,
+                        jerr.text);
+        goto fail;
+    }
+    if (!json_is_object(root)) {
+        st_ = td__error(TD_ERR_CORRUPT, "%s: header is not a JSON object", st->name);
+        goto fail;
+    }
+    data = st->bytes + 8 + hlen;
+    data_len = n - 8 - (size_t)hlen;
+    if (!(st->tensors =
+              td__calloc((json_object_size(root) + 1) * sizeof *st->tensors, "tensor entries"))) {
+        st_ = TD_ERR_OUT_OF_MEMORY;
+        goto fail;
+    }
+    json_object_foreach(root, key, v) {
+        if (!strcmp(key, "__metadata__")) {
+            if ((st_ = parse_metadata(st, v)) != TD_OK)
+                goto fail;
+            continue;
+        }
+        if ((st_ = parse_tensor(st, key, v, data, data_len, &st->tensors[st->count])) != TD_OK) {
+            free((char *)st->tensors[st->count].name);
+            st->tensors[st->count].name = NULL;
+            goto fail;
+        }
+        st->count++;
+    }
+    /* The tensors must tile the data: no gaps, no overlaps, nothing after. */
+    qsort(st->tensors, st->count, sizeof *st->tensors, cmp_offset);
+    pos = 0;
+    for (size_t i = 0; i < st->count; i++) {
+        size_t begin = (size_t)((const uint8_t *)st->tensors[i].data - data);
+        if (begin != pos) {
+            st_ = td__error(TD_ERR_CORRUPT,
+                            "%s: tensor \"%s\": data begins at %zu, but the one before ends at %zu "
+                            "(offsets must cover the data without gaps or overlaps)",
+                            st->name, st->tensors[i].name, begin, pos);
+            goto fail;
+        }
+        pos += st->tensors[i].nbytes;
+    }
+    if (pos != data_len) {
+        st_ = td__error(TD_ERR_CORRUPT,
+                        "%s: the tensors cover %zu bytes of data, the file holds %zu (truncated "
+                        "or padded)",
+                        st->name, pos, data_len);
+        goto fail;
+    }
+    {
+        const char *want = td_safetensors_meta(st, TD_ST_CRC_KEY);
+        if (want) {
+            char got[16];
+            snprintf(got, sizeof got, "%08x", checksum(data, data_len, st->meta, st->nmeta));
+            if (strcmp(got, want) != 0) {
+                st_ = td__error(TD_ERR_CORRUPT,
+                                "%s: checksum mismatch (stored %.16s, computed %s): the tensors "
+                                "or metadata changed after writing",
+                                st->name, want, got);
+                goto fail;
+            }
+            st->has_checksum = 1;
+        }
+    }
+    json_decref(root);
+    *out = st;
+    return TD_OK;
+fail:
+    json_decref(root);
+    td_safetensors_destroy(st);
+    return st_;
+}
+
+td_status td_safetensors_load(const char *path, td_safetensors **out) {
+    FILE *f;
+    uint8_t *buf = NULL;
+    long size;
+    td_status st;
+    if (!out)
+        return td__error(TD_ERR_INVALID_ARG, "td_safetensors_load: out is NULL");
+    *out = NULL;
+    if (!path)
+        return td__error(TD_ERR_INVALID_ARG, "td_safetensors_load: path is NULL");
+    if (!(f = fopen(path, "rb")))
+        return td__error(TD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0 ||
+        (size_t)size > TD_ST_MAX_FILE) {
+        fclose(f);
+        return td__error(TD_ERR_IO, "%s: cannot find its size, or it is too large", path);
+    }
+    if (!(buf = malloc(size ? (size_t)size : 1))) {
+        fclose(f);
+        return td__error(TD_ERR_OUT_OF_MEMORY, "%s: no memory for %ld bytes", path, size);
+    }
+    if (fread(buf, 1, (size_t)size, f) != (size_t)size) {
+        free(buf);
+        fclose(f);
+        return td__error(TD_ERR_IO, "%s: read failed", path);
+    }
+    fclose(f);
+    st = td_safetensors_parse(buf, (size_t)size, path, out);
+    free(buf);
+    return st;
+}
+
+const char *td_safetensors_name(const td_safetensors *st) {
+    return st ? st->name : "";
+}
+
+size_t td_safetensors_count(const td_safetensors *st) {
+    return st ? st->count : 0;
+}
+
+const td_st_tensor *td_safetensors_tensor(const td_safetensors *st, size_t i) {
+    return st && i < st->count ? &st->tensors[i] : NULL;
+}
+
+const td_st_tensor *td_safetensors_find(const td_safetensors *st, const char *name) {
+    if (!st || !name)
+        return NULL;
+    for (size_t i = 0; i < st->count; i++)
+        if (!strcmp(st->tensors[i].name, name))
+            return &st->tensors[i];
+    return NULL;
+}
+
+const char *td_safetensors_meta(const td_safetensors *st, const char *key) {
+    if (!st || !key)
+        return NULL;
+    for (size_t i = 0; i < st->nmeta; i++)
+        if (!strcmp(st->meta[i].key, key))
+            return st->meta[i].value;
+    return NULL;
+}
+
+int td_safetensors_has_checksum(const td_safetensors *st) {
+    return st ? st->has_checksum : 0;
+}
+
+td_status td_safetensors_read_tensor(const td_safetensors *st, const char *name, td_tensor *t) {
+    const td_st_tensor *e = td_safetensors_find(st, name);
+    void *tmp;
+    td_status s;
+    int same;
+    if (!st || !t)
+        return td__error(TD_ERR_INVALID_ARG, "td_safetensors_read_tensor: file or tensor is NULL");
+    if (!e)
+        return td__error(TD_ERR_CORRUPT, "%s: tensor \"%s\" is missing", st->name, name);
+    if (e->dtype != td_tensor_dtype(t))
+        return td__error(TD_ERR_DTYPE, "%s: tensor \"%s\" is %s; expected %s", st->name, name,
+                         td_dtype_name(e->dtype), td_dtype_name(td_tensor_dtype(t)));
+    same = e->ndim == td_tensor_ndim(t);
+    for (int d = 0; same && d < e->ndim; d++)
+        same = e->shape[d] == td_tensor_dim(t, d);
+    if (!same) {
+        char a[96] = "", b[96] = "";
+        size_t la = 0, lb = 0;
+        for (int d = 0; d < e->ndim && la < sizeof a - 24; d++)
+            la += (size_t)snprintf(a + la, sizeof a - la, "%s%lld", d ? ", " : "",
+                                   (long long)e->shape[d]);
+        for (int d = 0; d < td_tensor_ndim(t) && lb < sizeof b - 24; d++)
+            lb += (size_t)snprintf(b + lb, sizeof b - lb, "%s%lld", d ? ", " : "",
+                                   (long long)td_tensor_dim(t, d));
+        return td__error(TD_ERR_SHAPE, "%s: tensor \"%s\" has shape (%s); the model needs (%s)",
+                         st->name, name, a, b);
+    }
+    /* The data may sit at any byte offset; the device copy wants aligned host memory. */
+    if (!(tmp = td__aligned_alloc(e->nbytes ? e->nbytes : 64, "a tensor being loaded")))
+        return TD_ERR_OUT_OF_MEMORY;
+    memcpy(tmp, e->data, e->nbytes);
+    s = td_tensor_write(t, tmp, e->nbytes);
+    free(tmp);
+    if (s != TD_OK)
+        return td__error_prefix(s, "%s: tensor \"%s\": ", st->name, name);
+    return TD_OK;
+}
+
+/* Writing ------------------------------------------------------------------ */
+
+typedef struct st_entry {
+    char *name;
+    td_dtype dtype;
+    int ndim;
+    int64_t shape[TD_ST_MAX_DIMS];
+    void *data;
+    size_t nbytes;
+} st_entry;
+
+struct td_safetensors_writer {
+    st_entry *entries;
+    size_t count, cap;
+    st_meta *meta;
+    size_t nmeta, meta_cap;
+};
+
+td_status td_safetensors_writer_create(td_safetensors_writer **out) {
+    if (!out)
+        return td__error(TD_ERR_INVALID_ARG, "td_safetensors_writer_create: out is NULL");
+    *out = td__calloc(sizeof **out, "a safetensors writer");
+    return *out ? TD_OK : TD_ERR_OUT_OF_MEMORY;
+}
+
+void td_safetensors_writer_destroy(td_safetensors_writer *w) {
+    if (!w)
+        return;
+    for (size_t i = 0; i < w->count; i++) {
+        free(w->entries[i].name);
+        free(w->entries[i].data);
+    }
+    for (size_t i = 0; i < w->nmeta; i++) {
+        free(w->meta[i].key);
+        free(w->meta[i].value);
+    }
+    free(w->entries);
+    free(w->meta);
+    free(w);
+}
+
+static td_status add_entry(td_safetensors_writer *w, const char *name, td_dtype dtype, int ndim,
+                           const int64_t *shape, st_entry **out) {
+    size_t numel = 1;
+    st_entry *e = NULL;
+    if (!w || !name || (ndim > 0 && !shape))
+        return td__error(TD_ERR_INVALID_ARG, "safetensors writer: NULL argument");
+    if (!*name || !strcmp(name, "__metadata__"))
+        return td__error(TD_ERR_INVALID_ARG, "safetensors writer: tensor name \"%s\" is reserved",
+                         name);
+    if (ndim < 0 || ndim > TD_ST_MAX_DIMS)
+        return td__error(TD_ERR_INVALID_ARG, "safetensors writer: tensor \"%s\": %d dimensions",
+                         name, ndim);
+    for (size_t i = 0; i < w->count; i++)
+        if (!strcmp(w->entries[i].name, name))
+            return td__error(TD_ERR_INVALID_ARG, "safetensors writer: tensor \"%s\" added twice",
+                             name);
+    for (int d = 0; d < ndim; d++) {
+        if (shape[d] < 0)
+            return td__error(TD_ERR_INVALID_ARG, "safetensors writer: tensor \"%s\": shape[%d] < 0",
+                             name, d);
+        numel *= (size_t)shape[d];
+    }
+    if (w->count == w->cap) {
+        size_t cap = w->cap ? 2 * w->cap : 16;
+        st_entry *grown = realloc(w->entries, cap * sizeof *grown);
+        if (!grown)
+            return td__error(TD_ERR_OUT_OF_MEMORY, "safetensors writer: no memory");
+        w->entries = grown;
+        w->cap = cap;
+    }
+    e = &w->entries[w->count];
+    memset(e, 0, sizeof *e);
+    e->dtype = dtype;
+    e->ndim = ndim;
+    for (int d = 0; d < ndim; d++)
+        e->shape[d] = shape[d];
+    e->nbytes = numel * td_dtype_size(dtype);
+    if (!(e->name = td__strdup(name)) || !(e->data = malloc(e->nbytes ? e->nbytes : 1))) {
+        free(e->name);
+        return td__error(TD_ERR_OUT_OF_MEMORY, "safetensors writer: no memory for \"%s\"", name);
+    }
+    w->count++;
+    *out = e;
+    return TD_OK;
+}
+
+td_status td_safetensors_writer_add(td_safetensors_writer *w, const char *name, td_dtype dtype,
+                                    int ndim, const int64_t *shape, const void *data) {
+    st_entry *e = NULL;
+    td_status st = add_entry(w, name, dtype, ndim, shape, &e);
+    if (st == TD_OK && e->nbytes)
+        memcpy(e->data, data, e->nbytes);
+    return st;
+}
+
+td_status td_safetensors_writer_add_tensor(td_safetensors_writer *w, const char *name,
+                                           const td_tensor *t) {
+    int64_t shape[TD_MAX_DIMS];
+    st_entry *e = NULL;
+    td_status st;
+    if (!t)
+        return td__error(TD_ERR_INVALID_ARG, "safetensors writer: tensor \"%s\" is NULL",
+                         name ? name : "?");
+    for (int d = 0; d < td_tensor_ndim(t); d++)
+        shape[d] = td_tensor_dim(t, d);
+    if ((st = add_entry(w, name, td_tensor_dtype(t), td_tensor_ndim(t), shape, &e)) != TD_OK)
+        return st;
+    if ((st = td_tensor_read(t, e->data, e->nbytes)) != TD_OK) {
+        w->count--;
+        free(e->name);
+        free(e->data);
+        return td__error_prefix(st, "saving tensor \"%s\": ", name);
+    }
+    return TD_OK;
+}
+
+td_status td_safetensors_writer_set_meta(td_safetensors_writer *w, const char *key,
+                                         const char *value) {
+    char *v;
+    if (!w || !key || !value)
+        return td__error(TD_ERR_INVALID_ARG, "safetensors writer: NULL metadata");
+    if (!strcmp(key, TD_ST_CRC_KEY))
+        return td__error(TD_ERR_INVALID_ARG, "safetensors writer: metadata \"%s\" is reserved",
+                         key);
+    if (!(v = td__strdup(value)))
+        return TD_ERR_OUT_OF_MEMORY;
+    for (size_t i = 0; i < w->nmeta; i++)
+        if (!strcmp(w->meta[i].key, key)) {
+            free(w->meta[i].value);
+            w->meta[i].value = v;
+            return TD_OK;
+        }
+    if (w->nmeta == w->meta_cap) {
+        size_t cap = w->meta_cap ? 2 * w->meta_cap : 16;
+        st_meta *grown = realloc(w->meta, cap * sizeof *grown);
+        if (!grown) {
+            free(v);
+            return td__error(TD_ERR_OUT_OF_MEMORY, "safetensors writer: no memory");
+        }
+        w->meta = grown;
+        w->meta_cap = cap;
+    }
+    if (!(w->meta[w->nmeta].key = td__strdup(key))) {
+        free(v);
+        return TD_ERR_OUT_OF_MEMORY;
+    }
+    w->meta[w->nmeta++].value = v;
+    return TD_OK;
+}
+
+/* The header JSON, padded with spaces so the data starts 8-byte aligned. */
+static td_status build_header(td_safetensors_writer *w, const char *crc, char **out, size_t *len) {
+    json_t *root = json_object(), *meta = json_object();
+    size_t off = 0, n, padded;
+    char *text = NULL, *buf;
+    td_status st = TD_ERR_OUT_OF_MEMORY;
+    *out = NULL;
+    if (!root || !meta)
+        goto fail;
+    for (size_t i = 0; i < w->nmeta; i++)
+        if (json_object_set_new(meta, w->meta[i].key, json_string(w->meta[i].value)) != 0) {
+            st =
+                td__error(TD_ERR_INVALID_ARG,
+                          "safetensors writer: metadata \"%s\" is not valid UTF-8", w->meta[i].key);
+            goto fail;
+        }
+    json_object_set_new(meta, TD_ST_CRC_KEY, json_string(crc));
+    json_object_set(root, "__metadata__", meta);
+    for (size_t i = 0; i < w->count; i++) {
+        const st_entry *e = &w->entries[i];
+        json_t *t = json_object(), *shape = json_array();
+        for (int d = 0; d < e->ndim; d++)
+            json_array_append_new(shape, json_integer(e->shape[d]));
+        json_object_set_new(t, "dtype", json_string(e->dtype == TD_F64 ? "F64" : "F32"));
+        json_object_set_new(t, "shape", shape);
+        json_object_set_new(t, "data_offsets",
+                            json_pack("[II]", (json_int_t)off, (json_int_t)(off + e->nbytes)));
+        if (json_object_set_new(root, e->name, t) != 0) {
+            st = td__error(TD_ERR_INVALID_ARG,
+                           "safetensors writer: tensor name \"%s\" is not valid UTF-8", e->name);
+            goto fail;
+        }
+        off += e->nbytes;
+    }
+    if (!(text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER)))
+        goto fail;
+    n = strlen(text);
+    padded = (n + 7) / 8 * 8;
+    if (!(buf = malloc(padded)))
+        goto fail;
+    memcpy(buf, text, n);
+    memset(buf + n, ' ', padded - n);
+    *out = buf;
+    *len = padded;
+    st = TD_OK;
+fail:
+    if (st == TD_ERR_OUT_OF_MEMORY)
+        td__error(st, "safetensors writer: no memory for the header");
+    free(text);
+    json_decref(meta);
+    json_decref(root);
+    return st;
+}
+
+static td_status write_all(int fd, const void *p, size_t n, const char *path) {
+    const uint8_t *b = p;
+    while (n > 0) {
+        ssize_t w = write(fd, b, n > (1u << 30) ? (1u << 30) : n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return td__error(TD_ERR_IO, "%s: write failed: %s", path,
+                             w < 0 ? strerror(errno) : "no progress");
+        b += w;
+        n -= (size_t)w;
+    }
+    return TD_OK;
+}
+
+td_status td_safetensors_writer_save(td_safetensors_writer *w, const char *path) {
+    char tmp[PATH_MAX], dir[PATH_MAX], crc[16];
+    char *header = NULL;
+    size_t hlen = 0;
+    uint8_t lenbytes[8];
+    uLong c;
+    int fd = -1, dfd, created = 0;
+    td_status st;
+    if (!w || !path)
+        return td__error(TD_ERR_INVALID_ARG, "td_safetensors_writer_save: NULL argument");
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path) >= (int)sizeof tmp)
+        return td__error(TD_ERR_INVALID_ARG, "%s: path too long", path);
+    {
+        /* The checksum the reader recomputes: data, then sorted metadata. */
+        c = crc32(0L, Z_NULL, 0);
+        for (size_t i = 0; i < w->count; i++)
+            for (size_t o = 0; o < w->entries[i].nbytes; o += (1u << 30)) {
+                size_t k = w->entries[i].nbytes - o;
+                c = crc32(c, (const Bytef *)w->entries[i].data + o,
+                          (uInt)(k > (1u << 30) ? (1u << 30) : k));
+            }
+        st_meta *sorted = malloc((w->nmeta + 1) * sizeof *sorted);
+        if (!sorted)
+            return td__error(TD_ERR_OUT_OF_MEMORY, "safetensors writer: no memory");
+        memcpy(sorted, w->meta, w->nmeta * sizeof *sorted);
+        qsort(sorted, w->nmeta, sizeof *sorted, cmp_meta);
+        for (size_t i = 0; i < w->nmeta; i++) {
+            c = crc32(c, (const Bytef *)sorted[i].key, (uInt)strlen(sorted[i].key) + 1);
+            c = crc32(c, (const Bytef *)sorted[i].value, (uInt)strlen(sorted[i].value) + 1);
+        }
+        free(sorted);
+        snprintf(crc, sizeof crc, "%08x", (uint32_t)c);
+    }
+    if ((st = build_header(w, crc, &header, &hlen)) != TD_OK)
+        return st;
+    for (int i = 0; i < 8; i++)
+        lenbytes[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
+    if ((fd = mkstemp(tmp)) < 0) {
+        st = td__error(TD_ERR_IO, "%s: cannot create a temporary file beside it: %s", path,
+                       strerror(errno));
+        goto fail;
+    }
+    created = 1;
+    TD_TRY(write_all(fd, lenbytes, 8, tmp));
+    TD_TRY(write_all(fd, header, hlen, tmp));
+    for (size_t i = 0; i < w->count; i++)
+        TD_TRY(write_all(fd, w->entries[i].data, w->entries[i].nbytes, tmp));
+    /* mkstemp makes 0600; a checkpoint is an ordinary file. */
+    if (fchmod(fd, 0644) != 0 || fsync(fd) != 0) {
+        st = td__error(TD_ERR_IO, "%s: fsync failed: %s", tmp, strerror(errno));
+        goto fail;
+    }
+    if (close(fd) != 0) {
+        fd = -1;
+        st = td__error(TD_ERR_IO, "%s: close failed: %s", tmp, strerror(errno));
+        goto fail;
+    }
+    fd = -1;
+    if (rename(tmp, path) != 0) {
+        st = td__error(TD_ERR_IO, "%s: cannot rename the temporary file over it: %s", path,
+                       strerror(errno));
+        goto fail;
+    }
+    /* The rename itself is durable only once the folder is synced. */
+    snprintf(dir, sizeof dir, "%s", path);
+    if ((dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY)) >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    free(header);
+    return TD_OK;
+fail:
+    if (fd >= 0)
+        close(fd);
+    if (created)
+        unlink(tmp);
+    free(header);
+    return st;
+}
