@@ -6,6 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tandem/comm.h"
+#include "tandem/nn.h"
 #include "tandem/status.h"
 
 #ifdef __cplusplus
@@ -55,6 +57,97 @@ TD_API double td_balancer_speed(const td_balancer *b, int i);
 /* The step time an ideal split would reach for `total` samples at the
  * current speeds: total / sum of speeds. */
 TD_API double td_balancer_ideal_seconds(const td_balancer *b, int64_t total);
+
+/* The `data` strategy -----------------------------------------------------
+ *
+ * One replica of the model on every member of a group. Each step splits the
+ * global batch across the members by their shares; each member runs forward
+ * and backward on its slice with gradients scaled by 1 / (labels in the whole
+ * batch), so that their sum, made by an all-reduce, is the gradient one
+ * device would compute on the whole batch; every replica then takes the same
+ * optimizer step. Gradients join buckets in reverse layer order (a small
+ * first bucket, then larger ones) and a full bucket's all-reduce starts while
+ * backward goes on.
+ *
+ * Deterministic mode cuts the batch into fixed micro-chunks instead, whatever
+ * the number of devices; each member keeps each of its chunks' gradients and
+ * the chunks are summed in chunk order along a chain of the members, so the
+ * weights are bitwise the same for 1, 2 or 3 devices. Its cost: one gradient
+ * copy per chunk a member runs (memory), a chain of broadcasts in place of
+ * an overlapped all-reduce (time), and chunks too small to use a device's
+ * cores well. */
+
+typedef struct td_dp td_dp;
+
+#define TD_DP_MAX_MEMBERS 64
+
+typedef struct td_dp_config {
+    int deterministic;         /* see above */
+    int64_t chunk_samples;     /* micro-chunk size in deterministic mode (16) */
+    size_t first_bucket_bytes; /* 256 KiB */
+    size_t bucket_bytes;       /* 4 MiB */
+    int overlap;               /* start buckets during backward (1); 0: all after */
+    int rebalance;             /* keep adjusting shares from step times (1) */
+    td_balancer_config balancer;
+} td_dp_config;
+
+#define TD_DP_CONFIG_INIT                                                                          \
+    { 0, 16, 256u << 10, 4u << 20, 1, 1, TD_BALANCER_CONFIG_INIT }
+
+/* One member's part of a step. */
+typedef struct td_dp_member_stats {
+    int64_t samples;  /* its slice */
+    double share;     /* its share when the step was split */
+    double compute_s; /* forward and backward */
+    double comm_s;    /* waiting for reductions after its backward ended (exposed) */
+    double wait_s;    /* idle until the slowest member finished */
+} td_dp_member_stats;
+
+typedef struct td_dp_stats {
+    int members;
+    double step_s;          /* wall time of the whole step */
+    double ideal_s;         /* total compute work / sum of speeds */
+    double hidden_fraction; /* share of the reduction time hidden behind backward */
+    td_dp_member_stats m[TD_DP_MAX_MEMBERS];
+    char stragglers[512]; /* lines naming devices that slowed down, or "" */
+} td_dp_stats;
+
+/* Loads a replica of the model (JSON text; `name` stands for its file in
+ * messages) on every local member of g, in dtype, from seed, and an
+ * optimizer for each; then broadcasts rank 0's weights so that replicas start
+ * identical. g must outlive the td_dp. For an MPI group every process calls
+ * it. On failure *out is NULL. */
+TD_API td_status td_dp_create(td_group *g, const char *model_json, const char *name, td_dtype dtype,
+                              uint64_t seed, const td_optimizer_config *opt,
+                              const td_dp_config *cfg, td_dp **out);
+TD_API void td_dp_destroy(td_dp *dp);
+
+/* Measures every member's time per sample on a few forward and backward
+ * passes over `batch` (no update) and sets the shares from it. */
+TD_API td_status td_dp_calibrate(td_dp *dp, const td_batch *batch);
+
+/* One training step on the global batch (host memory, the same on every
+ * process). `step` seeds dropout. *res gets the whole batch's loss sum and
+ * accuracy counts; *stats (may be NULL) the timings. */
+TD_API td_status td_dp_step(td_dp *dp, const td_batch *batch, uint64_t step, td_step_result *res,
+                            td_dp_stats *stats);
+
+/* The `alternate` strategy: whole batches go round-robin across the members,
+ * weighted by their speed; per_batch[i] gets batch i's result, exactly what
+ * one device evaluating batch i gives. */
+TD_API td_status td_dp_evaluate(td_dp *dp, const td_batch *batches, size_t n,
+                                td_step_result *per_batch);
+
+/* Broadcasts rank 0's weights and optimizer state to every replica (after
+ * loading a checkpoint into rank 0, say). */
+TD_API td_status td_dp_sync_replicas(td_dp *dp);
+
+/* The replica and optimizer of a local member by global rank (NULL when the
+ * rank is in another process). Borrowed. */
+TD_API td_model *td_dp_model(td_dp *dp, int rank);
+TD_API td_optimizer *td_dp_optimizer(td_dp *dp, int rank);
+TD_API td_balancer *td_dp_balancer(td_dp *dp);
+TD_API td_group *td_dp_group(td_dp *dp);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,729 @@
+/* The `data` strategy (and `alternate` for evaluation): replicas on every
+ * member of a group, batches split by measured speed, gradients all-reduced
+ * in buckets while backward goes on. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "device/device-impl.h"
+#include "tandem/parallel.h"
+#include "tensor/ops.h"
+#include "tensor/tensor-impl.h"
+
+/* Per rank and step, gathered on every member: loss sum, correct, count,
+ * compute seconds. */
+#define STAT_WORDS 4
+
+typedef struct bucket {
+    size_t first, count; /* parameters [first, first + count) */
+} bucket;
+
+typedef struct dp_member {
+    td_device *dev;
+    int rank;
+    td_model *model;
+    td_optimizer *opt;
+    td_tensor *stats_send; /* (STAT_WORDS) f64 */
+    td_tensor *stats_all;  /* (size, STAT_WORDS) f64 */
+
+    /* Buckets in flight during one step. */
+    struct td_dp *dp;
+    td_group *g;
+    unsigned char *ready; /* per parameter */
+    size_t next_bucket;
+    td_comm_request **reqs; /* per parameter */
+    td_status hook_status;
+
+    /* Deterministic mode: one gradient copy per chunk this member runs. */
+    td_tensor ***chunk_grads; /* [chunk slot][param] */
+    size_t chunk_slots;
+    td_tensor *chunk_results; /* (chunks, 3) f64: loss, correct, count per chunk */
+    td_tensor *chunk_results_all;
+
+    /* This step's outcome. */
+    double compute_s, comm_s;
+} dp_member;
+
+struct td_dp {
+    td_group *g;
+    int size;
+    td_dp_config cfg;
+    td_dtype stat_dtype;
+    dp_member *members; /* local ones */
+    int nlocal;
+    td_balancer *balancer;
+    bucket *buckets;
+    size_t nbuckets, nparams;
+    int64_t labels_per_sample;
+    int64_t features;   /* floats per sample for feature inputs */
+    int64_t tokens;     /* tokens per sample for token inputs */
+    double sync_comm_s; /* a full gradient all-reduce, not overlapped (calibration) */
+};
+
+/* Work handed to members through td_group_run. */
+typedef struct dp_work {
+    td_dp *dp;
+    const td_batch *batch;
+    const int64_t *counts;  /* samples (or chunks) per rank */
+    const int64_t *offsets; /* first sample (or chunk) per rank */
+    uint64_t step;
+    /* evaluate */
+    const td_batch *batches;
+    const int *owner;
+    size_t nbatches;
+    td_step_result *per_batch;
+    /* create */
+    const char *json, *name;
+    td_dtype dtype;
+    uint64_t seed;
+    const td_optimizer_config *opt;
+} dp_work;
+
+static dp_member *member_of(td_dp *dp, int rank) {
+    for (int i = 0; i < dp->nlocal; i++)
+        if (dp->members[i].rank == rank)
+            return &dp->members[i];
+    return NULL;
+}
+
+/* The part [offset, offset + n) of a host batch. */
+static td_batch slice_of(const td_dp *dp, const td_batch *b, int64_t offset, int64_t n) {
+    td_batch s;
+    s.n = n;
+    s.x = b->x ? b->x + offset * dp->features : NULL;
+    s.tokens = b->tokens ? b->tokens + offset * dp->tokens : NULL;
+    s.labels = b->labels + offset * dp->labels_per_sample;
+    return s;
+}
+
+/* Buckets --------------------------------------------------------------------- */
+
+/* Reverse layer order, as backward makes them: the last parameters first.
+ * The first bucket is small so the first reduction starts early. */
+static td_status plan_buckets(td_dp *dp, td_model *m) {
+    size_t n = td_model_param_count(m), bytes = 0, hi = n;
+    dp->nparams = n;
+    dp->buckets = td__calloc(sizeof *dp->buckets * (n ? n : 1), "gradient buckets");
+    if (!dp->buckets)
+        return TD_ERR_OUT_OF_MEMORY;
+    for (size_t i = n; i-- > 0;) {
+        size_t limit = dp->nbuckets == 0 ? dp->cfg.first_bucket_bytes : dp->cfg.bucket_bytes;
+        bytes += td_tensor_nbytes(td_model_grad(m, i));
+        if (bytes >= limit || i == 0) {
+            dp->buckets[dp->nbuckets++] = (bucket){i, hi - i};
+            hi = i;
+            bytes = 0;
+        }
+    }
+    return TD_OK;
+}
+
+static void launch_ready_buckets(dp_member *mb) {
+    td_dp *dp = mb->dp;
+    while (mb->next_bucket < dp->nbuckets && mb->hook_status == TD_OK) {
+        const bucket *b = &dp->buckets[mb->next_bucket];
+        for (size_t p = b->first; p < b->first + b->count; p++)
+            if (!mb->ready[p])
+                return;
+        for (size_t p = b->first; p < b->first + b->count; p++) {
+            td_tensor *gr = td_model_grad(mb->model, p);
+            td_status st = td_allreduce_async(mb->g, gr->buf, 0, gr->numel, gr->dtype,
+                                              TD_REDUCE_SUM, &mb->reqs[p]);
+            if (st != TD_OK) {
+                mb->hook_status = st;
+                return;
+            }
+        }
+        mb->next_bucket++;
+    }
+}
+
+static void on_grads_ready(void *arg, size_t first, size_t count) {
+    dp_member *mb = arg;
+    for (size_t p = first; p < first + count && p < mb->dp->nparams; p++)
+        mb->ready[p] = 1;
+    launch_ready_buckets(mb);
+}
+
+/* Marks every gradient ready, starts what is left and waits for all. */
+static td_status finish_reductions(dp_member *mb) {
+    td_status st = mb->hook_status, wst;
+    memset(mb->ready, 1, mb->dp->nparams);
+    if (st == TD_OK)
+        launch_ready_buckets(mb);
+    st = st ? st : mb->hook_status;
+    for (size_t p = 0; p < mb->dp->nparams; p++) {
+        if (!mb->reqs[p])
+            continue;
+        wst = td_comm_wait(mb->reqs[p]);
+        if (st == TD_OK)
+            st = wst;
+        td_comm_request_destroy(mb->reqs[p]);
+        mb->reqs[p] = NULL;
+    }
+    return st;
+}
+
+/* Creation ------------------------------------------------------------------- */
+
+static td_status create_member(td_group *g, td_device *dev, int rank, int size, void *arg) {
+    dp_work *w = arg;
+    td_dp *dp = w->dp;
+    dp_member *mb = member_of(dp, rank);
+    int64_t shape[2] = {size, STAT_WORDS}, words = STAT_WORDS;
+    td_status st;
+    if ((st = td_model_load_string(w->json, w->name, dev, w->dtype, w->seed, &mb->model)) != TD_OK)
+        return st;
+    if ((st = td_optimizer_create(mb->model, w->opt, &mb->opt)) != TD_OK)
+        return st;
+    if ((st = td_tensor_create(dev, dp->stat_dtype, 1, &words, &mb->stats_send)) != TD_OK)
+        return st;
+    if ((st = td_tensor_create(dev, dp->stat_dtype, 2, shape, &mb->stats_all)) != TD_OK)
+        return st;
+    return TD_OK;
+}
+
+static td_status broadcast_replicas(td_group *g, td_device *dev, int rank, int size, void *arg) {
+    dp_member *mb = member_of(((dp_work *)arg)->dp, rank);
+    td_status st;
+    for (size_t p = 0; p < td_model_param_count(mb->model); p++)
+        if ((st = td_broadcast_tensor(g, td_model_param(mb->model, p), 0)) != TD_OK)
+            return st;
+    for (size_t s = 0; s < td_optimizer_state_count(mb->opt); s++)
+        if ((st = td_broadcast_tensor(g, td_optimizer_state(mb->opt, s), 0)) != TD_OK)
+            return st;
+    return TD_OK;
+}
+
+static int64_t product(const int64_t *shape, int n) {
+    int64_t p = 1;
+    for (int i = 0; i < n; i++)
+        p *= shape[i];
+    return p;
+}
+
+td_status td_dp_create(td_group *g, const char *model_json, const char *name, td_dtype dtype,
+                       uint64_t seed, const td_optimizer_config *opt, const td_dp_config *cfg,
+                       td_dp **out) {
+    td_dp_config def = TD_DP_CONFIG_INIT;
+    td_dp *dp = NULL;
+    dp_work w;
+    td_status st;
+    const char **names = NULL;
+    int64_t shape[TD_MAX_DIMS];
+    int ndim;
+    *out = NULL;
+    if (!g || !model_json)
+        return td__error(TD_ERR_INVALID_ARG, "td_dp_create: group or model is NULL");
+    dp = td__calloc(sizeof *dp, "data-parallel state");
+    if (!dp)
+        return TD_ERR_OUT_OF_MEMORY;
+    dp->g = g;
+    dp->size = td_group_size(g);
+    dp->cfg = cfg ? *cfg : def;
+    if (dp->cfg.chunk_samples < 1)
+        dp->cfg.chunk_samples = def.chunk_samples;
+    if (dp->size > TD_DP_MAX_MEMBERS) {
+        st = td__error(TD_ERR_INVALID_ARG, "data parallel: %d members (at most %d)", dp->size,
+                       TD_DP_MAX_MEMBERS);
+        goto fail;
+    }
+    dp->members = td__calloc(sizeof *dp->members * (size_t)dp->size, "data-parallel members");
+    names = td__calloc(sizeof *names * (size_t)dp->size, "device names");
+    if (!dp->members || !names) {
+        st = TD_ERR_OUT_OF_MEMORY;
+        goto fail;
+    }
+    dp->stat_dtype = TD_F64;
+    for (int r = 0; r < dp->size; r++) {
+        td_device *dev = td_group_device(g, r);
+        names[r] = dev ? td_device_name(dev) : "remote";
+        if (!dev)
+            continue;
+        if (!td_device_supports_f64(dev))
+            dp->stat_dtype = TD_F32;
+        dp->members[dp->nlocal].dev = dev;
+        dp->members[dp->nlocal].rank = r;
+        dp->members[dp->nlocal].dp = dp;
+        dp->members[dp->nlocal].g = g;
+        dp->nlocal++;
+    }
+    TD_TRY(td_balancer_create(dp->size, names, &dp->cfg.balancer, &dp->balancer));
+    memset(&w, 0, sizeof w);
+    w.dp = dp;
+    w.json = model_json;
+    w.name = name ? name : "(model)";
+    w.dtype = dtype;
+    w.seed = seed;
+    w.opt = opt;
+    TD_TRY(td_group_run(g, create_member, &w));
+    TD_TRY(plan_buckets(dp, dp->members[0].model));
+    ndim = td_model_input_shape(dp->members[0].model, shape);
+    if (td_model_input_kind(dp->members[0].model) == TD_INPUT_TOKENS) {
+        dp->tokens = product(shape, ndim);
+        dp->labels_per_sample = dp->tokens;
+    } else {
+        dp->features = product(shape, ndim);
+        dp->labels_per_sample = 1;
+    }
+    for (int i = 0; i < dp->nlocal; i++) {
+        dp_member *mb = &dp->members[i];
+        mb->ready = td__calloc(dp->nparams + 1, "gradient bucket state");
+        mb->reqs = td__calloc(sizeof *mb->reqs * (dp->nparams + 1), "gradient bucket state");
+        if (!mb->ready || !mb->reqs) {
+            st = TD_ERR_OUT_OF_MEMORY;
+            goto fail;
+        }
+    }
+    TD_TRY(td_group_run(g, broadcast_replicas, &w));
+    free(names);
+    *out = dp;
+    return TD_OK;
+fail:
+    free(names);
+    td_dp_destroy(dp);
+    return st;
+}
+
+static void free_chunk_grads(dp_member *mb, size_t nparams) {
+    for (size_t c = 0; c < mb->chunk_slots; c++) {
+        for (size_t p = 0; mb->chunk_grads[c] && p < nparams; p++)
+            td_tensor_destroy(mb->chunk_grads[c][p]);
+        free(mb->chunk_grads[c]);
+    }
+    free(mb->chunk_grads);
+    mb->chunk_grads = NULL;
+    mb->chunk_slots = 0;
+}
+
+void td_dp_destroy(td_dp *dp) {
+    if (!dp)
+        return;
+    for (int i = 0; i < dp->nlocal; i++) {
+        dp_member *mb = &dp->members[i];
+        free_chunk_grads(mb, dp->nparams);
+        td_tensor_destroy(mb->chunk_results);
+        td_tensor_destroy(mb->chunk_results_all);
+        td_tensor_destroy(mb->stats_send);
+        td_tensor_destroy(mb->stats_all);
+        td_optimizer_destroy(mb->opt);
+        td_model_destroy(mb->model);
+        free(mb->ready);
+        free(mb->reqs);
+    }
+    free(dp->members);
+    free(dp->buckets);
+    td_balancer_destroy(dp->balancer);
+    free(dp);
+}
+
+td_model *td_dp_model(td_dp *dp, int rank) {
+    dp_member *mb = dp ? member_of(dp, rank) : NULL;
+    return mb ? mb->model : NULL;
+}
+
+td_optimizer *td_dp_optimizer(td_dp *dp, int rank) {
+    dp_member *mb = dp ? member_of(dp, rank) : NULL;
+    return mb ? mb->opt : NULL;
+}
+
+td_balancer *td_dp_balancer(td_dp *dp) {
+    return dp ? dp->balancer : NULL;
+}
+td_group *td_dp_group(td_dp *dp) {
+    return dp ? dp->g : NULL;
+}
+
+td_status td_dp_sync_replicas(td_dp *dp) {
+    dp_work w;
+    memset(&w, 0, sizeof w);
+    w.dp = dp;
+    return td_group_run(dp->g, broadcast_replicas, &w);
+}
+
+/* Sharing per-rank numbers ------------------------------------------------------ */
+
+/* Every member contributes STAT_WORDS numbers; all get everyone's. */
+static td_status gather_stats(td_group *g, dp_member *mb, const double v[STAT_WORDS]) {
+    td_status st;
+    if ((st = td_tensor_write_f64(mb->stats_send, v, STAT_WORDS)) != TD_OK)
+        return st;
+    return td_allgather(g, mb->stats_send->buf, 0, mb->stats_all->buf, 0, STAT_WORDS,
+                        mb->stats_send->dtype);
+}
+
+/* Reads the gathered numbers of rank r from the first local member. */
+static td_status read_stats(td_dp *dp, double *all) {
+    return td_tensor_read_f64(dp->members[0].stats_all, all, (size_t)dp->size * STAT_WORDS);
+}
+
+/* Calibration ----------------------------------------------------------------- */
+
+#define CALIBRATION_WARMUP 1
+#define CALIBRATION_RUNS   3
+
+static td_status calibrate_member(td_group *g, td_device *dev, int rank, int size, void *arg) {
+    dp_work *w = arg;
+    dp_member *mb = member_of(w->dp, rank);
+    td_step_result r;
+    double v[STAT_WORDS] = {0, 0, 0, 0};
+    uint64_t t0 = 0, c0, c1;
+    td_status st;
+    td_model_set_grad_hook(mb->model, NULL, NULL);
+    for (int i = 0; i < CALIBRATION_WARMUP + CALIBRATION_RUNS; i++) {
+        if (i == CALIBRATION_WARMUP)
+            t0 = td_clock_ns();
+        c0 = td_clock_ns();
+        if ((st = td_model_train_step(mb->model, w->batch, 1.0, 0, 0, &r)) != TD_OK)
+            return st;
+        td__device_throttle(dev, c0);
+    }
+    v[3] = (double)(td_clock_ns() - t0) * 1e-9 / CALIBRATION_RUNS;
+    /* The cost of reducing every gradient at once, for the hidden fraction. */
+    c1 = td_clock_ns();
+    for (size_t p = 0; p < w->dp->nparams; p++)
+        if ((st = td_allreduce_tensor(g, td_model_grad(mb->model, p), TD_REDUCE_SUM)) != TD_OK)
+            return st;
+    v[2] = (double)(td_clock_ns() - c1) * 1e-9;
+    return gather_stats(g, mb, v);
+}
+
+td_status td_dp_calibrate(td_dp *dp, const td_batch *batch) {
+    dp_work w;
+    double *all, *speeds;
+    td_status st;
+    if (!dp || !batch || batch->n < 1)
+        return td__error(TD_ERR_INVALID_ARG, "td_dp_calibrate: needs a batch of samples");
+    memset(&w, 0, sizeof w);
+    w.dp = dp;
+    w.batch = batch;
+    if ((st = td_group_run(dp->g, calibrate_member, &w)) != TD_OK)
+        return st;
+    all = malloc(sizeof *all * (size_t)dp->size * STAT_WORDS);
+    speeds = malloc(sizeof *speeds * (size_t)dp->size);
+    if (!all || !speeds) {
+        free(all);
+        free(speeds);
+        return td__error(TD_ERR_OUT_OF_MEMORY, "out of host memory calibrating");
+    }
+    if ((st = read_stats(dp, all)) == TD_OK) {
+        dp->sync_comm_s = 0;
+        for (int r = 0; r < dp->size; r++) {
+            speeds[r] = (double)batch->n / fmax(all[r * STAT_WORDS + 3], 1e-9);
+            dp->sync_comm_s = fmax(dp->sync_comm_s, all[r * STAT_WORDS + 2]);
+        }
+        st = td_balancer_set_speeds(dp->balancer, speeds);
+        for (int r = 0; r < dp->size && st == TD_OK; r++)
+            TD_LOG_INFO("calibration: rank %d runs %.0f samples/s, share %.3f", r, speeds[r],
+                        td_balancer_share(dp->balancer, r));
+    }
+    free(all);
+    free(speeds);
+    return st;
+}
+
+/* A step ------------------------------------------------------------------------ */
+
+static td_status step_member(td_group *g, td_device *dev, int rank, int size, void *arg) {
+    dp_work *w = arg;
+    td_dp *dp = w->dp;
+    dp_member *mb = member_of(dp, rank);
+    td_batch slice = slice_of(dp, w->batch, w->offsets[rank], w->counts[rank]);
+    double scale = 1.0 / (double)(w->batch->n * dp->labels_per_sample);
+    td_step_result r = {0, 0, 0};
+    double v[STAT_WORDS];
+    uint64_t c0, c1;
+    td_status st = TD_OK;
+
+    mb->next_bucket = 0;
+    mb->hook_status = TD_OK;
+    memset(mb->ready, 0, dp->nparams);
+    td_model_set_grad_hook(mb->model, dp->cfg.overlap ? on_grads_ready : NULL, mb);
+    c0 = td_clock_ns();
+    if (slice.n > 0) {
+        st = td_model_train_step(mb->model, &slice, scale, 0, w->step, &r);
+    } else {
+        /* A member with no samples this step adds zeros to the sum. */
+        for (size_t p = 0; p < dp->nparams && st == TD_OK; p++)
+            st = td_tensor_fill(td_model_grad(mb->model, p), 0.0);
+    }
+    td__device_throttle(dev, c0);
+    c1 = td_clock_ns();
+    if (st == TD_OK)
+        st = finish_reductions(mb);
+    else
+        (void)finish_reductions(mb);
+    mb->compute_s = (double)(c1 - c0) * 1e-9;
+    mb->comm_s = (double)(td_clock_ns() - c1) * 1e-9;
+    if (st != TD_OK)
+        return st;
+    if ((st = td_optimizer_step(mb->opt, NULL)) != TD_OK)
+        return st;
+    v[0] = r.loss_sum;
+    v[1] = (double)r.correct;
+    v[2] = (double)r.count;
+    v[3] = mb->compute_s;
+    return gather_stats(g, mb, v);
+}
+
+/* Deterministic mode: chunk gradients, then a chain in chunk order. */
+static td_status ensure_chunk_slots(td_dp *dp, dp_member *mb, size_t slots) {
+    td_status st;
+    if (mb->chunk_slots >= slots)
+        return TD_OK;
+    free_chunk_grads(mb, dp->nparams);
+    mb->chunk_grads = td__calloc(sizeof *mb->chunk_grads * slots, "chunk gradients");
+    if (!mb->chunk_grads)
+        return TD_ERR_OUT_OF_MEMORY;
+    mb->chunk_slots = slots;
+    for (size_t c = 0; c < slots; c++) {
+        mb->chunk_grads[c] = td__calloc(sizeof **mb->chunk_grads * dp->nparams, "chunk gradients");
+        if (!mb->chunk_grads[c])
+            return TD_ERR_OUT_OF_MEMORY;
+        for (size_t p = 0; p < dp->nparams; p++) {
+            td_tensor *gr = td_model_grad(mb->model, p);
+            if ((st = td_tensor_create(mb->dev, gr->dtype, gr->ndim, gr->shape,
+                                       &mb->chunk_grads[c][p])) != TD_OK)
+                return st;
+        }
+    }
+    return TD_OK;
+}
+
+static td_status step_member_deterministic(td_group *g, td_device *dev, int rank, int size,
+                                           void *arg) {
+    dp_work *w = arg;
+    td_dp *dp = w->dp;
+    dp_member *mb = member_of(dp, rank);
+    const int64_t C = dp->cfg.chunk_samples, B = w->batch->n;
+    const int64_t nchunks = (B + C - 1) / C;
+    double scale = 1.0 / (double)(B * dp->labels_per_sample);
+    int64_t res_shape[2] = {nchunks, 3};
+    double *res = NULL, v[STAT_WORDS] = {0, 0, 0, 0};
+    uint64_t c0, c1;
+    td_status st;
+
+    td_model_set_grad_hook(mb->model, NULL, NULL);
+    TD_TRY(ensure_chunk_slots(dp, mb, (size_t)(w->counts[rank] > 0 ? w->counts[rank] : 1)));
+    if (!mb->chunk_results || td_tensor_dim(mb->chunk_results, 0) != nchunks) {
+        td_tensor_destroy(mb->chunk_results);
+        td_tensor_destroy(mb->chunk_results_all);
+        mb->chunk_results = mb->chunk_results_all = NULL;
+        TD_TRY(td_tensor_create(dev, dp->stat_dtype, 2, res_shape, &mb->chunk_results));
+        TD_TRY(td_tensor_create(dev, dp->stat_dtype, 2, res_shape, &mb->chunk_results_all));
+    }
+    res = td__calloc(sizeof *res * (size_t)nchunks * 3, "chunk results");
+    if (!res) {
+        st = TD_ERR_OUT_OF_MEMORY;
+        goto fail;
+    }
+    c0 = td_clock_ns();
+    for (int64_t k = 0; k < w->counts[rank]; k++) {
+        int64_t chunk = w->offsets[rank] + k, first = chunk * C;
+        int64_t n = B - first < C ? B - first : C;
+        td_batch slice = slice_of(dp, w->batch, first, n);
+        td_step_result r;
+        TD_TRY(td_model_train_step(mb->model, &slice, scale, 0, w->step, &r));
+        for (size_t p = 0; p < dp->nparams; p++)
+            TD_TRY(td__op_copy(td_model_grad(mb->model, p), mb->chunk_grads[k][p]));
+        res[chunk * 3 + 0] = r.loss_sum;
+        res[chunk * 3 + 1] = (double)r.correct;
+        res[chunk * 3 + 2] = (double)r.count;
+    }
+    td__device_throttle(dev, c0);
+    c1 = td_clock_ns();
+    /* The chain: rank d folds its chunks, in order, into the running sum it
+     * received, and hands it on; the fold order is the chunk order whatever
+     * the ranks' shares. */
+    for (int d = 0; d < size; d++) {
+        if (w->counts[d] == 0)
+            continue;
+        if (d == rank) {
+            for (int64_t k = 0; k < w->counts[rank]; k++)
+                for (size_t p = 0; p < dp->nparams; p++) {
+                    td_tensor *gr = td_model_grad(mb->model, p);
+                    if (w->offsets[rank] + k == 0)
+                        TD_TRY(td__op_copy(mb->chunk_grads[k][p], gr));
+                    else
+                        TD_TRY(td__op_axpby(1.0, mb->chunk_grads[k][p], 1.0, gr));
+                }
+        }
+        for (size_t p = 0; p < dp->nparams; p++)
+            TD_TRY(td_broadcast_tensor(g, td_model_grad(mb->model, p), d));
+    }
+    mb->compute_s = (double)(c1 - c0) * 1e-9;
+    mb->comm_s = (double)(td_clock_ns() - c1) * 1e-9;
+    TD_TRY(td_optimizer_step(mb->opt, NULL));
+    /* Each chunk's numbers come from one rank and zeros from the others, so
+     * the sum is exact; the fold over chunks happens in order on the host. */
+    TD_TRY(td_tensor_write_f64(mb->chunk_results, res, (size_t)nchunks * 3));
+    TD_TRY(td_allreduce(g, mb->chunk_results->buf, 0, mb->chunk_results_all->buf, 0,
+                        (size_t)nchunks * 3, dp->stat_dtype, TD_REDUCE_SUM));
+    v[3] = mb->compute_s;
+    st = gather_stats(g, mb, v);
+fail:
+    free(res);
+    return st;
+}
+
+static void fill_stats(td_dp *dp, const double *all, const int64_t *counts, double step_s,
+                       int64_t total, td_dp_stats *stats) {
+    double exposed = 0;
+    memset(stats, 0, sizeof *stats);
+    stats->members = dp->size;
+    stats->step_s = step_s;
+    stats->ideal_s = td_balancer_ideal_seconds(dp->balancer, total);
+    for (int r = 0; r < dp->size; r++) {
+        td_dp_member_stats *m = &stats->m[r];
+        dp_member *mb = member_of(dp, r);
+        m->samples = counts[r];
+        m->share = total ? (double)counts[r] / (double)total : 0;
+        m->compute_s = all[r * STAT_WORDS + 3];
+        m->comm_s = mb ? mb->comm_s : 0;
+        m->wait_s = fmax(0.0, step_s - m->compute_s - m->comm_s);
+        exposed = fmax(exposed, m->comm_s);
+    }
+    stats->hidden_fraction =
+        dp->sync_comm_s > 0 ? fmin(1.0, fmax(0.0, 1.0 - exposed / dp->sync_comm_s)) : 0.0;
+}
+
+td_status td_dp_step(td_dp *dp, const td_batch *batch, uint64_t step, td_step_result *res,
+                     td_dp_stats *stats) {
+    int64_t counts[TD_DP_MAX_MEMBERS], offsets[TD_DP_MAX_MEMBERS];
+    double all[TD_DP_MAX_MEMBERS * STAT_WORDS], seconds[TD_DP_MAX_MEMBERS];
+    int64_t units, samples[TD_DP_MAX_MEMBERS];
+    uint64_t t0 = td_clock_ns();
+    dp_work w;
+    td_status st;
+    if (!dp || !batch || batch->n < 1 || !batch->labels)
+        return td__error(TD_ERR_INVALID_ARG, "td_dp_step: needs a batch with labels");
+    /* Deterministic mode splits whole chunks; the normal mode samples. */
+    units = dp->cfg.deterministic ? (batch->n + dp->cfg.chunk_samples - 1) / dp->cfg.chunk_samples
+                                  : batch->n;
+    td_balancer_split(dp->balancer, units, counts);
+    offsets[0] = 0;
+    for (int r = 1; r < dp->size; r++)
+        offsets[r] = offsets[r - 1] + counts[r - 1];
+    memset(&w, 0, sizeof w);
+    w.dp = dp;
+    w.batch = batch;
+    w.counts = counts;
+    w.offsets = offsets;
+    w.step = step;
+    st = td_group_run(dp->g, dp->cfg.deterministic ? step_member_deterministic : step_member, &w);
+    if (st != TD_OK)
+        return st;
+    if ((st = read_stats(dp, all)) != TD_OK)
+        return st;
+    memset(res, 0, sizeof *res);
+    if (dp->cfg.deterministic) {
+        int64_t nchunks = units;
+        double *chunks = malloc(sizeof *chunks * (size_t)nchunks * 3);
+        if (!chunks)
+            return td__error(TD_ERR_OUT_OF_MEMORY, "out of host memory");
+        st = td_tensor_read_f64(dp->members[0].chunk_results_all, chunks, (size_t)nchunks * 3);
+        for (int64_t c = 0; c < nchunks && st == TD_OK; c++) {
+            res->loss_sum += chunks[c * 3];
+            res->correct += (int64_t)chunks[c * 3 + 1];
+            res->count += (int64_t)chunks[c * 3 + 2];
+        }
+        free(chunks);
+        if (st != TD_OK)
+            return st;
+        for (int r = 0; r < dp->size; r++) {
+            int64_t first = offsets[r] * dp->cfg.chunk_samples;
+            int64_t last = (offsets[r] + counts[r]) * dp->cfg.chunk_samples;
+            samples[r] =
+                (last < batch->n ? last : batch->n) - (first < batch->n ? first : batch->n);
+        }
+    } else {
+        for (int r = 0; r < dp->size; r++) {
+            res->loss_sum += all[r * STAT_WORDS + 0];
+            res->correct += (int64_t)all[r * STAT_WORDS + 1];
+            res->count += (int64_t)all[r * STAT_WORDS + 2];
+            samples[r] = counts[r];
+        }
+    }
+    for (int r = 0; r < dp->size; r++)
+        seconds[r] = all[r * STAT_WORDS + 3];
+    if (dp->cfg.rebalance) {
+        char report[512];
+        int64_t obs[TD_DP_MAX_MEMBERS];
+        for (int r = 0; r < dp->size; r++)
+            obs[r] = samples[r];
+        if (td_balancer_observe(dp->balancer, obs, seconds, report, sizeof report) > 0) {
+            TD_LOG_WARN("%s", report);
+            if (stats)
+                snprintf(stats->stragglers, sizeof stats->stragglers, "%s", report);
+        }
+    }
+    if (stats) {
+        char keep[sizeof stats->stragglers];
+        memcpy(keep, stats->stragglers, sizeof keep);
+        fill_stats(dp, all, samples, (double)(td_clock_ns() - t0) * 1e-9, batch->n, stats);
+        memcpy(stats->stragglers, keep, sizeof keep);
+    }
+    return TD_OK;
+}
+
+/* Evaluation: the `alternate` strategy ------------------------------------------ */
+
+static td_status evaluate_member(td_group *g, td_device *dev, int rank, int size, void *arg) {
+    dp_work *w = arg;
+    dp_member *mb = member_of(w->dp, rank);
+    td_status st;
+    for (size_t i = 0; i < w->nbatches; i++) {
+        if (w->owner[i] != rank)
+            continue;
+        if ((st = td_model_evaluate(mb->model, &w->batches[i], &w->per_batch[i])) != TD_OK)
+            return st;
+    }
+    return TD_OK;
+}
+
+td_status td_dp_evaluate(td_dp *dp, const td_batch *batches, size_t n, td_step_result *per_batch) {
+    int *owner;
+    double *credit;
+    dp_work w;
+    td_status st;
+    if (!dp || (n && (!batches || !per_batch)))
+        return td__error(TD_ERR_INVALID_ARG, "td_dp_evaluate: NULL argument");
+    if (dp->nlocal != dp->size)
+        return td__error(TD_ERR_UNSUPPORTED,
+                         "the alternate strategy runs within one process; this group spans "
+                         "several");
+    owner = malloc(sizeof *owner * (n ? n : 1));
+    credit = calloc((size_t)dp->size, sizeof *credit);
+    if (!owner || !credit) {
+        free(owner);
+        free(credit);
+        return td__error(TD_ERR_OUT_OF_MEMORY, "out of host memory");
+    }
+    /* Smooth weighted round-robin: each batch goes to the member with the
+     * most credit, credit growing by share; a member twice as fast gets
+     * twice the batches, interleaved. */
+    for (size_t i = 0; i < n; i++) {
+        int best = 0;
+        for (int r = 0; r < dp->size; r++) {
+            credit[r] += td_balancer_share(dp->balancer, r);
+            if (credit[r] > credit[best])
+                best = r;
+        }
+        credit[best] -= 1.0;
+        owner[i] = best;
+    }
+    memset(&w, 0, sizeof w);
+    w.dp = dp;
+    w.batches = batches;
+    w.nbatches = n;
+    w.owner = owner;
+    w.per_batch = per_batch;
+    st = td_group_run(dp->g, evaluate_member, &w);
+    free(owner);
+    free(credit);
+    return st;
+}
