@@ -2,6 +2,7 @@
 #ifndef TANDEM_TANDEM_H
 #define TANDEM_TANDEM_H
 
+#include "tandem/checkpoint.h"
 #include "tandem/core.h"
 #include "tandem/device.h"
 #include "tandem/nn.h"

@@ -35,7 +35,8 @@ td_status td__gunzip(const uint8_t *in, size_t n, const char *name, size_t max_o
     cap = n >= 18 ? (size_t)in[n - 4] | (size_t)in[n - 3] << 8 | (size_t)in[n - 2] << 16 |
                         (size_t)in[n - 1] << 24
                   : 0;
-    if (cap < 4096 || cap > max_out)
+    /* Deflate expands at most 1032:1, so a larger hint is a lie. */
+    if (cap < 4096 || cap > max_out || cap / 1032 > n)
         cap = 4096;
     if (!(buf = malloc(cap)))
         return td__error(TD_ERR_OUT_OF_MEMORY, "%s: no memory to unpack %zu bytes", name, cap);
