@@ -1,0 +1,528 @@
+/* Models: loading the JSON description, parameters, the activation arena,
+ * and the training and evaluation steps. See docs/models.md for the schema. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "nn/nn-impl.h"
+
+/* Parameters ------------------------------------------------------------------- */
+
+td_status td__model_add_param(td_model *m, td_layer *l, const char *name, int ndim,
+                              const int64_t *shape, td_tensor **param) {
+    td_status st;
+    td_tensor *p = NULL, *g = NULL;
+    char *full = NULL;
+    char buf[160];
+    *param = NULL;
+    if (m->nparams == m->cap_params) {
+        size_t cap = m->cap_params ? m->cap_params * 2 : 16;
+        td_tensor **np = realloc(m->params, sizeof *np * cap);
+        if (np)
+            m->params = np;
+        td_tensor **ng = realloc(m->grads, sizeof *ng * cap);
+        if (ng)
+            m->grads = ng;
+        char **nn = realloc(m->names, sizeof *nn * cap);
+        if (nn)
+            m->names = nn;
+        if (!np || !ng || !nn)
+            return td__error(TD_ERR_OUT_OF_MEMORY, "out of memory for a model's parameters");
+        m->cap_params = cap;
+    }
+    if (m->nparams - l->first_param >= TD_LAYER_MAX_PARAMS)
+        return td__error(TD_ERR_INTERNAL, "%s: too many parameters", l->path);
+    snprintf(buf, sizeof buf, "%s.%s", l->path, name);
+    if (!(full = td__strdup(buf)))
+        return TD_ERR_OUT_OF_MEMORY;
+    if ((st = td_tensor_create(m->dev, m->dtype, ndim, shape, &p)) != TD_OK ||
+        (st = td_tensor_create(m->dev, m->dtype, ndim, shape, &g)) != TD_OK ||
+        (st = td_tensor_fill(g, 0.0)) != TD_OK) {
+        td_tensor_destroy(p);
+        td_tensor_destroy(g);
+        free(full);
+        return st;
+    }
+    m->params[m->nparams] = p;
+    m->grads[m->nparams] = g;
+    m->names[m->nparams] = full;
+    m->nparams++;
+    *param = p;
+    return TD_OK;
+}
+
+/* The planner ------------------------------------------------------------------- */
+
+#define PLAN_ALIGN 16 /* elements: 64 bytes in f32 */
+
+td_status td__plan_tensor(td_nn_plan *p, td_tensor *view, int batched, int ndim,
+                          const int64_t *shape) {
+    int64_t full[TD_MAX_DIMS];
+    int nd = 0;
+    size_t numel = 1;
+    if (batched)
+        full[nd++] = p->n;
+    for (int i = 0; i < ndim; i++) {
+        if (nd >= TD_MAX_DIMS)
+            return td__error(TD_ERR_INTERNAL, "activation with more than %d dimensions",
+                             TD_MAX_DIMS);
+        full[nd++] = shape[i];
+    }
+    for (int i = 0; i < nd; i++)
+        numel *= (size_t)full[i];
+    p->used = (p->used + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;
+    if (!p->dry) {
+        td_status st = td__tensor_view(view, p->base, p->used, nd, full);
+        if (st != TD_OK)
+            return st;
+    }
+    p->used += numel;
+    return TD_OK;
+}
+
+td_status td__plan_ints(td_nn_plan *p, td_buffer *view, size_t count) {
+    p->iused = (p->iused + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;
+    if (!p->dry) {
+        if ((p->iused + count) * sizeof(int32_t) > p->ibase->nbytes)
+            return td__error(TD_ERR_INTERNAL, "int workspace overflow");
+        view->dev = p->ibase->dev;
+        view->ptr = (int32_t *)p->ibase->ptr + p->iused;
+        view->nbytes = count * sizeof(int32_t);
+    }
+    p->iused += count;
+    return TD_OK;
+}
+
+static size_t labels_per_sample(const td_model *m) {
+    return m->kind == TD_INPUT_TOKENS ? (size_t)m->in_shape[0] : 1;
+}
+
+static td_status plan_all(td_model *m, td_nn_plan *p) {
+    td_status st;
+    if (m->kind == TD_INPUT_FEATURES) {
+        if ((st = td__plan_tensor(p, &m->input, 1, m->in_ndim, m->in_shape)) != TD_OK)
+            return st;
+    } else {
+        int64_t one = 1;
+        /* a placeholder input: the embedding reads the tokens */
+        if ((st = td__plan_tensor(p, &m->input, 0, 1, &one)) != TD_OK)
+            return st;
+        if ((st = td__plan_ints(p, &m->tokens, (size_t)(p->n * m->in_shape[0]))) != TD_OK)
+            return st;
+    }
+    if ((st = td__plan_ints(p, &m->labels, (size_t)p->n * labels_per_sample(m))) != TD_OK)
+        return st;
+    return m->root->vt->plan(m->root, p, &m->input);
+}
+
+/* Makes room for batches of n and carves the views for exactly n. */
+static td_status prepare(td_model *m, int64_t n) {
+    td_status st;
+    td_nn_plan p;
+    if (n > m->cap_n) {
+        int64_t len;
+        memset(&p, 0, sizeof p);
+        p.n = n;
+        p.dry = 1;
+        if ((st = plan_all(m, &p)) != TD_OK)
+            return st;
+        td_tensor_destroy(m->arena);
+        td_buffer_free(m->iarena);
+        m->arena = NULL;
+        m->iarena = NULL;
+        m->cap_n = 0;
+        m->planned_n = 0;
+        len = (int64_t)p.used;
+        if ((st = td_tensor_create(m->dev, m->dtype, 1, &len, &m->arena)) != TD_OK)
+            return st;
+        if ((st = td_buffer_alloc(m->dev, (p.iused + 1) * sizeof(int32_t), &m->iarena)) != TD_OK)
+            return st;
+        m->cap_n = n;
+    }
+    if (n != m->planned_n) {
+        memset(&p, 0, sizeof p);
+        p.n = n;
+        p.base = m->arena;
+        p.ibase = m->iarena;
+        if ((st = plan_all(m, &p)) != TD_OK)
+            return st;
+        m->planned_n = n;
+    }
+    return TD_OK;
+}
+
+/* Steps ------------------------------------------------------------------------ */
+
+typedef struct step_args {
+    td_model *m;
+    const td_batch *batch;
+    double grad_scale;
+    int accumulate, train;
+    uint64_t dropout_step;
+    td_step_result *out;
+} step_args;
+
+static uint64_t mix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+static td_status write_dev(td_model *m, void *dst, const void *src, size_t nbytes) {
+    return m->dev->ops->write(m->dev->ctx, dst, src, nbytes);
+}
+
+static td_status load_batch(td_model *m, const td_batch *b) {
+    td_status st;
+    size_t nl = (size_t)b->n * labels_per_sample(m);
+    if (m->kind == TD_INPUT_FEATURES) {
+        size_t count = m->input.numel;
+        if (!b->x)
+            return td__error(TD_ERR_INVALID_ARG, "model batch: x is NULL for a features model");
+        if (m->dtype == TD_F32) {
+            if ((st = write_dev(m, m->input.data, b->x, count * sizeof(float))) != TD_OK)
+                return st;
+        } else {
+            double *tmp;
+            if (m->host_tmp_n < count) {
+                free(m->host_tmp);
+                m->host_tmp_n = 0;
+                if (!(m->host_tmp = td__aligned_alloc(count * sizeof(double), "a batch")))
+                    return TD_ERR_OUT_OF_MEMORY;
+                m->host_tmp_n = count;
+            }
+            tmp = m->host_tmp;
+            for (size_t i = 0; i < count; i++)
+                tmp[i] = b->x[i];
+            if ((st = write_dev(m, m->input.data, tmp, count * sizeof(double))) != TD_OK)
+                return st;
+        }
+    } else {
+        if (!b->tokens)
+            return td__error(TD_ERR_INVALID_ARG, "model batch: tokens is NULL for a token model");
+        if ((st = write_dev(m, m->tokens.ptr, b->tokens,
+                            (size_t)b->n * (size_t)m->in_shape[0] * sizeof(int32_t))) != TD_OK)
+            return st;
+    }
+    if (!b->labels)
+        return td__error(TD_ERR_INVALID_ARG, "model batch: labels is NULL");
+    return write_dev(m, m->labels.ptr, b->labels, nl * sizeof(int32_t));
+}
+
+static td_status step_task(td_device *dev, void *arg) {
+    step_args *a = arg;
+    td_model *m = a->m;
+    td_status st;
+    td_nn_run r;
+    td_step_result res = {0, 0, 0};
+    if ((st = prepare(m, a->batch->n)) != TD_OK)
+        return st;
+    if ((st = load_batch(m, a->batch)) != TD_OK)
+        return st;
+    memset(&r, 0, sizeof r);
+    r.model = m;
+    r.train = a->train;
+    r.acc = a->accumulate;
+    r.dropout_seed = mix64(m->seed ^ mix64(a->dropout_step ^ 0xD80F00D5ull));
+    r.tokens = m->kind == TD_INPUT_TOKENS ? &m->tokens : NULL;
+    if ((st = m->root->vt->forward(m->root, &m->input, &r)) != TD_OK)
+        return st;
+    if ((st = td__op_xent(&m->root->out, &m->labels, a->train ? &m->root->dout : NULL,
+                          a->grad_scale, &res.loss_sum, &res.correct)) != TD_OK)
+        return st;
+    res.count = (int64_t)((size_t)a->batch->n * labels_per_sample(m));
+    if (a->train) {
+        if ((st = m->root->vt->backward(m->root, &m->input, NULL, &r)) != TD_OK)
+            return st;
+    }
+    if (a->out)
+        *a->out = res;
+    return TD_OK;
+}
+
+static td_status run_step(td_model *m, const td_batch *batch, step_args *a) {
+    if (!m || !batch)
+        return td__error(TD_ERR_INVALID_ARG, "model step: model or batch is NULL");
+    if (batch->n <= 0 || batch->n > (1 << 24))
+        return td__error(TD_ERR_INVALID_ARG, "model step: batch of %lld samples",
+                         (long long)batch->n);
+    return td_device_run(m->dev, step_task, a);
+}
+
+td_status td_model_train_step(td_model *m, const td_batch *batch, double grad_scale, int accumulate,
+                              uint64_t dropout_step, td_step_result *out) {
+    step_args a = {m, batch, grad_scale, accumulate, 1, dropout_step, out};
+    return run_step(m, batch, &a);
+}
+
+td_status td_model_evaluate(td_model *m, const td_batch *batch, td_step_result *out) {
+    step_args a = {m, batch, 0.0, 0, 0, 0, out};
+    return run_step(m, batch, &a);
+}
+
+/* Loading -------------------------------------------------------------------------- */
+
+static td_status input_error(const char *file, const char *field, const char *what) {
+    return td__error(TD_ERR_PARSE, "%s: input.%s: %s", file, field, what);
+}
+
+static td_status parse_input(td_model *m, const char *file, json_t *in) {
+    json_t *shape = json_object_get(in, "shape"), *tokens = json_object_get(in, "tokens");
+    const char *key;
+    json_t *v;
+    if (!json_is_object(in))
+        return td__error(TD_ERR_PARSE,
+                         "%s: input: expected an object with \"shape\" or "
+                         "\"tokens\"",
+                         file);
+    json_object_foreach(in, key, v) {
+        if (strcmp(key, "shape") && strcmp(key, "tokens") && strcmp(key, "vocab"))
+            return input_error(file, key, "unknown field (shape, tokens, vocab)");
+    }
+    if (shape && tokens)
+        return td__error(TD_ERR_PARSE, "%s: input: give \"shape\" or \"tokens\", not both", file);
+    if (shape) {
+        size_t i;
+        if (!json_is_array(shape) || json_array_size(shape) < 1 || json_array_size(shape) > 3)
+            return input_error(file, "shape", "expected an array of 1 to 3 positive integers");
+        json_array_foreach(shape, i, v) {
+            if (!json_is_integer(v) || json_integer_value(v) < 1 ||
+                json_integer_value(v) > (1 << 24))
+                return input_error(file, "shape", "expected an array of 1 to 3 positive integers");
+            m->in_shape[i] = json_integer_value(v);
+        }
+        if (json_object_get(in, "vocab"))
+            return input_error(file, "vocab", "only for token input");
+        m->kind = TD_INPUT_FEATURES;
+        m->in_ndim = (int)json_array_size(shape);
+        return TD_OK;
+    }
+    if (tokens) {
+        json_t *vocab = json_object_get(in, "vocab");
+        if (!json_is_integer(tokens) || json_integer_value(tokens) < 1 ||
+            json_integer_value(tokens) > (1 << 20))
+            return input_error(file, "tokens", "expected a positive integer (the context length)");
+        if (!vocab)
+            return input_error(file, "vocab", "missing (a required integer)");
+        if (!json_is_integer(vocab) || json_integer_value(vocab) < 1 ||
+            json_integer_value(vocab) > (1 << 24))
+            return input_error(file, "vocab", "expected a positive integer");
+        m->kind = TD_INPUT_TOKENS;
+        m->in_ndim = 1;
+        m->in_shape[0] = json_integer_value(tokens);
+        m->classes = json_integer_value(vocab);
+        return TD_OK;
+    }
+    return td__error(TD_ERR_PARSE, "%s: input: expected \"shape\" or \"tokens\"", file);
+}
+
+static td_status check_output(td_model *m, const char *file) {
+    td_layer *root = m->root, *first = root->children[0];
+    char s[64];
+    if (m->kind == TD_INPUT_TOKENS) {
+        if (strcmp(first->vt->type, "embedding"))
+            return td__error(TD_ERR_PARSE,
+                             "%s: layers[0].type: a token model starts with an embedding", file);
+        if (root->out_ndim != 2 || root->out_shape[0] != m->in_shape[0] ||
+            root->out_shape[1] != m->classes) {
+            td__shape_str(&(td_tensor){.ndim = root->out_ndim,
+                                       .shape = {root->out_shape[0], root->out_shape[1],
+                                                 root->out_shape[2], root->out_shape[3]}},
+                          s);
+            return td__error(TD_ERR_PARSE,
+                             "%s: layers: the last layer gives %s per sample; a token model "
+                             "must end with (%lld, %lld) logits (tokens, vocab)",
+                             file, s, (long long)m->in_shape[0], (long long)m->classes);
+        }
+        return TD_OK;
+    }
+    if (root->out_ndim != 1) {
+        td__shape_str(&(td_tensor){.ndim = root->out_ndim,
+                                   .shape = {root->out_shape[0], root->out_shape[1],
+                                             root->out_shape[2], root->out_shape[3]}},
+                      s);
+        return td__error(TD_ERR_PARSE,
+                         "%s: layers: the last layer gives %s per sample; a classifier ends with "
+                         "(classes) logits (add a flatten and a linear)",
+                         file, s);
+    }
+    m->classes = root->out_shape[0];
+    return TD_OK;
+}
+
+td_status td_model_load_string(const char *json, const char *name, td_device *dev, td_dtype dtype,
+                               uint64_t seed, td_model **out) {
+    td_model *m = NULL;
+    json_t *root = NULL;
+    json_error_t jerr;
+    td_status st;
+    const char *key;
+    json_t *v;
+    if (!out)
+        return td__error(TD_ERR_INVALID_ARG, "td_model_load_string: out is NULL");
+    *out = NULL;
+    if (!json || !dev)
+        return td__error(TD_ERR_INVALID_ARG, "td_model_load_string: json or device is NULL");
+    if (!name)
+        name = "<model>";
+    if (dtype != TD_F32 && dtype != TD_F64)
+        return td__error(TD_ERR_DTYPE, "%s: unknown dtype %d", name, (int)dtype);
+    if (!(root = json_loads(json, JSON_REJECT_DUPLICATES, &jerr)))
+        return td__error(TD_ERR_PARSE, "%s:%d:%d: %s", name, jerr.line, jerr.column, jerr.text);
+    if (!json_is_object(root)) {
+        st = td__error(TD_ERR_PARSE, "%s: expected a JSON object at the top", name);
+        goto fail;
+    }
+    json_object_foreach(root, key, v) {
+        if (strcmp(key, "name") && strcmp(key, "description") && strcmp(key, "input") &&
+            strcmp(key, "layers")) {
+            st = td__error(TD_ERR_PARSE, "%s: %s: unknown field (name, description, input, layers)",
+                           name, key);
+            goto fail;
+        }
+    }
+    if (!(m = td__calloc(sizeof *m, "a model"))) {
+        st = TD_ERR_OUT_OF_MEMORY;
+        goto fail;
+    }
+    m->dev = dev;
+    m->dtype = dtype;
+    m->seed = seed;
+    if (!(m->json = td__strdup(json))) {
+        st = TD_ERR_OUT_OF_MEMORY;
+        goto fail;
+    }
+    if (!json_object_get(root, "input")) {
+        st = td__error(TD_ERR_PARSE,
+                       "%s: input: missing (an object with \"shape\" or "
+                       "\"tokens\")",
+                       name);
+        goto fail;
+    }
+    if ((st = parse_input(m, name, json_object_get(root, "input"))) != TD_OK)
+        goto fail;
+    if (!json_object_get(root, "layers")) {
+        st = td__error(TD_ERR_PARSE, "%s: layers: missing (an array of layers)", name);
+        goto fail;
+    }
+    if ((st = td__layer_build_seq(m, name, json_object_get(root, "layers"), "layers", "layers",
+                                  m->in_ndim, m->in_shape, &m->root)) != TD_OK)
+        goto fail;
+    if ((st = check_output(m, name)) != TD_OK)
+        goto fail;
+    json_decref(root);
+    *out = m;
+    return TD_OK;
+fail:
+    json_decref(root);
+    td_model_destroy(m);
+    return st;
+}
+
+td_status td_model_load(const char *path, td_device *dev, td_dtype dtype, uint64_t seed,
+                        td_model **out) {
+    FILE *f;
+    char *text = NULL;
+    long len;
+    td_status st;
+    if (!out)
+        return td__error(TD_ERR_INVALID_ARG, "td_model_load: out is NULL");
+    *out = NULL;
+    if (!path)
+        return td__error(TD_ERR_INVALID_ARG, "td_model_load: path is NULL");
+    if (!(f = fopen(path, "rb")))
+        return td__error(TD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (fseek(f, 0, SEEK_END) != 0 || (len = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        fclose(f);
+        return td__error(TD_ERR_IO, "%s: cannot read its size", path);
+    }
+    if (len > (64 << 20)) {
+        fclose(f);
+        return td__error(TD_ERR_PARSE, "%s: %ld bytes is too large for a model file", path, len);
+    }
+    if (!(text = td__calloc((size_t)len + 1, "a model file"))) {
+        fclose(f);
+        return TD_ERR_OUT_OF_MEMORY;
+    }
+    if (fread(text, 1, (size_t)len, f) != (size_t)len) {
+        fclose(f);
+        free(text);
+        return td__error(TD_ERR_IO, "%s: read failed", path);
+    }
+    fclose(f);
+    st = td_model_load_string(text, path, dev, dtype, seed, out);
+    free(text);
+    return st;
+}
+
+void td_model_destroy(td_model *m) {
+    if (!m)
+        return;
+    td__layer_destroy(m->root);
+    for (size_t i = 0; i < m->nparams; i++) {
+        td_tensor_destroy(m->params[i]);
+        td_tensor_destroy(m->grads[i]);
+        free(m->names[i]);
+    }
+    free(m->params);
+    free(m->grads);
+    free(m->names);
+    td_tensor_destroy(m->arena);
+    td_buffer_free(m->iarena);
+    free(m->host_tmp);
+    free(m->json);
+    free(m);
+}
+
+/* Accessors ----------------------------------------------------------------------- */
+
+td_device *td_model_device(const td_model *m) {
+    return m ? m->dev : NULL;
+}
+td_dtype td_model_dtype(const td_model *m) {
+    return m ? m->dtype : TD_F32;
+}
+td_input_kind td_model_input_kind(const td_model *m) {
+    return m ? m->kind : TD_INPUT_FEATURES;
+}
+int td_model_input_shape(const td_model *m, int64_t shape[TD_MAX_DIMS]) {
+    if (!m)
+        return 0;
+    for (int i = 0; i < m->in_ndim; i++)
+        shape[i] = m->in_shape[i];
+    return m->in_ndim;
+}
+int64_t td_model_num_classes(const td_model *m) {
+    return m ? m->classes : 0;
+}
+const char *td_model_json(const td_model *m) {
+    return m ? m->json : NULL;
+}
+size_t td_model_param_count(const td_model *m) {
+    return m ? m->nparams : 0;
+}
+td_tensor *td_model_param(td_model *m, size_t i) {
+    return m && i < m->nparams ? m->params[i] : NULL;
+}
+td_tensor *td_model_grad(td_model *m, size_t i) {
+    return m && i < m->nparams ? m->grads[i] : NULL;
+}
+const char *td_model_param_name(const td_model *m, size_t i) {
+    return m && i < m->nparams ? m->names[i] : NULL;
+}
+size_t td_model_num_weights(const td_model *m) {
+    size_t n = 0;
+    for (size_t i = 0; m && i < m->nparams; i++)
+        n += m->params[i]->numel;
+    return n;
+}
+void td_model_set_grad_hook(td_model *m, td_grad_ready_fn fn, void *arg) {
+    if (!m)
+        return;
+    m->hook = fn;
+    m->hook_arg = arg;
+}

@@ -1,0 +1,203 @@
+/* Optimizers: SGD with momentum (and Nesterov), AdamW; warm-up and cosine
+ * learning-rate schedules; clipping by the global gradient norm. The update
+ * rules follow torch.optim.SGD and torch.optim.AdamW. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "nn/nn-impl.h"
+
+struct td_optimizer {
+    td_model *m;
+    td_optimizer_config cfg;
+    int64_t steps;
+    int per_param; /* state tensors per parameter: 0, 1 (SGD) or 2 (AdamW) */
+    size_t nstate;
+    td_tensor **state;
+    char **names;
+};
+
+static td_status check_config(const td_optimizer_config *c) {
+    if (c->kind != TD_OPT_SGD && c->kind != TD_OPT_ADAMW)
+        return td__error(TD_ERR_INVALID_ARG, "optimizer: unknown kind %d", (int)c->kind);
+    if (!(c->lr >= 0) || !isfinite(c->lr))
+        return td__error(TD_ERR_INVALID_ARG, "optimizer: learning rate %g", c->lr);
+    if (!(c->momentum >= 0 && c->momentum < 1))
+        return td__error(TD_ERR_INVALID_ARG, "optimizer: momentum %g is not in [0, 1)",
+                         c->momentum);
+    if (c->kind == TD_OPT_SGD && c->nesterov && c->momentum <= 0)
+        return td__error(TD_ERR_INVALID_ARG, "optimizer: Nesterov needs a momentum above 0");
+    if (!(c->beta1 >= 0 && c->beta1 < 1) || !(c->beta2 >= 0 && c->beta2 < 1))
+        return td__error(TD_ERR_INVALID_ARG, "optimizer: betas (%g, %g) are not in [0, 1)",
+                         c->beta1, c->beta2);
+    if (!(c->eps >= 0) || !(c->weight_decay >= 0) || !(c->clip_norm >= 0) || !(c->min_lr >= 0))
+        return td__error(TD_ERR_INVALID_ARG,
+                         "optimizer: eps, weight decay, clip norm and min lr must be >= 0");
+    if (c->schedule != TD_LR_CONSTANT && c->schedule != TD_LR_COSINE)
+        return td__error(TD_ERR_INVALID_ARG, "optimizer: unknown schedule %d", (int)c->schedule);
+    if (c->warmup_steps < 0 || c->total_steps < 0)
+        return td__error(TD_ERR_INVALID_ARG, "optimizer: negative step counts");
+    if (c->schedule == TD_LR_COSINE && c->total_steps <= 0)
+        return td__error(TD_ERR_INVALID_ARG, "optimizer: the cosine schedule needs total_steps");
+    return TD_OK;
+}
+
+td_status td_optimizer_create(td_model *m, const td_optimizer_config *cfg, td_optimizer **out) {
+    td_optimizer *o = NULL;
+    td_status st;
+    static const char *const sgd_names[] = {"momentum_buffer"};
+    static const char *const adam_names[] = {"exp_avg", "exp_avg_sq"};
+    if (!out)
+        return td__error(TD_ERR_INVALID_ARG, "td_optimizer_create: out is NULL");
+    *out = NULL;
+    if (!m || !cfg)
+        return td__error(TD_ERR_INVALID_ARG, "td_optimizer_create: model or config is NULL");
+    if ((st = check_config(cfg)) != TD_OK)
+        return st;
+    if (!(o = td__calloc(sizeof *o, "an optimizer")))
+        return TD_ERR_OUT_OF_MEMORY;
+    o->m = m;
+    o->cfg = *cfg;
+    o->per_param = cfg->kind == TD_OPT_ADAMW ? 2 : cfg->momentum > 0 ? 1 : 0;
+    o->nstate = m->nparams * (size_t)o->per_param;
+    if (o->nstate) {
+        o->state = td__calloc(sizeof *o->state * o->nstate, "optimizer state");
+        o->names = td__calloc(sizeof *o->names * o->nstate, "optimizer state");
+        if (!o->state || !o->names) {
+            st = TD_ERR_OUT_OF_MEMORY;
+            goto fail;
+        }
+    }
+    for (size_t i = 0; i < m->nparams; i++)
+        for (int k = 0; k < o->per_param; k++) {
+            size_t j = i * (size_t)o->per_param + (size_t)k;
+            const td_tensor *p = m->params[i];
+            char buf[192];
+            snprintf(buf, sizeof buf, "%s.%s", m->names[i],
+                     cfg->kind == TD_OPT_ADAMW ? adam_names[k] : sgd_names[k]);
+            if (!(o->names[j] = td__strdup(buf))) {
+                st = TD_ERR_OUT_OF_MEMORY;
+                goto fail;
+            }
+            if ((st = td_tensor_create(m->dev, m->dtype, p->ndim, p->shape, &o->state[j])) !=
+                    TD_OK ||
+                (st = td_tensor_fill(o->state[j], 0.0)) != TD_OK)
+                goto fail;
+        }
+    *out = o;
+    return TD_OK;
+fail:
+    td_optimizer_destroy(o);
+    return st;
+}
+
+void td_optimizer_destroy(td_optimizer *o) {
+    if (!o)
+        return;
+    for (size_t i = 0; i < o->nstate; i++) {
+        if (o->state)
+            td_tensor_destroy(o->state[i]);
+        if (o->names)
+            free(o->names[i]);
+    }
+    free(o->state);
+    free(o->names);
+    free(o);
+}
+
+static double lr_at(const td_optimizer_config *c, int64_t step) {
+    double lr = c->lr;
+    if (c->warmup_steps > 0 && step < c->warmup_steps)
+        return lr * (double)(step + 1) / (double)c->warmup_steps;
+    if (c->schedule == TD_LR_COSINE) {
+        double span = (double)(c->total_steps - c->warmup_steps);
+        double t = span > 0 ? (double)(step - c->warmup_steps) / span : 1.0;
+        if (t > 1)
+            t = 1;
+        if (t < 0)
+            t = 0;
+        lr = c->min_lr + 0.5 * (c->lr - c->min_lr) * (1.0 + cos(3.14159265358979323846 * t));
+    }
+    return lr;
+}
+
+double td_optimizer_lr(const td_optimizer *o) {
+    return o ? lr_at(&o->cfg, o->steps) : 0.0;
+}
+int64_t td_optimizer_steps(const td_optimizer *o) {
+    return o ? o->steps : 0;
+}
+void td_optimizer_set_steps(td_optimizer *o, int64_t steps) {
+    if (o)
+        o->steps = steps < 0 ? 0 : steps;
+}
+size_t td_optimizer_state_count(const td_optimizer *o) {
+    return o ? o->nstate : 0;
+}
+td_tensor *td_optimizer_state(td_optimizer *o, size_t i) {
+    return o && i < o->nstate ? o->state[i] : NULL;
+}
+const char *td_optimizer_state_name(const td_optimizer *o, size_t i) {
+    return o && i < o->nstate ? o->names[i] : NULL;
+}
+
+typedef struct opt_step_args {
+    td_optimizer *o;
+    double norm;
+} opt_step_args;
+
+static td_status opt_step_task(td_device *dev, void *arg) {
+    opt_step_args *a = arg;
+    td_optimizer *o = a->o;
+    td_model *m = o->m;
+    const td_optimizer_config *c = &o->cfg;
+    td_opt_args k;
+    td_status st;
+    double sum = 0;
+    for (size_t i = 0; i < m->nparams; i++) {
+        double s;
+        if ((st = td__op_sumsq(m->grads[i], &s)) != TD_OK)
+            return st;
+        sum += s;
+    }
+    a->norm = sqrt(sum);
+    memset(&k, 0, sizeof k);
+    k.lr = lr_at(c, o->steps);
+    k.grad_mul = 1.0;
+    /* As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when above. */
+    if (c->clip_norm > 0 && a->norm > c->clip_norm)
+        k.grad_mul = c->clip_norm / (a->norm + 1e-6);
+    k.weight_decay = c->weight_decay;
+    k.momentum = c->momentum;
+    k.nesterov = c->nesterov;
+    k.first = o->steps == 0;
+    k.beta1 = c->beta1;
+    k.beta2 = c->beta2;
+    k.eps = c->eps;
+    k.bias_corr1 = 1.0 - pow(c->beta1, (double)(o->steps + 1));
+    k.bias_corr2 = 1.0 - pow(c->beta2, (double)(o->steps + 1));
+    for (size_t i = 0; i < m->nparams; i++) {
+        if (c->kind == TD_OPT_ADAMW)
+            st = td__op_adamw(m->params[i], m->grads[i], o->state[2 * i], o->state[2 * i + 1], &k);
+        else
+            st = td__op_sgd(m->params[i], m->grads[i], o->per_param ? o->state[i] : NULL, &k);
+        if (st != TD_OK)
+            return st;
+    }
+    o->steps++;
+    return TD_OK;
+}
+
+td_status td_optimizer_step(td_optimizer *o, double *grad_norm) {
+    opt_step_args a = {o, 0};
+    td_status st;
+    if (!o)
+        return td__error(TD_ERR_INVALID_ARG, "td_optimizer_step: optimizer is NULL");
+    st = td_device_run(o->m->dev, opt_step_task, &a);
+    if (grad_norm)
+        *grad_norm = a.norm;
+    return st;
+}

@@ -1,0 +1,88 @@
+/* Short training runs through the public API: the loss must fall and the
+ * accuracy rise on a separable synthetic problem, for each example model
+ * kind and each optimizer. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "support/support.h"
+
+static td_device_list *open_ok(const char *spec) {
+    td_device_list *list = NULL;
+    TD_ASSERT_OK(td_devices_open(spec, &list));
+    return list;
+}
+
+/* n samples of dim features: class c is a fixed random prototype plus noise. */
+static void make_blobs(int64_t n, int64_t dim, int classes, uint64_t seed, float *x,
+                       int32_t *labels) {
+    for (int64_t i = 0; i < n; i++) {
+        int c = (int)(td_rng_uniform(seed, (uint64_t)i) * classes);
+        labels[i] = c;
+        for (int64_t j = 0; j < dim; j++)
+            x[i * dim + j] = (float)(td_rng_normal(1000 + (uint64_t)c, (uint64_t)j) +
+                                     0.7 * td_rng_normal(seed + 1, (uint64_t)(i * dim + j)));
+    }
+}
+
+static void run_mlp(td_optimizer_kind kind, const char *spec, td_dtype dt) {
+    td_device_list *list = open_ok(spec);
+    td_model *m = NULL;
+    td_optimizer *opt = NULL;
+    td_optimizer_config cfg = TD_OPTIMIZER_CONFIG_INIT;
+    int64_t n = 64, dim = 784;
+    float *x = malloc(sizeof(float) * (size_t)(n * dim));
+    int32_t *y = malloc(sizeof(int32_t) * (size_t)n);
+    td_batch b = {n, x, NULL, y};
+    td_step_result first, last, ev;
+    TD_ASSERT_OK(td_model_load(TD_SOURCE_DIR "/examples/mnist_mlp.json",
+                               td_device_list_get(list, 0), dt, 42, &m));
+    assert_int_equal(td_model_param_count(m), 6);
+    assert_int_equal(td_model_num_weights(m), 784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10);
+    assert_string_equal(td_model_param_name(m, 0), "layers.0.weight");
+    assert_string_equal(td_model_param_name(m, 5), "layers.4.bias");
+    assert_int_equal(td_model_num_classes(m), 10);
+    cfg.kind = kind;
+    cfg.lr = kind == TD_OPT_ADAMW ? 1e-3 : 0.05;
+    TD_ASSERT_OK(td_optimizer_create(m, &cfg, &opt));
+    for (int step = 0; step < 30; step++) {
+        td_step_result r;
+        /* the same classes, a different sample each step */
+        make_blobs(n, dim, 10, 100 + (uint64_t)step, x, y);
+        TD_ASSERT_OK(td_model_train_step(m, &b, 1.0 / (double)n, 0, (uint64_t)step, &r));
+        TD_ASSERT_OK(td_optimizer_step(opt, NULL));
+        if (step == 0)
+            first = r;
+        last = r;
+    }
+    TD_ASSERT_OK(td_model_evaluate(m, &b, &ev));
+    assert_int_equal(ev.count, n);
+    if (!(last.loss_sum < 0.5 * first.loss_sum))
+        fail_msg("loss fell from %g to %g only", first.loss_sum / n, last.loss_sum / n);
+    if (ev.correct < n * 9 / 10)
+        fail_msg("accuracy %lld of %lld after training", (long long)ev.correct, (long long)n);
+    td_optimizer_destroy(opt);
+    td_model_destroy(m);
+    td_device_list_destroy(list);
+    free(x);
+    free(y);
+}
+
+static void mlp_sgd_loss_falls(void **state) {
+    run_mlp(TD_OPT_SGD, "cpu:0", TD_F32);
+}
+static void mlp_adamw_loss_falls_two_cores(void **state) {
+    run_mlp(TD_OPT_ADAMW, "cpu", TD_F32);
+}
+static void mlp_f64_loss_falls(void **state) {
+    run_mlp(TD_OPT_SGD, "cpu:0", TD_F64);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(mlp_sgd_loss_falls),
+        cmocka_unit_test(mlp_adamw_loss_falls_two_cores),
+        cmocka_unit_test(mlp_f64_loss_falls),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
