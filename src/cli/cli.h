@@ -5,6 +5,8 @@
 /* Each returns the process exit status: 0 on success, 1 on failure (with the
  * message printed), 2 on a usage error. */
 int td_cli_devices(int argc, char **argv);
+int td_cli_train(int argc, char **argv);
+int td_cli_eval(int argc, char **argv);
 
 /* Prints "tandem: <what>: <status name>: <detail>" to stderr and returns 1. */
 int td_cli_fail(const char *what, int status);

@@ -1,0 +1,397 @@
+/* The training loop: data, model and optimizer on one device, evaluation,
+ * metrics, checkpoints and resume.
+ *
+ * One step is: the loader's next host batch -> replica_step() on the
+ * device's own thread (forward, backward, optimizer). A data-parallel
+ * strategy runs replica_step on every device of a group with a share of
+ * the batch and an all-reduce between backward and the optimizer; the loop
+ * around it stays as it is. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/error.h"
+#include "tandem/checkpoint.h"
+#include "train/train-impl.h"
+
+typedef struct trainer {
+    const td_train_config *cfg;
+    td_device_list *devs;
+    td_device *dev;
+    td_model *m;
+    td_optimizer *opt;
+    td_dataset *train, *test;
+    td_dataset_info info;
+    td_loader *loader;
+    td_train_state state;
+    FILE *metrics;
+    uint64_t t0;          /* process start of the run */
+    double train_seconds; /* in steps only */
+    int64_t samples;      /* trained on in this process */
+    /* The current epoch. */
+    double ep_loss;
+    int64_t ep_correct, ep_count, ep_samples, ep_batches;
+    double ep_seconds;
+} trainer;
+
+typedef struct step_args {
+    td_model *m;
+    td_optimizer *opt;
+    const td_batch *batch;
+    double grad_scale;
+    uint64_t dropout_step;
+    td_step_result result;
+} step_args;
+
+/* One replica's step, on its device's thread. */
+static td_status replica_step(td_device *dev, void *arg) {
+    step_args *a = arg;
+    td_status st =
+        td_model_train_step(a->m, a->batch, a->grad_scale, 0, a->dropout_step, &a->result);
+    if (st != TD_OK)
+        return st;
+    return td_optimizer_step(a->opt, NULL);
+}
+
+td_status td_evaluate(td_model *m, const td_dataset *ds, int64_t batch, int64_t max_samples,
+                      td_step_result *out) {
+    td_loader *l = NULL;
+    td_batch b;
+    td_step_result r;
+    int64_t seen = 0;
+    td_status st;
+    if (!m || !ds || !out)
+        return td__error(TD_ERR_INVALID_ARG, "td_evaluate: NULL argument");
+    memset(out, 0, sizeof *out);
+    TD_TRY(td_loader_create(ds, batch, 0, 0, &l));
+    for (;;) {
+        TD_TRY(td_loader_next(l, &b));
+        if (b.n == 0)
+            break;
+        if (max_samples > 0 && seen + b.n > max_samples)
+            b.n = max_samples - seen;
+        TD_TRY(td_model_evaluate(m, &b, &r));
+        out->loss_sum += r.loss_sum;
+        out->correct += r.correct;
+        out->count += r.count;
+        seen += b.n;
+        if (max_samples > 0 && seen >= max_samples)
+            break;
+    }
+    td_loader_destroy(l);
+    return TD_OK;
+fail:
+    td_loader_destroy(l);
+    return st;
+}
+
+static double now_s(const trainer *t) {
+    return (double)(td_clock_ns() - t->t0) * 1e-9;
+}
+
+static void metrics_line(trainer *t, const char *event, const td_train_event *ev) {
+    if (!t->metrics)
+        return;
+    fprintf(t->metrics,
+            "{\"event\":\"%s\",\"step\":%lld,\"epoch\":%lld,\"loss\":%.9g,\"accuracy\":%.6g,"
+            "\"lr\":%.9g,\"samples_per_s\":%.6g,\"elapsed_s\":%.4f",
+            event, (long long)ev->step, (long long)ev->epoch, ev->loss, ev->accuracy, ev->lr,
+            ev->samples_per_s, ev->elapsed_s);
+    if (ev->kind != TD_TRAIN_EVENT_STEP && !isnan(ev->eval_loss))
+        fprintf(t->metrics, ",\"test_loss\":%.9g,\"test_accuracy\":%.6g", ev->eval_loss,
+                ev->eval_accuracy);
+    fputs("}\n", t->metrics);
+    if (ev->kind != TD_TRAIN_EVENT_STEP)
+        fflush(t->metrics);
+}
+
+static td_status save(trainer *t) {
+    if (!t->cfg->checkpoint)
+        return TD_OK;
+    td_loader_position(t->loader, &t->state.epoch, &t->state.sample);
+    return td_checkpoint_save(t->cfg->checkpoint, t->m, t->opt, &t->state);
+}
+
+/* Opens the data the model reads: MNIST for features, text for tokens. */
+static td_status open_data(trainer *t) {
+    const td_train_config *c = t->cfg;
+    int64_t shape[TD_MAX_DIMS], numel = 1, classes = td_model_num_classes(t->m);
+    int nd = td_model_input_shape(t->m, shape);
+    struct stat sb;
+    td_status st;
+    for (int d = 0; d < nd; d++)
+        numel *= shape[d];
+    if (!c->data_path)
+        return td__error(TD_ERR_INVALID_ARG, "no data given (--data)");
+    if (stat(c->data_path, &sb) != 0)
+        return td__error(TD_ERR_IO, "%s: no such file or folder (--data)", c->data_path);
+    if (td_model_input_kind(t->m) == TD_INPUT_TOKENS) {
+        td_text_options o = TD_TEXT_OPTIONS_INIT;
+        if (S_ISDIR(sb.st_mode))
+            return td__error(TD_ERR_INVALID_ARG,
+                             "%s: a folder; the model reads tokens, so --data must be a text file",
+                             c->data_path);
+        o.context = shape[0];
+        o.vocab = classes >= 256 ? TD_TEXT_BYTES : TD_TEXT_CHARS;
+        TD_TRY(td_text_open(c->data_path, &o, &t->train, &t->test));
+    } else {
+        if (!S_ISDIR(sb.st_mode))
+            return td__error(TD_ERR_INVALID_ARG,
+                             "%s: not a folder; the model reads images, so --data must be a "
+                             "folder of MNIST IDX files",
+                             c->data_path);
+        TD_TRY(td_mnist_open(c->data_path, &t->train, &t->test));
+    }
+    td_dataset_get_info(t->train, &t->info);
+    if (t->info.features != numel)
+        return td__error(TD_ERR_SHAPE, "%s: samples have %lld values; the model reads %lld",
+                         c->data_path, (long long)t->info.features, (long long)numel);
+    if (t->info.num_classes > classes)
+        return td__error(TD_ERR_SHAPE,
+                         "%s: %lld classes (or tokens) in the data; the model outputs %lld",
+                         c->data_path, (long long)t->info.num_classes, (long long)classes);
+    return TD_OK;
+fail:
+    return st;
+}
+
+static void vocab_to_state(trainer *t) {
+    size_t n;
+    const uint8_t *v = td_dataset_vocab(t->train, &n);
+    t->state.vocab_len = v ? (int)n : 0;
+    if (v)
+        memcpy(t->state.vocab, v, n);
+}
+
+static td_status setup(trainer *t) {
+    const td_train_config *c = t->cfg;
+    td_train_state resumed;
+    td_status st;
+    const char *spec = c->devices && *c->devices ? c->devices : "cpu";
+    if (c->batch < 1)
+        return td__error(TD_ERR_INVALID_ARG, "batch size %lld must be at least 1",
+                         (long long)c->batch);
+    if (c->epochs < 0 || c->steps < 0 || (c->epochs == 0 && c->steps == 0))
+        return td__error(TD_ERR_INVALID_ARG, "give a positive number of epochs or steps");
+    TD_TRY(td_devices_open(spec, &t->devs));
+    t->dev = td_device_list_get(t->devs, 0);
+    if (c->resume) {
+        TD_TRY(td_checkpoint_load_model(c->resume, t->dev, &t->m, &resumed));
+        t->state = resumed;
+    } else {
+        if (!c->model_path)
+            return td__error(TD_ERR_INVALID_ARG, "no model given (--model)");
+        if (c->dtype == TD_F64 && !td_device_supports_f64(t->dev))
+            return td__error(TD_ERR_UNSUPPORTED, "%s has no f64 arithmetic (--precision f64)",
+                             td_device_name(t->dev));
+        TD_TRY(td_model_load(c->model_path, t->dev, c->dtype, c->seed, &t->m));
+        t->state.seed = c->seed;
+        t->state.batch = c->batch;
+        t->state.opt = c->opt;
+    }
+    TD_TRY(open_data(t));
+    TD_TRY(td_loader_create(t->train, t->state.batch, t->state.seed, 1, &t->loader));
+    if (!c->resume && t->state.opt.total_steps == 0)
+        t->state.opt.total_steps =
+            c->steps > 0 ? c->steps : c->epochs * td_loader_batches_per_epoch(t->loader);
+    if (c->resume) {
+        size_t n;
+        const uint8_t *v = td_dataset_vocab(t->train, &n);
+        if ((int)n != t->state.vocab_len || (n && memcmp(v, t->state.vocab, n) != 0))
+            return td__error(TD_ERR_INVALID_ARG,
+                             "%s: the text's characters differ from those the checkpoint %s "
+                             "was trained on",
+                             c->data_path, c->resume);
+        TD_TRY(td_loader_seek(t->loader, t->state.epoch, t->state.sample));
+    }
+    vocab_to_state(t);
+    TD_TRY(td_optimizer_create(t->m, &t->state.opt, &t->opt));
+    if (c->resume)
+        TD_TRY(td_checkpoint_load(c->resume, t->m, t->opt, NULL));
+    if (c->metrics && !(t->metrics = fopen(c->metrics, c->resume ? "a" : "w")))
+        return td__error(TD_ERR_IO, "%s: cannot open the metrics file for writing", c->metrics);
+    return TD_OK;
+fail:
+    return st;
+}
+
+static void teardown(trainer *t) {
+    if (t->metrics)
+        fclose(t->metrics);
+    td_loader_destroy(t->loader);
+    td_optimizer_destroy(t->opt);
+    td_model_destroy(t->m);
+    td_dataset_destroy(t->train);
+    td_dataset_destroy(t->test);
+    td_device_list_destroy(t->devs);
+}
+
+static td_status eval_test(trainer *t, double *loss, double *acc) {
+    td_step_result r;
+    int64_t batch = t->info.kind == TD_INPUT_TOKENS ? t->state.batch : 1000;
+    td_status st = td_evaluate(t->m, t->test, batch, t->cfg->eval_samples, &r);
+    if (st != TD_OK)
+        return st;
+    *loss = r.count ? r.loss_sum / (double)r.count : NAN;
+    *acc = r.count ? (double)r.correct / (double)r.count : NAN;
+    return TD_OK;
+}
+
+static void fill_epoch_event(trainer *t, td_train_event *ev) {
+    ev->loss = t->ep_count ? t->ep_loss / (double)t->ep_count : NAN;
+    ev->accuracy = t->ep_count ? (double)t->ep_correct / (double)t->ep_count : NAN;
+    ev->samples_per_s = t->ep_seconds > 0 ? (double)t->ep_samples / t->ep_seconds : 0;
+}
+
+td_status td_train_run(const td_train_config *cfg, td_train_summary *out) {
+    trainer t;
+    td_train_event ev;
+    td_batch b;
+    td_status st;
+    double last_eval_loss = NAN, last_eval_acc = NAN;
+    int64_t last_eval_step = -1, epochs_done = 0, bpe;
+    int stop = 0;
+    if (!cfg || !out)
+        return td__error(TD_ERR_INVALID_ARG, "td_train_run: NULL argument");
+    memset(out, 0, sizeof *out);
+    out->test_loss = out->test_accuracy = out->final_loss = NAN;
+    memset(&t, 0, sizeof t);
+    t.cfg = cfg;
+    t.t0 = td_clock_ns();
+    TD_TRY(setup(&t));
+    bpe = td_loader_batches_per_epoch(t.loader);
+    memset(&ev, 0, sizeof ev);
+    while (!stop) {
+        int64_t epoch, pos;
+        if (cfg->steps > 0 && t.state.step >= cfg->steps)
+            break;
+        td_loader_position(t.loader, &epoch, &pos);
+        if (cfg->epochs > 0 && epoch >= cfg->epochs)
+            break;
+        TD_TRY(td_loader_next(t.loader, &b));
+        if (b.n == 0) {
+            /* The epoch ended: evaluate, report, save. */
+            int last = cfg->epochs > 0 && epoch + 1 >= cfg->epochs;
+            epochs_done++;
+            memset(&ev, 0, sizeof ev);
+            ev.kind = TD_TRAIN_EVENT_EPOCH;
+            ev.step = t.state.step;
+            ev.total_steps = t.state.opt.total_steps;
+            ev.epoch = epoch;
+            ev.batch_in_epoch = t.ep_batches;
+            ev.batches_per_epoch = bpe;
+            ev.lr = td_optimizer_lr(t.opt);
+            fill_epoch_event(&t, &ev);
+            ev.eval_loss = ev.eval_accuracy = NAN;
+            if (cfg->eval_each_epoch || last) {
+                TD_TRY(eval_test(&t, &ev.eval_loss, &ev.eval_accuracy));
+                last_eval_loss = ev.eval_loss;
+                last_eval_acc = ev.eval_accuracy;
+                last_eval_step = t.state.step;
+            }
+            ev.elapsed_s = now_s(&t);
+            out->final_loss = ev.loss;
+            metrics_line(&t, "epoch", &ev);
+            TD_TRY(save(&t));
+            if (cfg->callback && cfg->callback(cfg->callback_arg, &ev))
+                stop = 1;
+            t.ep_loss = 0;
+            t.ep_correct = t.ep_count = t.ep_samples = t.ep_batches = 0;
+            t.ep_seconds = 0;
+            continue;
+        }
+        {
+            step_args a;
+            uint64_t s0 = td_clock_ns();
+            double dt, lr = td_optimizer_lr(t.opt);
+            int64_t count = b.n * t.info.labels_per_sample;
+            memset(&a, 0, sizeof a);
+            a.m = t.m;
+            a.opt = t.opt;
+            a.batch = &b;
+            a.grad_scale = 1.0 / (double)count;
+            a.dropout_step = (uint64_t)t.state.step;
+            TD_TRY(td_device_run(t.dev, replica_step, &a));
+            dt = (double)(td_clock_ns() - s0) * 1e-9;
+            t.state.step++;
+            t.train_seconds += dt;
+            t.samples += b.n;
+            t.ep_seconds += dt;
+            t.ep_samples += b.n;
+            t.ep_batches++;
+            t.ep_loss += a.result.loss_sum;
+            t.ep_correct += a.result.correct;
+            t.ep_count += a.result.count;
+            if (!isfinite(a.result.loss_sum)) {
+                st = td__error(TD_ERR_INTERNAL,
+                               "the loss became %g at step %lld (learning rate %g too high?)",
+                               a.result.loss_sum, (long long)t.state.step, lr);
+                goto fail;
+            }
+            memset(&ev, 0, sizeof ev);
+            ev.kind = TD_TRAIN_EVENT_STEP;
+            ev.step = t.state.step;
+            ev.total_steps = t.state.opt.total_steps;
+            ev.epoch = epoch;
+            ev.batch_in_epoch = t.ep_batches;
+            ev.batches_per_epoch = bpe;
+            ev.loss = a.result.count ? a.result.loss_sum / (double)a.result.count : NAN;
+            ev.accuracy = a.result.count ? (double)a.result.correct / (double)a.result.count : NAN;
+            ev.lr = lr;
+            ev.samples_per_s = t.ep_seconds > 0 ? (double)t.ep_samples / t.ep_seconds : 0;
+            ev.eval_loss = ev.eval_accuracy = NAN;
+            ev.elapsed_s = now_s(&t);
+            metrics_line(&t, "step", &ev);
+            if (cfg->callback && cfg->callback(cfg->callback_arg, &ev))
+                stop = 1;
+            if (cfg->max_seconds > 0 && t.train_seconds >= cfg->max_seconds)
+                stop = 1;
+            if (stop)
+                out->stopped = 1;
+            if (cfg->checkpoint_every > 0 && t.state.step % cfg->checkpoint_every == 0)
+                TD_TRY(save(&t));
+        }
+    }
+    /* The end: a final evaluation unless the last epoch's end just made one. */
+    if (last_eval_step != t.state.step)
+        TD_TRY(eval_test(&t, &last_eval_loss, &last_eval_acc));
+    if (t.ep_count > 0)
+        out->final_loss = t.ep_loss / (double)t.ep_count;
+    TD_TRY(save(&t));
+    out->steps = t.state.step;
+    out->epochs_done = epochs_done;
+    out->samples = t.samples;
+    out->train_seconds = t.train_seconds;
+    out->samples_per_s = t.train_seconds > 0 ? (double)t.samples / t.train_seconds : 0;
+    out->test_loss = last_eval_loss;
+    out->test_accuracy = last_eval_acc;
+    {
+        td_dataset_info ti;
+        td_dataset_get_info(t.test, &ti);
+        out->test_samples =
+            cfg->eval_samples > 0 && cfg->eval_samples < ti.size ? cfg->eval_samples : ti.size;
+    }
+    memset(&ev, 0, sizeof ev);
+    ev.kind = TD_TRAIN_EVENT_DONE;
+    ev.step = t.state.step;
+    ev.total_steps = t.state.opt.total_steps;
+    td_loader_position(t.loader, &ev.epoch, NULL);
+    ev.batches_per_epoch = bpe;
+    ev.loss = out->final_loss;
+    ev.accuracy = t.ep_count ? (double)t.ep_correct / (double)t.ep_count : NAN;
+    ev.lr = td_optimizer_lr(t.opt);
+    ev.samples_per_s = out->samples_per_s;
+    ev.eval_loss = last_eval_loss;
+    ev.eval_accuracy = last_eval_acc;
+    ev.elapsed_s = now_s(&t);
+    metrics_line(&t, "done", &ev);
+    if (cfg->callback)
+        cfg->callback(cfg->callback_arg, &ev);
+    teardown(&t);
+    return TD_OK;
+fail:
+    teardown(&t);
+    return st;
+}
