@@ -3,6 +3,7 @@
 #ifndef TD_BACKEND_CUDA_IMPL_H
 #define TD_BACKEND_CUDA_IMPL_H
 
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include "device/kernels.h"
@@ -11,7 +12,14 @@ typedef struct cuda_device {
     int ordinal;         /* the CUDA device number */
     char name[32];       /* tandem's name for messages */
     cudaStream_t stream; /* the device's in-order queue */
+    cublasHandle_t blas; /* bound to stream */
+    void *scratch;       /* device memory for reductions and im2col, grown on demand */
+    size_t scratch_size;
 } cuda_device;
+
+/* Device scratch of at least nbytes, valid until the next call. */
+td_status td__cuda_scratch(cuda_device *cd, size_t nbytes, void **out);
+td_status td__cublas_status(cublasStatus_t st, const char *call, const cuda_device *cd);
 
 /* Turns a CUDA error into a status whose message names the call, the device
  * and CUDA's own words. cudaSuccess gives TD_OK. */

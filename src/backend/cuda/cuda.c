@@ -26,6 +26,27 @@ td_status td__cuda_status(cudaError_t err, const char *call, const cuda_device *
 
 /* How many GPUs, or 0 with the runtime's reason in *why. A missing driver is
  * "no GPU", never a failure. */
+td_status td__cublas_status(cublasStatus_t st, const char *call, const cuda_device *cd) {
+    if (st == CUBLAS_STATUS_SUCCESS)
+        return TD_OK;
+    return td__error(st == CUBLAS_STATUS_ALLOC_FAILED ? TD_ERR_OUT_OF_MEMORY : TD_ERR_DEVICE,
+                     "%s: %s failed: %s", cd ? cd->name : "cuda", call, cublasGetStatusString(st));
+}
+
+td_status td__cuda_scratch(cuda_device *cd, size_t nbytes, void **out) {
+    if (nbytes > cd->scratch_size) {
+        size_t want = nbytes < 2 * cd->scratch_size ? 2 * cd->scratch_size : nbytes;
+        if (cd->scratch)
+            cudaFree(cd->scratch);
+        cd->scratch = NULL;
+        cd->scratch_size = 0;
+        TD_CUDA_CHECK(cudaMalloc(&cd->scratch, want), cd);
+        cd->scratch_size = want;
+    }
+    *out = cd->scratch;
+    return TD_OK;
+}
+
 static int gpu_count(char *why, size_t n) {
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
@@ -111,13 +132,29 @@ static td_status cuda_thread_init(void *ctx) {
     cuda_device *cd = ctx;
     TD_CUDA_CHECK(cudaSetDevice(cd->ordinal), cd);
     TD_CUDA_CHECK(cudaStreamCreateWithFlags(&cd->stream, cudaStreamNonBlocking), cd);
+    {
+        cublasStatus_t bs = cublasCreate(&cd->blas);
+        if (bs != CUBLAS_STATUS_SUCCESS)
+            return td__cublas_status(bs, "cublasCreate", cd);
+        if ((bs = cublasSetStream(cd->blas, cd->stream)) != CUBLAS_STATUS_SUCCESS)
+            return td__cublas_status(bs, "cublasSetStream", cd);
+        /* TF32 only when asked for: full f32 precision by default. */
+        cublasSetMathMode(cd->blas,
+                          getenv("TANDEM_TF32") ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH);
+    }
     return TD_OK;
 }
 
 static void cuda_thread_deinit(void *ctx) {
     cuda_device *cd = ctx;
+    if (cd->blas)
+        cublasDestroy(cd->blas);
+    if (cd->scratch)
+        cudaFree(cd->scratch);
     if (cd->stream)
         cudaStreamDestroy(cd->stream);
+    cd->blas = NULL;
+    cd->scratch = NULL;
     cd->stream = NULL;
 }
 
