@@ -36,7 +36,9 @@ td_status synced(const cuda_device *cd, const char *what) {
     return err == cudaSuccess ? TD_OK : td__cuda_status(err, what, cd);
 }
 
-cuda_device *dev_of(void *ctx) { return static_cast<cuda_device *>(ctx); }
+cuda_device *dev_of(void *ctx) {
+    return static_cast<cuda_device *>(ctx);
+}
 
 // Sums v over the block (blockDim.x a power of two); every thread gets it.
 __device__ double block_sum(double v, double *shared) {
@@ -66,12 +68,20 @@ __device__ double block_max(double v, double *shared) {
 }
 
 template <typename T> __device__ T dexp(T x);
-template <> __device__ float dexp(float x) { return expf(x); }
-template <> __device__ double dexp(double x) { return exp(x); }
+template <> __device__ float dexp(float x) {
+    return expf(x);
+}
+template <> __device__ double dexp(double x) {
+    return exp(x);
+}
 
 template <typename T> __device__ T dcdf(T x);
-template <> __device__ float dcdf(float x) { return 0.5f * erfcf(-x * 0.70710678f); }
-template <> __device__ double dcdf(double x) { return 0.5 * erfc(-x * 0.70710678118654752440); }
+template <> __device__ float dcdf(float x) {
+    return 0.5f * erfcf(-x * 0.70710678f);
+}
+template <> __device__ double dcdf(double x) {
+    return 0.5 * erfc(-x * 0.70710678118654752440);
+}
 
 // fill and rng ------------------------------------------------------------------
 
@@ -123,7 +133,9 @@ td_status cuda_rng(void *ctx, void *x, td_dtype dt, size_t n, td_rng_kind kind, 
 // X is a column-major X^T. So C = op(A) op(B) is computed as
 // C^T = op(B)^T op(A)^T with the operands swapped.
 
-cublasOperation_t op_of(int t) { return t ? CUBLAS_OP_T : CUBLAS_OP_N; }
+cublasOperation_t op_of(int t) {
+    return t ? CUBLAS_OP_T : CUBLAS_OP_N;
+}
 
 td_status cuda_gemm(void *ctx, td_dtype dt, int ta, int tb, int64_t m, int64_t n, int64_t k,
                     double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
@@ -145,8 +157,8 @@ td_status cuda_gemm(void *ctx, td_dtype dt, int ta, int tb, int64_t m, int64_t n
     return td__cublas_status(st, "cublasGemm", cd);
 }
 
-td_status cuda_gemm_batched(void *ctx, td_dtype dt, int ta, int tb, int64_t m, int64_t n,
-                            int64_t k, double alpha, const void *a, int64_t lda, int64_t stride_a,
+td_status cuda_gemm_batched(void *ctx, td_dtype dt, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                            double alpha, const void *a, int64_t lda, int64_t stride_a,
                             const void *b, int64_t ldb, int64_t stride_b, double beta, void *c,
                             int64_t ldc, int64_t stride_c, int64_t batch) {
     cuda_device *cd = dev_of(ctx);
@@ -198,8 +210,8 @@ td_status bias_add_t(cuda_device *cd, void *y, const void *bias, int64_t outer, 
     return launched(cd, "bias_add kernel");
 }
 
-td_status cuda_bias_add(void *ctx, td_dtype dt, void *y, const void *bias, int64_t outer,
-                        int64_t c, int64_t inner) {
+td_status cuda_bias_add(void *ctx, td_dtype dt, void *y, const void *bias, int64_t outer, int64_t c,
+                        int64_t inner) {
     if (outer * c * inner == 0)
         return TD_OK;
     return dt == TD_F32 ? bias_add_t<float>(dev_of(ctx), y, bias, outer, c, inner)
@@ -209,13 +221,13 @@ td_status cuda_bias_add(void *ctx, td_dtype dt, void *y, const void *bias, int64
 template <typename T>
 td_status bias_grad_t(cuda_device *cd, void *db, const void *dy, int64_t outer, int64_t c,
                       int64_t inner, int acc) {
-    bias_grad_k<T><<<(unsigned)c, kThreads, 0, cd->stream>>>((T *)db, (const T *)dy, outer, c,
-                                                             inner, acc);
+    bias_grad_k<T>
+        <<<(unsigned)c, kThreads, 0, cd->stream>>>((T *)db, (const T *)dy, outer, c, inner, acc);
     return launched(cd, "bias_grad kernel");
 }
 
-td_status cuda_bias_grad(void *ctx, td_dtype dt, void *db, const void *dy, int64_t outer,
-                         int64_t c, int64_t inner, int acc) {
+td_status cuda_bias_grad(void *ctx, td_dtype dt, void *db, const void *dy, int64_t outer, int64_t c,
+                         int64_t inner, int acc) {
     if (c == 0)
         return TD_OK;
     return dt == TD_F32 ? bias_grad_t<float>(dev_of(ctx), db, dy, outer, c, inner, acc)
@@ -274,11 +286,11 @@ td_status cuda_act_fwd(void *ctx, td_dtype dt, td_act act, size_t n, const void 
     if (n == 0)
         return TD_OK;
     if (dt == TD_F32)
-        act_fwd_k<float><<<grid_for(n), kThreads, 0, cd->stream>>>(act, n, (const float *)x,
-                                                                   (float *)y);
+        act_fwd_k<float>
+            <<<grid_for(n), kThreads, 0, cd->stream>>>(act, n, (const float *)x, (float *)y);
     else
-        act_fwd_k<double><<<grid_for(n), kThreads, 0, cd->stream>>>(act, n, (const double *)x,
-                                                                    (double *)y);
+        act_fwd_k<double>
+            <<<grid_for(n), kThreads, 0, cd->stream>>>(act, n, (const double *)x, (double *)y);
     return launched(cd, "activation kernel");
 }
 
@@ -318,8 +330,8 @@ td_status cuda_axpby(void *ctx, td_dtype dt, size_t n, double alpha, const void 
         axpby_k<float><<<grid_for(n), kThreads, 0, cd->stream>>>(n, (float)alpha, (const float *)x,
                                                                  (float)beta, (float *)y);
     else
-        axpby_k<double><<<grid_for(n), kThreads, 0, cd->stream>>>(n, alpha, (const double *)x,
-                                                                  beta, (double *)y);
+        axpby_k<double><<<grid_for(n), kThreads, 0, cd->stream>>>(n, alpha, (const double *)x, beta,
+                                                                  (double *)y);
     return launched(cd, "axpby kernel");
 }
 
@@ -332,8 +344,8 @@ td_status cuda_dropout(void *ctx, td_dtype dt, size_t n, double p, uint64_t seed
         dropout_k<float><<<grid_for(n), kThreads, 0, cd->stream>>>(n, p, seed, offset,
                                                                    (const float *)x, (float *)y);
     else
-        dropout_k<double><<<grid_for(n), kThreads, 0, cd->stream>>>(
-            n, p, seed, offset, (const double *)x, (double *)y);
+        dropout_k<double><<<grid_for(n), kThreads, 0, cd->stream>>>(n, p, seed, offset,
+                                                                    (const double *)x, (double *)y);
     return launched(cd, "dropout kernel");
 }
 
@@ -445,8 +457,9 @@ td_status cuda_xent(void *ctx, td_dtype dt, int64_t rows, int64_t classes, const
     if ((st = synced(cd, "cross-entropy")) != TD_OK)
         return st;
     if (host.bad_row >= 0)
-        return td__error(TD_ERR_INVALID_ARG, "%s: cross-entropy: the label of row %lld is outside "
-                                             "[0, %lld)",
+        return td__error(TD_ERR_INVALID_ARG,
+                         "%s: cross-entropy: the label of row %lld is outside "
+                         "[0, %lld)",
                          cd->name, host.bad_row, (long long)classes);
     *loss_sum = host.loss;
     *correct = host.correct;
@@ -519,9 +532,8 @@ __global__ void ln_bwd_params_k(int64_t rows, int64_t cols, const T *x, const T 
 template <typename T>
 td_status ln_fwd_t(cuda_device *cd, int64_t rows, int64_t cols, double eps, const void *x,
                    const void *gamma, const void *beta, void *y, void *mean, void *rstd) {
-    ln_fwd_k<T><<<(unsigned)rows, kThreads, 0, cd->stream>>>(cols, eps, (const T *)x,
-                                                            (const T *)gamma, (const T *)beta,
-                                                            (T *)y, (T *)mean, (T *)rstd);
+    ln_fwd_k<T><<<(unsigned)rows, kThreads, 0, cd->stream>>>(
+        cols, eps, (const T *)x, (const T *)gamma, (const T *)beta, (T *)y, (T *)mean, (T *)rstd);
     return launched(cd, "layernorm kernel");
 }
 
@@ -582,7 +594,8 @@ __global__ void embed_fwd_k(int64_t b, int64_t t, int64_t c, int64_t vocab, cons
 }
 
 template <typename T>
-__global__ void embed_bwd_wte_k(int64_t bt, int64_t c, const int32_t *tokens, const T *dy, T *dwte) {
+__global__ void embed_bwd_wte_k(int64_t bt, int64_t c, const int32_t *tokens, const T *dy,
+                                T *dwte) {
     GRID_LOOP(i, bt * c) {
         int64_t r = i / c, j = i % c;
         atomicAdd(&dwte[(int64_t)tokens[r] * c + j], dy[i]);
@@ -662,7 +675,8 @@ template <typename T> __global__ void im2col_k(td_conv_desc d, const T *x, T *co
         int64_t row = i / ohw, p = i % ohw;
         int64_t ch = row / (d.kh * d.kw), ki = (row / d.kw) % d.kh, kj = row % d.kw;
         int64_t ih = (p / d.ow) * d.stride - d.pad + ki, iw = (p % d.ow) * d.stride - d.pad + kj;
-        col[i] = (ih >= 0 && ih < d.h && iw >= 0 && iw < d.w) ? x[(ch * d.h + ih) * d.w + iw] : (T)0;
+        col[i] =
+            (ih >= 0 && ih < d.h && iw >= 0 && iw < d.w) ? x[(ch * d.h + ih) * d.w + iw] : (T)0;
     }
 }
 
@@ -859,8 +873,7 @@ td_status cuda_pool_bwd(void *ctx, td_dtype dt, td_pool_kind kind, const td_conv
 
 // Causal softmax for attention: one block per row of each (t, t) matrix --------------------
 
-template <typename T>
-__global__ void causal_fwd_k(int64_t t, double scale, const T *s, T *p) {
+template <typename T> __global__ void causal_fwd_k(int64_t t, double scale, const T *s, T *p) {
     __shared__ double sh[kThreads];
     int64_t row = blockIdx.x, i = row % t;
     const T *sr = s + row * t;
@@ -898,11 +911,11 @@ td_status cuda_causal_softmax_fwd(void *ctx, td_dtype dt, int64_t rows, int64_t 
     if (blocks == 0)
         return TD_OK;
     if (dt == TD_F32)
-        causal_fwd_k<float><<<blocks, kThreads, 0, cd->stream>>>(t, scale, (const float *)s,
-                                                                 (float *)p);
+        causal_fwd_k<float>
+            <<<blocks, kThreads, 0, cd->stream>>>(t, scale, (const float *)s, (float *)p);
     else
-        causal_fwd_k<double><<<blocks, kThreads, 0, cd->stream>>>(t, scale, (const double *)s,
-                                                                  (double *)p);
+        causal_fwd_k<double>
+            <<<blocks, kThreads, 0, cd->stream>>>(t, scale, (const double *)s, (double *)p);
     return launched(cd, "causal softmax kernel");
 }
 
@@ -916,8 +929,8 @@ td_status cuda_causal_softmax_bwd(void *ctx, td_dtype dt, int64_t rows, int64_t 
         causal_bwd_k<float><<<blocks, kThreads, 0, cd->stream>>>(t, scale, (const float *)p,
                                                                  (const float *)dp, (float *)ds);
     else
-        causal_bwd_k<double><<<blocks, kThreads, 0, cd->stream>>>(
-            t, scale, (const double *)p, (const double *)dp, (double *)ds);
+        causal_bwd_k<double><<<blocks, kThreads, 0, cd->stream>>>(t, scale, (const double *)p,
+                                                                  (const double *)dp, (double *)ds);
     return launched(cd, "causal softmax backward kernel");
 }
 
@@ -1003,11 +1016,11 @@ td_status cuda_adamw(void *ctx, td_dtype dt, size_t n, void *w, const void *g, v
     if (n == 0)
         return TD_OK;
     if (dt == TD_F32)
-        adamw_k<float><<<grid_for(n), kThreads, 0, cd->stream>>>(
-            n, (float *)w, (const float *)g, (float *)m, (float *)v, *o);
+        adamw_k<float><<<grid_for(n), kThreads, 0, cd->stream>>>(n, (float *)w, (const float *)g,
+                                                                 (float *)m, (float *)v, *o);
     else
-        adamw_k<double><<<grid_for(n), kThreads, 0, cd->stream>>>(
-            n, (double *)w, (const double *)g, (double *)m, (double *)v, *o);
+        adamw_k<double><<<grid_for(n), kThreads, 0, cd->stream>>>(n, (double *)w, (const double *)g,
+                                                                  (double *)m, (double *)v, *o);
     return launched(cd, "AdamW kernel");
 }
 
