@@ -3,6 +3,7 @@
 #define TANDEM_TANDEM_H
 
 #include "tandem/checkpoint.h"
+#include "tandem/comm.h"
 #include "tandem/core.h"
 #include "tandem/device.h"
 #include "tandem/nn.h"

@@ -1,0 +1,232 @@
+/* tandem: device groups and collectives.
+ *
+ * A group is a set of devices that run one function together, SPMD style:
+ * td_group_run() runs fn on every member's own host thread, with the
+ * member's rank and the group size, and waits for all of them. Inside fn,
+ * every member calls the same collectives in the same order (as with NCCL or
+ * MPI); a collective combines the members' td_buffer or td_tensor data.
+ *
+ * Transports:
+ *   local  members in this process. CPU devices share one address space, so a
+ *          member reads its peers' buffers directly (peer copies, as GPUs
+ *          with peer access do); devices whose memory the host cannot address
+ *          are staged through host memory.
+ *   mpi    members in several processes started by mpirun; hierarchical:
+ *          the members inside a process combine first, then one member per
+ *          process talks to the other processes through MPI.
+ *   nccl   CUDA devices, one per GPU, through NCCL.
+ *
+ * Failure: every wait inside a collective has a timeout (TANDEM_COMM_TIMEOUT_MS,
+ * default 30000). A member that fails, or that does not arrive in time, puts
+ * the group into an error state: every member's collective returns
+ * TD_ERR_DEVICE_LOST naming the member, the group's record of its last
+ * collectives is logged, and later collectives fail at once. td_group_shrink()
+ * then makes a working group of the survivors.
+ *
+ * Fault injection for tests, TANDEM_FAULT (or td_group_config.fault):
+ *   ITEM[,ITEM...]   ITEM = [pP/]DEVICE@KIND:N[:MODE]
+ *   DEVICE  a member's device name, "cpu:1"; pP/ limits it to MPI process P
+ *   KIND    allreduce, broadcast, reduce, allgather, reducescatter or any
+ *   N       the device fails at its N-th collective of that kind (1-based)
+ *   MODE    hang (default): it stops answering, so its peers time out and
+ *           name it; error: it fails at once and tells its peers.
+ * Example: TANDEM_FAULT=cpu:1@allreduce:5 */
+#ifndef TANDEM_COMM_H
+#define TANDEM_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tandem/device.h"
+#include "tandem/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct td_group td_group;
+typedef struct td_comm_request td_comm_request;
+
+typedef enum td_reduce_op {
+    TD_REDUCE_SUM = 0,
+    TD_REDUCE_MEAN = 1, /* the sum divided by the group size */
+    TD_REDUCE_MAX = 2,
+    TD_REDUCE_MIN = 3,
+} td_reduce_op;
+
+typedef enum td_transport {
+    TD_TRANSPORT_AUTO = 0, /* nccl for CUDA devices where it can, else local */
+    TD_TRANSPORT_LOCAL = 1,
+    TD_TRANSPORT_MPI = 2, /* needs a tandem built with MPI; see td_group_create */
+    TD_TRANSPORT_NCCL = 3,
+} td_transport;
+
+/* Which algorithm a collective uses. AUTO takes the latency-optimised direct
+ * exchange up to the switch size and the chunked pipelined ring above it. */
+typedef enum td_comm_algorithm {
+    TD_ALGO_AUTO = 0,
+    TD_ALGO_DIRECT = 1, /* every member reads every peer's contribution: one barrier */
+    TD_ALGO_RING = 2,   /* chunked, pipelined ring (chain for broadcast and reduce) */
+} td_comm_algorithm;
+
+typedef enum td_collective_kind {
+    TD_COLL_ALLREDUCE = 0,
+    TD_COLL_BROADCAST = 1,
+    TD_COLL_REDUCE = 2,
+    TD_COLL_ALLGATHER = 3,
+    TD_COLL_REDUCE_SCATTER = 4,
+} td_collective_kind;
+
+/* "allreduce", "broadcast", "reduce", "allgather", "reducescatter". Static. */
+TD_API const char *td_collective_name(td_collective_kind kind);
+
+typedef struct td_group_config {
+    td_transport transport;
+    int timeout_ms;      /* 0: TANDEM_COMM_TIMEOUT_MS, else 30000 */
+    size_t switch_bytes; /* direct below, ring at or above; 0: TANDEM_ALLREDUCE_SWITCH_BYTES,
+                            else the default measured on the reference machine */
+    td_comm_algorithm algorithm; /* force one algorithm (tests, calibration) */
+    size_t chunk_bytes;          /* ring pipeline chunk; 0: 128 KiB */
+    const char *fault;           /* fault injection, as TANDEM_FAULT; NULL: read TANDEM_FAULT */
+} td_group_config;
+
+#define TD_GROUP_CONFIG_INIT                                                                       \
+    { TD_TRANSPORT_AUTO, 0, 0, TD_ALGO_AUTO, 0, NULL }
+
+/* Creates a group over every device of `devices`, ranks in list order. The
+ * list must outlive the group (destroy the group first). cfg may be NULL for
+ * the defaults. With cfg->transport TD_TRANSPORT_MPI every process started by
+ * mpirun must call this collectively (from its main thread); global ranks go
+ * process by process (all of process 0's devices first). tandem calls
+ * MPI_Init_thread(MPI_THREAD_SERIALIZED) when MPI is not initialised yet, and
+ * then MPI_Finalize at process exit (or in td_comm_mpi_finalize); when the
+ * application initialised MPI itself it must provide MPI_THREAD_SERIALIZED or
+ * more, and it finalises MPI itself. On failure *out is NULL. */
+TD_API td_status td_group_create(td_device_list *devices, const td_group_config *cfg,
+                                 td_group **out);
+/* The same over the devices a spec names ("cpu*2"); the group owns the list. */
+TD_API td_status td_group_create_spec(const char *spec, const td_group_config *cfg, td_group **out);
+/* Waits for outstanding asynchronous collectives, then releases everything.
+ * NULL-safe. Not from inside td_group_run. */
+TD_API void td_group_destroy(td_group *g);
+
+/* Members in the whole group (all processes) and in this process. */
+TD_API int td_group_size(const td_group *g);
+TD_API int td_group_local_size(const td_group *g);
+/* The device of global rank `rank` when it is in this process, else NULL. */
+TD_API td_device *td_group_device(const td_group *g, int rank);
+/* "local", "mpi" or "nccl". */
+TD_API const char *td_group_transport(const td_group *g);
+
+/* What each member runs: its device, its global rank and the group size. */
+typedef td_status (*td_group_fn)(td_group *g, td_device *dev, int rank, int size, void *arg);
+
+/* Runs fn on every local member's host thread and waits for all of them (a
+ * barrier). Returns TD_OK when every member returned TD_OK; otherwise the
+ * status of the member whose failure came first (the one that broke the
+ * group when there is one), with a message naming it: "member 1 (cpu:1):
+ * ...". A member whose fn fails puts the group into its error state, so its
+ * peers stop waiting for it. Call it from a thread that is no member's host
+ * thread; one td_group_run at a time per group. Members that stop answering
+ * are waited for no longer than the timeout after the group failed. */
+TD_API td_status td_group_run(td_group *g, td_group_fn fn, void *arg);
+
+/* TD_OK while the group works; once it failed, the status its collectives
+ * return (TD_ERR_DEVICE_LOST) with the reason as this thread's message. */
+TD_API td_status td_group_error(td_group *g);
+
+/* Makes a new group of this group's members less the excluded ranks
+ * (exclude[0..n_exclude)); with n_exclude 0, less the members that failed.
+ * The new group has the same configuration, ranks renumbered in the old
+ * order, and its own sequence numbers; g stays valid (destroy it when done).
+ * Not from inside td_group_run. With MPI every process calls it. */
+TD_API td_status td_group_shrink(td_group *g, const int *exclude, size_t n_exclude, td_group **out);
+
+/* The record of the group's last collectives, one line each: sequence
+ * number, kind, size, and per member when it arrived and finished (or that
+ * it never arrived). Written into buf (truncated to n bytes); returns buf.
+ * The same text is logged when a collective times out. */
+TD_API const char *td_group_record(td_group *g, char *buf, size_t n);
+
+/* Measures the direct and ring all-reduce on this group over sizes 64 B to
+ * 1 MiB and sets the group's switch point to the smallest size from which
+ * the ring is faster; *switch_bytes (may be NULL) receives it. Not from
+ * inside td_group_run; every process calls it for an MPI group. */
+TD_API td_status td_group_calibrate(td_group *g, size_t *switch_bytes);
+/* The switch point in use. */
+TD_API size_t td_group_switch_bytes(const td_group *g);
+
+/* Collectives. Called inside td_group_run by every member, in the same order
+ * and with the same count, dtype, op and root. Buffers are the calling
+ * member's own (on its device); offsets are in bytes. Passing send == recv
+ * at the same place works in place. count is in elements:
+ *   allreduce       recv[i] = op over members of send[i], i < count
+ *   broadcast       recv = send of root (send is read on root only)
+ *   reduce          root's recv = op of every send (recv ignored elsewhere, may be NULL)
+ *   allgather       recv (count * size) = concatenation of every send (count) in rank order
+ *   reduce_scatter  recv (count) = op over members of send[rank * count + i]
+ *                   (send holds count * size)
+ * All members get bit-identical results. Errors: TD_ERR_INVALID_ARG for
+ * bad buffers or a call outside td_group_run (the group then fails, so peers
+ * do not wait), TD_ERR_DEVICE_LOST when any member failed or timed out. */
+TD_API td_status td_allreduce(td_group *g, const td_buffer *send, size_t send_offset,
+                              td_buffer *recv, size_t recv_offset, size_t count, td_dtype dtype,
+                              td_reduce_op op);
+TD_API td_status td_broadcast(td_group *g, const td_buffer *send, size_t send_offset,
+                              td_buffer *recv, size_t recv_offset, size_t count, td_dtype dtype,
+                              int root);
+TD_API td_status td_reduce(td_group *g, const td_buffer *send, size_t send_offset, td_buffer *recv,
+                           size_t recv_offset, size_t count, td_dtype dtype, td_reduce_op op,
+                           int root);
+TD_API td_status td_allgather(td_group *g, const td_buffer *send, size_t send_offset,
+                              td_buffer *recv, size_t recv_offset, size_t count, td_dtype dtype);
+TD_API td_status td_reduce_scatter(td_group *g, const td_buffer *send, size_t send_offset,
+                                   td_buffer *recv, size_t recv_offset, size_t count,
+                                   td_dtype dtype, td_reduce_op op);
+
+/* In place on a whole tensor. */
+TD_API td_status td_allreduce_tensor(td_group *g, td_tensor *t, td_reduce_op op);
+TD_API td_status td_broadcast_tensor(td_group *g, td_tensor *t, int root);
+
+/* One collective described as data, for the asynchronous calls. */
+typedef struct td_collective {
+    td_collective_kind kind;
+    const td_buffer *send;
+    size_t send_offset;
+    td_buffer *recv;
+    size_t recv_offset;
+    size_t count;
+    td_dtype dtype;
+    td_reduce_op op; /* allreduce, reduce, reduce_scatter */
+    int root;        /* broadcast, reduce */
+} td_collective;
+
+/* Runs c now, as the matching call above does. */
+TD_API td_status td_collective_run(td_group *g, const td_collective *c);
+
+/* Starts c and returns at once with *req. The member's communication engine
+ * (one helper thread per member, started on first use; it works on this
+ * member's buffers only, as a GPU's copy engine would) runs the member's
+ * asynchronous collectives in the order they were started, so the caller can
+ * compute meanwhile (say, backward of earlier layers). The buffers must stay
+ * untouched until the request is done. A synchronous collective, and the end
+ * of fn, first wait for the member's outstanding ones. The caller destroys
+ * *req (after waiting). Inside td_group_run only. */
+TD_API td_status td_collective_start(td_group *g, const td_collective *c, td_comm_request **req);
+TD_API td_status td_allreduce_async(td_group *g, td_buffer *buf, size_t offset, size_t count,
+                                    td_dtype dtype, td_reduce_op op, td_comm_request **req);
+/* TD_IN_PROGRESS while running; else the collective's status (and message). */
+TD_API td_status td_comm_test(td_comm_request *req);
+/* Waits until done; returns the collective's status and carries its message. */
+TD_API td_status td_comm_wait(td_comm_request *req);
+/* Waits when still running, then frees. NULL-safe. */
+TD_API void td_comm_request_destroy(td_comm_request *req);
+
+/* Finalises MPI when tandem initialised it and no group uses it any more;
+ * otherwise does nothing. Also run at exit. */
+TD_API void td_comm_mpi_finalize(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,203 @@
+/* The inside of the comm layer: the group, its members and their shared
+ * synchronisation slots, and the entry points of each transport. */
+#ifndef TD_COMM_IMPL_H
+#define TD_COMM_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "device/device-impl.h"
+#include "tandem/comm.h"
+
+#define TD_CACHE_LINE     64
+#define TD_COMM_RECORD    16 /* collectives remembered per member */
+#define TD_COMM_FIFO      8  /* ring pipeline slots per member */
+#define TD_COMM_MAX_FAULT 8
+#define TD_COMM_KINDS     5
+
+/* The switch point used when neither the config, TANDEM_ALLREDUCE_SWITCH_BYTES
+ * nor td_group_calibrate() gave one: measured with `bench_collectives
+ * --calibrate` on the reference machine (2-core EPYC, 2 local members). */
+#define TD_COMM_DEFAULT_SWITCH (64u << 10)
+#define TD_COMM_DEFAULT_CHUNK  (128u << 10)
+
+/* One operation as a transport sees it: host-addressable pointers. */
+typedef struct td__op {
+    td_collective_kind kind;
+    const void *in; /* NULL: not read by this member (reduce on non-roots is fine) */
+    void *out;      /* NULL where the result is not wanted here */
+    size_t count;   /* elements, as in the public call */
+    td_dtype dtype;
+    td_reduce_op op;
+    int root;               /* global rank */
+    uint64_t seq;           /* the member's collective number, from 1 */
+    td_comm_algorithm algo; /* AUTO: the group's choice (calibration forces one) */
+} td__op;
+
+/* A member's slot, read by its peers. Each field a peer polls sits on its own
+ * cache line, so that one member's writes do not slow another's polling. */
+/* What a member publishes for one phase: written before `posted` (release)
+ * and read by peers after it (acquire). Two of them, by phase parity: a
+ * member starts phase p + 2 only after every peer reached p + 1, so nobody
+ * still reads the copy it overwrites. */
+typedef struct td__pub {
+    const void *in;
+    void *out;
+    size_t count;
+    int kind, dtype, op, root;
+    uint64_t seq;
+} td__pub;
+
+typedef struct td__slot {
+    _Alignas(TD_CACHE_LINE) atomic_uint_least64_t posted; /* phase number the member reached */
+    td__pub pub[2];
+    _Alignas(TD_CACHE_LINE) atomic_uint_least64_t prog; /* (phase << 32) | units completed */
+    _Alignas(TD_CACHE_LINE) char pad[1];
+} td__slot;
+
+/* One remembered collective of one member. Fields are atomics because the
+ * record is read by whichever member reports a timeout. */
+typedef struct td__record_entry {
+    atomic_uint_least64_t seq; /* 0: empty */
+    atomic_int kind;
+    atomic_int dtype;
+    atomic_uint_least64_t count;
+    atomic_uint_least64_t arrive_ns; /* td_clock_ns() when it arrived */
+    atomic_uint_least64_t done_ns;   /* 0 while running */
+    atomic_int status;
+} td__record_entry;
+
+typedef struct td__fault {
+    char device[32];
+    int process; /* -1: any */
+    int kind;    /* td_collective_kind or -1 for any */
+    int nth;
+    int hang; /* 1: stop answering; 0: fail loudly */
+} td__fault;
+
+typedef struct td__engine td__engine; /* a member's async engine (collectives.c) */
+
+typedef struct td__member {
+    td_group *g;
+    int local; /* index in this process */
+    int rank;  /* global rank */
+    td_device *dev;
+    bool host_memory;             /* the device's pointers are host addresses (CPU) */
+    uint64_t seq;                 /* collectives issued so far (the issuing thread only) */
+    uint64_t phase;               /* synchronisation phases run (the executing thread only) */
+    int calls[TD_COMM_KINDS + 1]; /* collectives executed per kind, and in all */
+    atomic_int failed;            /* 1 once this member failed or was lost */
+    td__engine *engine;
+    atomic_uint_least64_t async_issued, async_done;
+    void *small[2]; /* direct-exchange slots, double buffered by phase */
+    void *fifo;     /* TD_COMM_FIFO ring slots of chunk_bytes */
+    td_buffer *small_buf, *fifo_buf;
+    td__record_entry record[TD_COMM_RECORD];
+} td__member;
+
+struct td_group {
+    td_transport transport;
+    int size;   /* global members */
+    int nlocal; /* members in this process */
+    int rank0;  /* global rank of local member 0 */
+    int timeout_ms;
+    size_t switch_bytes;
+    size_t small_bytes; /* capacity of one direct-exchange slot */
+    size_t chunk_bytes;
+    td_comm_algorithm algorithm;
+    td_device_list *owned_list;
+    char fault_text[256];
+    td__fault faults[TD_COMM_MAX_FAULT];
+    int nfaults;
+
+    td__member *members; /* nlocal */
+    td__slot *slots;     /* nlocal, cache-line aligned */
+
+    _Alignas(TD_CACHE_LINE) atomic_int aborted;
+    _Alignas(TD_CACHE_LINE) pthread_mutex_t fail_lock;
+    td_status fail_status;
+    int fail_rank; /* the member that broke the group, -1 when unknown */
+    char fail_reason[1024];
+    atomic_int running; /* a td_group_run is in progress */
+
+    void *mpi;                  /* the MPI transport's state, or NULL */
+    const td_group *mpi_parent; /* during td_group_shrink: the group shrunk */
+    void *nccl;                 /* the NCCL transport's state, or NULL */
+    td_group_config cfg;
+};
+
+/* The member whose host thread (or engine) is running; set by td_group_run. */
+td__member *td__comm_current(void);
+void td__comm_set_current(td__member *m);
+
+/* Puts the group into its error state (once: later calls keep the first
+ * reason) and returns TD_ERR_DEVICE_LOST with the reason as the message.
+ * rank: the member at fault, or -1. */
+td_status td__group_fail(td_group *g, int rank, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* TD_ERR_DEVICE_LOST with the group's failure reason as the message. */
+td_status td__group_lost(td_group *g);
+int td__group_timeout_ms(const td_group *g);
+
+/* The asynchronous engine (collectives.c): waits until every collective the
+ * member started has finished; stops the engine thread. */
+void td__engine_drain(td__member *m);
+void td__engine_stop(td__member *m);
+
+/* Fault injection: counts the collective and returns TD_OK, or fails as the
+ * fault says (a hanging fault waits until the group has failed). */
+td_status td__fault_check(td__member *m, td_collective_kind kind);
+td_status td__fault_parse(td_group *g, const char *text);
+
+/* The diagnostic record. */
+void td__record_arrive(td__member *m, const td__op *op);
+void td__record_done(td__member *m, const td__op *op, td_status st);
+/* Members (local) that have not arrived at collective `seq`, as "cpu:1 (rank 1)". */
+void td__record_missing(td_group *g, uint64_t seq, char *buf, size_t n);
+
+/* Local transport: runs op among this process's members. */
+td_status td__local_run(td__member *m, const td__op *op);
+/* The pieces the MPI transport composes with (root is a local index here). */
+td_status td__local_reduce(td__member *m, const void *in, void *out, size_t count, td_dtype dt,
+                           td_reduce_op op, int root_local, int divide_by);
+td_status td__local_bcast(td__member *m, const void *in, void *out, size_t count, td_dtype dt,
+                          int root_local);
+/* Each member's `out` (NULL: none) gets count elements from the root's `in`
+ * at element offset local * stride: a scatter (stride = count) or a copy to
+ * everyone (stride 0) from host memory the root owns. */
+td_status td__local_scatter(td__member *m, const void *in, void *out, size_t count, td_dtype dt,
+                            int root_local, size_t stride);
+/* The root's `out` gets every member's `in` (count each) in local order. */
+td_status td__local_gather(td__member *m, const void *in, void *out, size_t count, td_dtype dt,
+                           int root_local);
+/* A barrier among the local members. */
+td_status td__local_barrier(td__member *m);
+
+/* Waits with spinning, then yielding, then sleeping, until *p >= want; gives
+ * up when the group fails or after the timeout (naming `waiting_for`, a local
+ * index, or -1 for "members that have not arrived at op seq"). */
+td_status td__comm_wait(td__member *m, atomic_uint_least64_t *p, uint64_t want, int waiting_for,
+                        uint64_t seq);
+
+/* Element-wise kernels over host memory. */
+void td__reduce2(void *dst, const void *a, const void *b, size_t n, td_dtype dt, td_reduce_op op);
+void td__scale(void *x, size_t n, td_dtype dt, double divisor);
+
+#ifdef TD_HAVE_MPI
+/* This process's rank in MPI_COMM_WORLD (0 when MPI is not initialised). */
+int td__mpi_process(const td_group *g);
+td_status td__mpi_group_init(td_group *g);
+void td__mpi_group_deinit(td_group *g);
+td_status td__mpi_run(td__member *m, const td__op *op);
+/* Agrees across processes which global ranks failed (OR of masks). */
+td_status td__mpi_agree_failed(td_group *g, unsigned char *failed);
+#endif
+#ifdef TD_HAVE_NCCL
+td_status td__nccl_group_init(td_group *g);
+void td__nccl_group_deinit(td_group *g);
+td_status td__nccl_run(td__member *m, const td__op *op);
+#endif
+
+#endif

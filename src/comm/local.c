@@ -1,0 +1,586 @@
+/* The local transport: members in one process. CPU devices share one address
+ * space, so a member reads its peers' buffers directly, as a GPU reads its
+ * peers' memory through peer access.
+ *
+ * Synchronisation is by phases. Each member counts the phases it runs (every
+ * member runs the same ones, so the counts agree); to start phase p it
+ * publishes its pointers and stores p into its `posted` flag, then waits
+ * until every peer posted p. Inside a pipelined phase, members publish how
+ * many units (chunk steps) they completed in `prog`, as (p << 32) | units,
+ * which only grows, so a stale value from an earlier phase always reads as
+ * "not yet". Flags sit on cache lines of their own; waits spin with pause,
+ * then yield, then sleep (devices may outnumber cores), and give up at the
+ * timeout or when the group fails. No mutex or condition variable is on this
+ * path.
+ *
+ * Algorithms:
+ *   direct  each member copies its contribution into its own small slot,
+ *           posts, and computes its result from all slots in rank order:
+ *           one barrier, so latency is one cache-line handoff. Slots are
+ *           double buffered by phase parity, so no barrier is needed after.
+ *   ring    the data is cut into n segments and each segment into chunks;
+ *           units run chunk by chunk so that the ring is a pipeline. All-reduce
+ *           is a reduce-scatter (member r finishes segment r: it adds its input
+ *           to the partial sum its left neighbour left in its FIFO, or to the
+ *           neighbour's input at the first step) followed by an all-gather
+ *           (each member copies the finished segments from its left
+ *           neighbour's output). Broadcast and reduce are pipelined chains.
+ *           Each member returns once its right neighbour, the only reader of
+ *           its memory, is done. */
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "comm/comm-impl.h"
+#include "core/error.h"
+#include "core/log.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define cpu_relax() _mm_pause()
+#elif defined(__aarch64__)
+#define cpu_relax() __asm__ __volatile__("yield")
+#else
+#define cpu_relax() ((void)0)
+#endif
+
+/* Waiting ------------------------------------------------------------------- */
+
+td_status td__comm_wait(td__member *m, atomic_uint_least64_t *p, uint64_t want, int waiting_for,
+                        uint64_t seq) {
+    td_group *g = m->g;
+    uint64_t start = 0, limit;
+    unsigned rounds = 0;
+    if (atomic_load_explicit(p, memory_order_acquire) >= want)
+        return TD_OK;
+    limit = (uint64_t)td__group_timeout_ms(g) * 1000000u;
+    for (;;) {
+        for (int i = 0; i < 64; i++) {
+            if (atomic_load_explicit(p, memory_order_acquire) >= want)
+                return TD_OK;
+            cpu_relax();
+        }
+        if (atomic_load_explicit(&g->aborted, memory_order_acquire))
+            return td__group_lost(g);
+        rounds++;
+        if (rounds > 256) {
+            /* Past ~100 us a peer is probably not running: let it have the core. */
+            if (rounds < 4096) {
+                sched_yield();
+            } else {
+                struct timespec ts = {0, rounds < 8192 ? 20000 : 200000};
+                nanosleep(&ts, NULL);
+            }
+        }
+        if ((rounds & 31) == 1) {
+            uint64_t now = td_clock_ns();
+            if (!start) {
+                start = now;
+            } else if (now - start > limit) {
+                char who[512];
+                int rank = -1;
+                if (waiting_for >= 0) {
+                    rank = g->members[waiting_for].rank;
+                    snprintf(who, sizeof who, "%s (rank %d)",
+                             td_device_name(g->members[waiting_for].dev), rank);
+                } else {
+                    td__record_missing(g, seq, who, sizeof who);
+                }
+                td__group_fail(g, rank,
+                               "collective #%llu: timed out after %d ms waiting for %s, which "
+                               "never arrived",
+                               (unsigned long long)seq, td__group_timeout_ms(g), who);
+                {
+                    char rec[4096];
+                    TD_LOG_ERROR("%s\n%s", td_last_error(), td_group_record(g, rec, sizeof rec));
+                }
+                return td__group_lost(g);
+            }
+        }
+    }
+}
+
+/* Phases -------------------------------------------------------------------- */
+
+static td__pub *my_pub(td__member *m, uint64_t phase) {
+    return &m->g->slots[m->local].pub[phase & 1];
+}
+
+static const td__pub *peer_pub(td__member *m, int peer, uint64_t phase) {
+    return &m->g->slots[peer].pub[phase & 1];
+}
+
+/* Starts a phase: publishes the pointers; the caller fills its slot, then
+ * calls phase_post. */
+static uint64_t phase_open(td__member *m, const void *in, void *out, size_t count, int kind,
+                           td_dtype dt, int op, int root, uint64_t seq) {
+    uint64_t ph = ++m->phase;
+    td__pub *p = my_pub(m, ph);
+    p->in = in;
+    p->out = out;
+    p->count = count;
+    p->kind = kind;
+    p->dtype = (int)dt;
+    p->op = op;
+    p->root = root;
+    p->seq = seq;
+    return ph;
+}
+
+/* Arrives at phase ph and waits for every local peer to arrive. Checks that
+ * they called the same collective. */
+static td_status phase_post(td__member *m, uint64_t ph) {
+    td_group *g = m->g;
+    td_status st;
+    const td__pub *me = my_pub(m, ph);
+    atomic_store_explicit(&g->slots[m->local].posted, ph, memory_order_release);
+    for (int k = 0; k < g->nlocal; k++) {
+        if (k == m->local)
+            continue;
+        if ((st = td__comm_wait(m, &g->slots[k].posted, ph, k, me->seq)) != TD_OK)
+            return st;
+    }
+    if (m->local != 0) {
+        const td__pub *p0 = peer_pub(m, 0, ph);
+        if (p0->seq != me->seq || p0->kind != me->kind || p0->count != me->count ||
+            p0->dtype != me->dtype || p0->op != me->op || p0->root != me->root)
+            return td__group_fail(
+                g, m->rank,
+                "collective #%llu: %s (rank %d) called %s of %zu %s (op %d, root %d) but %s "
+                "(rank %d) called %s of %zu %s (op %d, root %d): every member must make the same "
+                "calls in the same order",
+                (unsigned long long)me->seq, td_device_name(m->dev), m->rank,
+                td_collective_name((td_collective_kind)me->kind), me->count,
+                td_dtype_name((td_dtype)me->dtype), me->op, me->root,
+                td_device_name(g->members[0].dev), g->members[0].rank,
+                td_collective_name((td_collective_kind)p0->kind), p0->count,
+                td_dtype_name((td_dtype)p0->dtype), p0->op, p0->root);
+    }
+    return TD_OK;
+}
+
+static inline void publish_units(td__member *m, uint64_t ph, uint64_t units) {
+    atomic_store_explicit(&m->g->slots[m->local].prog, (ph << 32) | units, memory_order_release);
+}
+
+/* Waits until local member k completed `units` units of phase ph. */
+static inline td_status wait_units(td__member *m, int k, uint64_t ph, uint64_t units,
+                                   uint64_t seq) {
+    return td__comm_wait(m, &m->g->slots[k].prog, (ph << 32) | units, k, seq);
+}
+
+/* Geometry ------------------------------------------------------------------ */
+
+/* Segment s of n over count elements: the first count % n segments are one
+ * longer. */
+static size_t seg_begin(size_t count, int n, int s) {
+    size_t q = count / (size_t)n, r = count % (size_t)n;
+    return q * (size_t)s + ((size_t)s < r ? (size_t)s : r);
+}
+
+static size_t chunk_elems(const td_group *g, td_dtype dt) {
+    size_t ce = g->chunk_bytes / td_dtype_size(dt);
+    return ce ? ce : 1;
+}
+
+/* Chunk c of [b, e): [*lo, *hi), possibly empty. */
+static void chunk_range(size_t b, size_t e, size_t ce, size_t c, size_t *lo, size_t *hi) {
+    size_t l = b + c * ce;
+    *lo = l < e ? l : e;
+    *hi = l + ce < e ? l + ce : e;
+}
+
+#define AT(p, i)  ((char *)(p) + (i)*es)
+#define CAT(p, i) ((const char *)(p) + (i)*es)
+
+static void *fifo_slot(td__member *m, uint64_t u) {
+    return (char *)m->fifo + (size_t)(u % TD_COMM_FIFO) * m->g->chunk_bytes;
+}
+
+/* Ring algorithms ----------------------------------------------------------- */
+
+/* All-reduce (segments over count) or reduce-scatter (segments of count each,
+ * results to out). divide_by > 1 divides the results (mean). */
+static td_status ring_reduce(td__member *m, const td__op *o, int scatter, int divide_by) {
+    td_group *g = m->g;
+    const int n = g->nlocal, r = m->local;
+    const int left = (r + n - 1) % n, right = (r + 1) % n;
+    const size_t es = td_dtype_size(o->dtype);
+    const size_t total = scatter ? o->count * (size_t)n : o->count;
+    const size_t ce = chunk_elems(g, o->dtype);
+    const int steps = scatter ? n - 1 : 2 * (n - 1); /* units per chunk */
+    size_t maxseg, nchunks;
+    uint64_t ph;
+    td_status st;
+    td__member *lm = &g->members[left];
+    const td__pub *lp;
+
+    ph = phase_open(m, o->in, o->out, o->count, o->kind, o->dtype, o->op, o->root, o->seq);
+    if ((st = phase_post(m, ph)) != TD_OK)
+        return st;
+    lp = peer_pub(m, left, ph);
+    maxseg = scatter ? o->count : seg_begin(total, n, 1);
+    nchunks = (maxseg + ce - 1) / ce;
+    for (size_t c = 0; c < nchunks; c++) {
+        for (int j = 0; j < steps; j++) {
+            uint64_t u = c * (uint64_t)steps + (uint64_t)j;
+            size_t lo, hi, len;
+            if (j < n - 1) {
+                /* Reduce-scatter step j: segment r + n - 2 - j, finished at step n - 2. */
+                int s = (r + 2 * n - 2 - j) % n;
+                size_t b = scatter ? (size_t)s * o->count : seg_begin(total, n, s);
+                size_t e = scatter ? b + o->count : seg_begin(total, n, s + 1);
+                const void *partial;
+                void *dst;
+                int final = j == n - 2;
+                chunk_range(b, e, ce, c, &lo, &hi);
+                len = hi - lo;
+                if (j == 0) {
+                    partial = CAT(lp->in, lo);
+                } else {
+                    if ((st = wait_units(m, left, ph, u, o->seq)) != TD_OK)
+                        return st;
+                    partial = fifo_slot(lm, u - 1);
+                }
+                if (final) {
+                    dst = scatter ? AT(o->out, lo - b) : AT(o->out, lo);
+                } else {
+                    /* The right neighbour must have read what this FIFO slot held. */
+                    if (u >= TD_COMM_FIFO &&
+                        (st = wait_units(m, right, ph, u - TD_COMM_FIFO + 2, o->seq)) != TD_OK)
+                        return st;
+                    dst = fifo_slot(m, u);
+                }
+                td__reduce2(dst, partial, CAT(o->in, lo), len, o->dtype, o->op);
+                if (final && divide_by > 1)
+                    td__scale(dst, len, o->dtype, divide_by);
+            } else {
+                /* All-gather step k: copy finished segment r - 1 - k from the left. */
+                int k = j - (n - 1);
+                int s = (r + 2 * n - 1 - k) % n;
+                chunk_range(seg_begin(total, n, s), seg_begin(total, n, s + 1), ce, c, &lo, &hi);
+                len = hi - lo;
+                if ((st = wait_units(m, left, ph, u, o->seq)) != TD_OK)
+                    return st;
+                /* In place, this overwrites input the right neighbour reads at
+                 * its first step: wait for it. */
+                if (k == 0 &&
+                    (st = wait_units(m, right, ph, c * (uint64_t)steps + 1, o->seq)) != TD_OK)
+                    return st;
+                if (len)
+                    memcpy(AT(o->out, lo), CAT(lp->out, lo), len * es);
+            }
+            publish_units(m, ph, u + 1);
+        }
+    }
+    /* The right neighbour reads this member's memory until it is done. */
+    return wait_units(m, right, ph, nchunks * (uint64_t)steps, o->seq);
+}
+
+static td_status ring_allgather(td__member *m, const td__op *o) {
+    td_group *g = m->g;
+    const int n = g->nlocal, r = m->local;
+    const int left = (r + n - 1) % n, right = (r + 1) % n;
+    const size_t es = td_dtype_size(o->dtype);
+    const size_t ce = chunk_elems(g, o->dtype);
+    const size_t nchunks = (o->count + ce - 1) / ce;
+    const int steps = n;
+    uint64_t ph;
+    td_status st;
+    const td__pub *lp;
+
+    ph = phase_open(m, o->in, o->out, o->count, o->kind, o->dtype, o->op, o->root, o->seq);
+    if ((st = phase_post(m, ph)) != TD_OK)
+        return st;
+    lp = peer_pub(m, left, ph);
+    for (size_t c = 0; c < nchunks; c++) {
+        for (int j = 0; j < steps; j++) {
+            uint64_t u = c * (uint64_t)steps + (uint64_t)j;
+            size_t lo, hi;
+            int s = (r + n - j) % n; /* own segment first, then r - 1, r - 2, ... */
+            chunk_range(0, o->count, ce, c, &lo, &hi);
+            if (j == 0) {
+                void *dst = AT(o->out, (size_t)r * o->count + lo);
+                if (dst != CAT(o->in, lo) && hi > lo)
+                    memmove(dst, CAT(o->in, lo), (hi - lo) * es);
+            } else {
+                size_t off = (size_t)s * o->count + lo;
+                if ((st = wait_units(m, left, ph, u, o->seq)) != TD_OK)
+                    return st;
+                if (hi > lo)
+                    memcpy(AT(o->out, off), CAT(lp->out, off), (hi - lo) * es);
+            }
+            publish_units(m, ph, u + 1);
+        }
+    }
+    return wait_units(m, right, ph, nchunks * (uint64_t)steps, o->seq);
+}
+
+/* A pipelined chain from the root: each member copies chunk c from its left
+ * neighbour's output once the neighbour has it. */
+static td_status chain_bcast(td__member *m, const td__op *o, int root, int kind) {
+    td_group *g = m->g;
+    const int n = g->nlocal, r = m->local;
+    const int left = (r + n - 1) % n, right = (r + 1) % n;
+    const int pos = (r - root + n) % n;
+    const size_t es = td_dtype_size(o->dtype);
+    const size_t ce = chunk_elems(g, o->dtype);
+    const size_t nchunks = (o->count + ce - 1) / ce;
+    uint64_t ph;
+    td_status st;
+    const td__pub *lp;
+
+    ph = phase_open(m, o->in, o->out, o->count, kind, o->dtype, o->op, o->root, o->seq);
+    if ((st = phase_post(m, ph)) != TD_OK)
+        return st;
+    lp = peer_pub(m, left, ph);
+    for (size_t c = 0; c < nchunks; c++) {
+        size_t lo, hi;
+        chunk_range(0, o->count, ce, c, &lo, &hi);
+        if (pos == 0) {
+            if (o->out != o->in)
+                memcpy(AT(o->out, lo), CAT(o->in, lo), (hi - lo) * es);
+        } else {
+            if ((st = wait_units(m, left, ph, c + 1, o->seq)) != TD_OK)
+                return st;
+            if (o->out)
+                memcpy(AT(o->out, lo), CAT(lp->out, lo), (hi - lo) * es);
+        }
+        publish_units(m, ph, c + 1);
+    }
+    if (pos == n - 1)
+        return TD_OK;
+    return wait_units(m, right, ph, nchunks, o->seq);
+}
+
+/* A pipelined chain that ends at the root: member at position p adds its
+ * input to the partial sum of position p - 1. */
+static td_status chain_reduce(td__member *m, const td__op *o, int root, int divide_by) {
+    td_group *g = m->g;
+    const int n = g->nlocal, r = m->local;
+    const int left = (r + n - 1) % n, right = (r + 1) % n;
+    const int pos = (r - root - 1 + 2 * n) % n; /* the root is last */
+    const size_t es = td_dtype_size(o->dtype);
+    const size_t ce = chunk_elems(g, o->dtype);
+    const size_t nchunks = (o->count + ce - 1) / ce;
+    uint64_t ph;
+    td_status st;
+    const td__pub *lp;
+    td__member *lm = &g->members[left];
+
+    ph = phase_open(m, o->in, o->out, o->count, TD_COLL_REDUCE, o->dtype, o->op, o->root, o->seq);
+    if ((st = phase_post(m, ph)) != TD_OK)
+        return st;
+    lp = peer_pub(m, left, ph);
+    for (size_t c = 0; c < nchunks; c++) {
+        size_t lo, hi;
+        chunk_range(0, o->count, ce, c, &lo, &hi);
+        if (pos > 0) {
+            const void *partial;
+            void *dst;
+            if (pos == 1) {
+                partial = CAT(lp->in, lo);
+            } else {
+                if ((st = wait_units(m, left, ph, c + 1, o->seq)) != TD_OK)
+                    return st;
+                partial = fifo_slot(lm, c);
+            }
+            if (pos == n - 1) {
+                dst = AT(o->out, lo);
+            } else {
+                if (c >= TD_COMM_FIFO &&
+                    (st = wait_units(m, right, ph, c - TD_COMM_FIFO + 1, o->seq)) != TD_OK)
+                    return st;
+                dst = fifo_slot(m, c);
+            }
+            td__reduce2(dst, partial, CAT(o->in, lo), hi - lo, o->dtype, o->op);
+            if (pos == n - 1 && divide_by > 1)
+                td__scale(dst, hi - lo, o->dtype, divide_by);
+        }
+        publish_units(m, ph, c + 1);
+    }
+    if (pos == n - 1)
+        return TD_OK;
+    return wait_units(m, right, ph, nchunks, o->seq);
+}
+
+/* Direct exchange ----------------------------------------------------------- */
+
+/* Bytes of one member's slot contribution for op. */
+static size_t direct_bytes(const td_group *g, const td__op *o) {
+    size_t es = td_dtype_size(o->dtype);
+    return o->kind == TD_COLL_REDUCE_SCATTER ? o->count * (size_t)g->nlocal * es : o->count * es;
+}
+
+static td_status direct(td__member *m, const td__op *o, int root, int divide_by) {
+    td_group *g = m->g;
+    const int n = g->nlocal, r = m->local;
+    const size_t es = td_dtype_size(o->dtype);
+    const size_t bytes = direct_bytes(g, o);
+    uint64_t ph;
+    td_status st;
+    void *mine;
+
+    ph = phase_open(m, o->in, o->out, o->count, o->kind, o->dtype, o->op, o->root, o->seq);
+    mine = m->small[ph & 1];
+    if (o->kind != TD_COLL_BROADCAST || r == root)
+        memcpy(mine, o->in, bytes);
+    if ((st = phase_post(m, ph)) != TD_OK)
+        return st;
+#define SLOT(k) ((const char *)g->members[k].small[ph & 1])
+    switch (o->kind) {
+    case TD_COLL_ALLREDUCE:
+    case TD_COLL_REDUCE:
+    case TD_COLL_REDUCE_SCATTER: {
+        size_t off = o->kind == TD_COLL_REDUCE_SCATTER ? (size_t)r * o->count * es : 0;
+        if (o->kind == TD_COLL_REDUCE && r != root)
+            break;
+        if (n == 1) {
+            memcpy(o->out, SLOT(0) + off, o->count * es);
+        } else {
+            td__reduce2(o->out, SLOT(0) + off, SLOT(1) + off, o->count, o->dtype, o->op);
+            for (int k = 2; k < n; k++)
+                td__reduce2(o->out, o->out, SLOT(k) + off, o->count, o->dtype, o->op);
+        }
+        if (divide_by > 1)
+            td__scale(o->out, o->count, o->dtype, divide_by);
+        break;
+    }
+    case TD_COLL_BROADCAST:
+        if (o->out)
+            memcpy(o->out, SLOT(root), bytes);
+        break;
+    case TD_COLL_ALLGATHER:
+        for (int k = 0; k < n; k++)
+            memcpy((char *)o->out + (size_t)k * bytes, SLOT(k), bytes);
+        break;
+    }
+#undef SLOT
+    return TD_OK;
+}
+
+/* Entry points -------------------------------------------------------------- */
+
+static int use_direct(const td_group *g, const td__op *o) {
+    size_t bytes = direct_bytes(g, o);
+    td_comm_algorithm algo = o->algo != TD_ALGO_AUTO ? o->algo : g->algorithm;
+    if (bytes > g->small_bytes)
+        return 0;
+    if (algo == TD_ALGO_DIRECT)
+        return 1;
+    if (algo == TD_ALGO_RING)
+        return 0;
+    return bytes < g->switch_bytes;
+}
+
+td_status td__local_run(td__member *m, const td__op *o) {
+    td_group *g = m->g;
+    const int n = g->nlocal;
+    const int root = o->root - g->rank0;
+    const int divide = o->op == TD_REDUCE_MEAN ? g->size : 1;
+    const size_t es = td_dtype_size(o->dtype);
+    if (n == 1) {
+        /* Alone: copy (reduce-scatter and all-gather keep their layout). */
+        if (o->out && o->out != o->in)
+            memmove(o->out, o->in, o->count * es);
+        if (divide > 1 && o->kind != TD_COLL_BROADCAST && o->kind != TD_COLL_ALLGATHER && o->out)
+            td__scale(o->out, o->count, o->dtype, divide);
+        return TD_OK;
+    }
+    if (use_direct(g, o))
+        return direct(m, o, root, divide);
+    switch (o->kind) {
+    case TD_COLL_ALLREDUCE: return ring_reduce(m, o, 0, divide);
+    case TD_COLL_REDUCE_SCATTER: return ring_reduce(m, o, 1, divide);
+    case TD_COLL_ALLGATHER: return ring_allgather(m, o);
+    case TD_COLL_BROADCAST: return chain_bcast(m, o, root, TD_COLL_BROADCAST);
+    case TD_COLL_REDUCE: return chain_reduce(m, o, root, divide);
+    }
+    return td__error(TD_ERR_INTERNAL, "unknown collective %d", (int)o->kind);
+}
+
+/* Pieces for the hierarchical MPI transport --------------------------------- */
+
+static td__op piece(td_collective_kind kind, const void *in, void *out, size_t count, td_dtype dt,
+                    td_reduce_op op, int root, uint64_t seq) {
+    td__op o;
+    memset(&o, 0, sizeof o);
+    o.kind = kind;
+    o.in = in;
+    o.out = out;
+    o.count = count;
+    o.dtype = dt;
+    o.op = op;
+    o.root = root;
+    o.seq = seq;
+    return o;
+}
+
+td_status td__local_reduce(td__member *m, const void *in, void *out, size_t count, td_dtype dt,
+                           td_reduce_op op, int root_local, int divide_by) {
+    td__op o = piece(TD_COLL_REDUCE, in, out, count, dt, op, root_local, m->seq);
+    if (m->g->nlocal == 1) {
+        if (out != in)
+            memmove(out, in, count * td_dtype_size(dt));
+        if (divide_by > 1)
+            td__scale(out, count, dt, divide_by);
+        return TD_OK;
+    }
+    if (use_direct(m->g, &o))
+        return direct(m, &o, root_local, divide_by);
+    return chain_reduce(m, &o, root_local, divide_by);
+}
+
+td_status td__local_bcast(td__member *m, const void *in, void *out, size_t count, td_dtype dt,
+                          int root_local) {
+    td__op o = piece(TD_COLL_BROADCAST, in, out, count, dt, TD_REDUCE_SUM, root_local, m->seq);
+    if (m->g->nlocal == 1) {
+        if (out && out != in)
+            memmove(out, in, count * td_dtype_size(dt));
+        return TD_OK;
+    }
+    if (use_direct(m->g, &o))
+        return direct(m, &o, root_local, 1);
+    return chain_bcast(m, &o, root_local, TD_COLL_BROADCAST);
+}
+
+td_status td__local_barrier(td__member *m) {
+    uint64_t ph = phase_open(m, NULL, NULL, 0, -1, TD_F32, 0, 0, m->seq);
+    return phase_post(m, ph);
+}
+
+td_status td__local_scatter(td__member *m, const void *in, void *out, size_t count, td_dtype dt,
+                            int root_local, size_t stride) {
+    const size_t es = td_dtype_size(dt);
+    uint64_t ph = phase_open(m, in, out, count, -2, dt, 0, root_local, m->seq);
+    td_status st;
+    if ((st = phase_post(m, ph)) != TD_OK)
+        return st;
+    {
+        const td__pub *rp = peer_pub(m, root_local, ph);
+        const char *src = (const char *)rp->in + (size_t)m->local * stride * es;
+        if (out && out != src && count)
+            memmove(out, src, count * es);
+    }
+    /* The root's memory is read until everyone is past here. */
+    return td__local_barrier(m);
+}
+
+td_status td__local_gather(td__member *m, const void *in, void *out, size_t count, td_dtype dt,
+                           int root_local) {
+    const size_t es = td_dtype_size(dt);
+    uint64_t ph = phase_open(m, in, out, count, -3, dt, 0, root_local, m->seq);
+    td_status st;
+    if ((st = phase_post(m, ph)) != TD_OK)
+        return st;
+    if (m->local == root_local) {
+        for (int k = 0; k < m->g->nlocal; k++) {
+            const td__pub *p = peer_pub(m, k, ph);
+            char *dst = (char *)out + (size_t)k * count * es;
+            if (dst != p->in && count)
+                memmove(dst, p->in, count * es);
+        }
+    }
+    return td__local_barrier(m);
+}

@@ -1,0 +1,394 @@
+/* The MPI transport: members in several processes started by mpirun.
+ *
+ * Hierarchical: inside a process the members combine through the local
+ * transport (shared memory, far faster than MPI between processes on one
+ * machine), then one member per process, the leader (local member 0),
+ * combines across processes with one MPI collective, and the result is
+ * spread locally again. Across processes MPI's own collectives are the best
+ * tool: MPI cannot read another process's memory the way our local transport
+ * does, and Open MPI picks among recursive doubling, ring and Rabenseifner
+ * per size and per network (shared memory here, InfiniBand or TCP elsewhere),
+ * which no fixed algorithm of ours would match. They are started nonblocking
+ * (MPI_Iallreduce and friends) and polled with MPI_Test, so that a process
+ * that never arrives costs a timeout, not a hang.
+ *
+ * Threads: only the leader's thread (its host thread, or its engine for
+ * asynchronous collectives) and the thread that creates, shrinks and destroys
+ * groups call MPI, never at once, so MPI_THREAD_SERIALIZED suffices. tandem
+ * initialises MPI when nobody did (and finalises it at exit); an application
+ * that initialised MPI itself must have asked for MPI_THREAD_SERIALIZED. */
+#include <limits.h>
+#include <mpi.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "comm/comm-impl.h"
+#include "core/alloc.h"
+#include "core/error.h"
+#include "core/log.h"
+
+typedef struct mpi_state {
+    MPI_Comm comm; /* the data collectives */
+    MPI_Comm ctl;  /* agreement on failures: never left with a request hanging */
+    int process, nprocs;
+    int world_rank;
+    int *counts;  /* members per process */
+    int *offsets; /* global rank of each process's first member */
+} mpi_state;
+
+static int tandem_owns_mpi;
+static atomic_int live_groups;
+
+void td_comm_mpi_finalize(void) {
+    int init = 0, fin = 0;
+    if (!tandem_owns_mpi || atomic_load(&live_groups) > 0)
+        return;
+    MPI_Initialized(&init);
+    MPI_Finalized(&fin);
+    if (init && !fin)
+        MPI_Finalize();
+}
+
+static void finalize_at_exit(void) {
+    td_comm_mpi_finalize();
+}
+
+static td_status mpi_error(int rc, const char *call) {
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, text, &len);
+    return td__error(TD_ERR_DEVICE, "%s failed: %s", call, text);
+}
+
+#define MPI_TRY(call)                                                                              \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        if (rc_ != MPI_SUCCESS) {                                                                  \
+            st = mpi_error(rc_, #call);                                                            \
+            goto fail;                                                                             \
+        }                                                                                          \
+    } while (0)
+
+static td_status ensure_mpi(void) {
+    int init = 0, fin = 0, provided = 0;
+    MPI_Finalized(&fin);
+    if (fin)
+        return td__error(TD_ERR_UNSUPPORTED, "the mpi transport: MPI was already finalised");
+    MPI_Initialized(&init);
+    if (!init) {
+        if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
+            return td__error(TD_ERR_DEVICE, "MPI_Init_thread failed (started through mpirun?)");
+        tandem_owns_mpi = 1;
+        atexit(finalize_at_exit);
+    } else {
+        MPI_Query_thread(&provided);
+    }
+    if (provided < MPI_THREAD_SERIALIZED)
+        return td__error(TD_ERR_UNSUPPORTED,
+                         "the mpi transport needs MPI_THREAD_SERIALIZED (MPI gave level %d): "
+                         "initialise MPI with MPI_Init_thread or let tandem do it",
+                         provided);
+    return TD_OK;
+}
+
+int td__mpi_process(const td_group *g) {
+    const mpi_state *s = g->mpi;
+    return s ? s->world_rank : 0;
+}
+
+td_status td__mpi_group_init(td_group *g) {
+    mpi_state *s = NULL;
+    const td_group *parent = g->mpi_parent;
+    MPI_Comm base;
+    td_status st;
+    if ((st = ensure_mpi()) != TD_OK)
+        return st;
+    s = td__calloc(sizeof *s, "the MPI transport");
+    if (!s)
+        return TD_ERR_OUT_OF_MEMORY;
+    s->comm = s->ctl = MPI_COMM_NULL;
+    g->mpi = s;
+    MPI_Comm_rank(MPI_COMM_WORLD, &s->world_rank);
+    base = parent ? ((const mpi_state *)parent->mpi)->ctl : MPI_COMM_WORLD;
+    /* Processes with no member here (after a shrink) leave the group. */
+    MPI_TRY(MPI_Comm_split(base, g->nlocal > 0 ? 0 : MPI_UNDEFINED, s->world_rank, &s->comm));
+    if (s->comm == MPI_COMM_NULL)
+        return TD_OK;
+    MPI_TRY(MPI_Comm_dup(s->comm, &s->ctl));
+    MPI_Comm_rank(s->comm, &s->process);
+    MPI_Comm_size(s->comm, &s->nprocs);
+    s->counts = td__calloc(sizeof *s->counts * (size_t)s->nprocs, "MPI counts");
+    s->offsets = td__calloc(sizeof *s->offsets * (size_t)s->nprocs, "MPI offsets");
+    if (!s->counts || !s->offsets) {
+        st = TD_ERR_OUT_OF_MEMORY;
+        goto fail;
+    }
+    MPI_TRY(MPI_Allgather(&g->nlocal, 1, MPI_INT, s->counts, 1, MPI_INT, s->comm));
+    g->size = 0;
+    for (int p = 0; p < s->nprocs; p++) {
+        s->offsets[p] = g->size;
+        g->size += s->counts[p];
+    }
+    g->rank0 = s->offsets[s->process];
+    atomic_fetch_add(&live_groups, 1);
+    return TD_OK;
+fail:
+    return st;
+}
+
+void td__mpi_group_deinit(td_group *g) {
+    mpi_state *s = g->mpi;
+    int fin = 0;
+    if (!s)
+        return;
+    MPI_Finalized(&fin);
+    if (!fin && s->comm != MPI_COMM_NULL) {
+        MPI_Comm_free(&s->ctl);
+        MPI_Comm_free(&s->comm);
+        atomic_fetch_sub(&live_groups, 1);
+    }
+    free(s->counts);
+    free(s->offsets);
+    free(s);
+    g->mpi = NULL;
+}
+
+td_status td__mpi_agree_failed(td_group *g, unsigned char *failed) {
+    mpi_state *s = g->mpi;
+    int rc;
+    if (!s || s->comm == MPI_COMM_NULL)
+        return TD_OK;
+    rc = MPI_Allreduce(MPI_IN_PLACE, failed, g->size, MPI_UNSIGNED_CHAR, MPI_MAX, s->ctl);
+    return rc == MPI_SUCCESS ? TD_OK : mpi_error(rc, "MPI_Allreduce (agreeing on failed members)");
+}
+
+/* Polls an MPI request until it completes, the group fails, or the timeout. */
+static td_status mpi_wait(td__member *m, MPI_Request *req, const td__op *o) {
+    td_group *g = m->g;
+    uint64_t start = td_clock_ns(), limit = (uint64_t)g->timeout_ms * 1000000u;
+    unsigned rounds = 0;
+    for (;;) {
+        int done = 0;
+        int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS)
+            return td__group_fail(g, -1, "collective #%llu: %s", (unsigned long long)o->seq,
+                                  (mpi_error(rc, "MPI_Test"), td_last_error()));
+        if (done)
+            return TD_OK;
+        if (atomic_load_explicit(&g->aborted, memory_order_acquire))
+            return td__group_lost(g);
+        if (td_clock_ns() - start > limit) {
+            td__group_fail(g, -1,
+                           "collective #%llu (%s): timed out after %d ms in MPI: another process "
+                           "never arrived",
+                           (unsigned long long)o->seq, td_collective_name(o->kind), g->timeout_ms);
+            {
+                char rec[4096];
+                TD_LOG_ERROR("%s\n%s", td_last_error(), td_group_record(g, rec, sizeof rec));
+            }
+            return td__group_lost(g);
+        }
+        if (++rounds > 64) {
+            /* Processes may outnumber cores: let the others run. */
+            if (rounds < 20000) {
+                sched_yield();
+            } else {
+                struct timespec ts = {0, 50000};
+                nanosleep(&ts, NULL);
+            }
+        }
+    }
+}
+
+static MPI_Datatype mpi_type(td_dtype dt) {
+    return dt == TD_F64 ? MPI_DOUBLE : MPI_FLOAT;
+}
+
+static MPI_Op mpi_op(td_reduce_op op) {
+    switch (op) {
+    case TD_REDUCE_MAX: return MPI_MAX;
+    case TD_REDUCE_MIN: return MPI_MIN;
+    default: return MPI_SUM;
+    }
+}
+
+/* The local part reduces with the op itself, except that a mean is a sum
+ * divided once at the end. */
+static td_reduce_op local_op(td_reduce_op op) {
+    return op == TD_REDUCE_MEAN ? TD_REDUCE_SUM : op;
+}
+
+#define MAX_PIECE ((size_t)1 << 30) /* MPI counts are ints */
+
+td_status td__mpi_run(td__member *m, const td__op *o) {
+    td_group *g = m->g;
+    mpi_state *s = g->mpi;
+    const size_t es = td_dtype_size(o->dtype);
+    const int leader = m->local == 0;
+    const int divide = o->op == TD_REDUCE_MEAN ? g->size : 1;
+    MPI_Datatype type = mpi_type(o->dtype);
+    MPI_Request req;
+    void *tmp = NULL;
+    td_status st = TD_OK;
+    int rc = MPI_SUCCESS;
+
+    if (s->nprocs == 1)
+        return td__local_run(m, o);
+    switch (o->kind) {
+    case TD_COLL_ALLREDUCE:
+        TD_TRY(td__local_reduce(m, o->in, leader ? o->out : NULL, o->count, o->dtype,
+                                local_op(o->op), 0, 1));
+        if (leader) {
+            for (size_t done = 0; done < o->count && st == TD_OK; done += MAX_PIECE) {
+                size_t n = o->count - done < MAX_PIECE ? o->count - done : MAX_PIECE;
+                rc = MPI_Iallreduce(MPI_IN_PLACE, (char *)o->out + done * es, (int)n, type,
+                                    mpi_op(o->op), s->comm, &req);
+                if (rc != MPI_SUCCESS)
+                    break;
+                st = mpi_wait(m, &req, o);
+            }
+            if (rc != MPI_SUCCESS)
+                goto mpi_fail;
+            TD_TRY(st);
+            if (divide > 1)
+                td__scale(o->out, o->count, o->dtype, divide);
+        }
+        TD_TRY(td__local_bcast(m, o->out, o->out, o->count, o->dtype, 0));
+        break;
+    case TD_COLL_BROADCAST: {
+        int owner = 0;
+        while (owner + 1 < s->nprocs && s->offsets[owner + 1] <= o->root)
+            owner++;
+        if (owner == s->process)
+            TD_TRY(td__local_bcast(m, o->in, o->out, o->count, o->dtype, o->root - g->rank0));
+        if (leader) {
+            for (size_t done = 0; done < o->count && st == TD_OK; done += MAX_PIECE) {
+                size_t n = o->count - done < MAX_PIECE ? o->count - done : MAX_PIECE;
+                rc = MPI_Ibcast((char *)o->out + done * es, (int)n, type, owner, s->comm, &req);
+                if (rc != MPI_SUCCESS)
+                    break;
+                st = mpi_wait(m, &req, o);
+            }
+            if (rc != MPI_SUCCESS)
+                goto mpi_fail;
+            TD_TRY(st);
+        }
+        if (owner != s->process)
+            TD_TRY(td__local_bcast(m, o->out, o->out, o->count, o->dtype, 0));
+        break;
+    }
+    case TD_COLL_REDUCE: {
+        int owner = 0;
+        while (owner + 1 < s->nprocs && s->offsets[owner + 1] <= o->root)
+            owner++;
+        if (leader && !(tmp = td__aligned_alloc(o->count * es, "an MPI reduce"))) {
+            st = TD_ERR_OUT_OF_MEMORY;
+            goto fail;
+        }
+        TD_TRY(td__local_reduce(m, o->in, tmp, o->count, o->dtype, local_op(o->op), 0, 1));
+        if (leader) {
+            for (size_t done = 0; done < o->count && st == TD_OK; done += MAX_PIECE) {
+                size_t n = o->count - done < MAX_PIECE ? o->count - done : MAX_PIECE;
+                char *p = (char *)tmp + done * es;
+                rc = MPI_Ireduce(owner == s->process ? MPI_IN_PLACE : p, p, (int)n, type,
+                                 mpi_op(o->op), owner, s->comm, &req);
+                if (rc != MPI_SUCCESS)
+                    break;
+                st = mpi_wait(m, &req, o);
+            }
+            if (rc != MPI_SUCCESS)
+                goto mpi_fail;
+            TD_TRY(st);
+            if (divide > 1 && owner == s->process)
+                td__scale(tmp, o->count, o->dtype, divide);
+        }
+        if (owner == s->process)
+            TD_TRY(td__local_scatter(m, tmp, m->rank == o->root ? o->out : NULL, o->count, o->dtype,
+                                     0, 0));
+        break;
+    }
+    case TD_COLL_ALLGATHER: {
+        int *counts = NULL, *displs = NULL;
+        size_t total = o->count * (size_t)g->size;
+        if (total > INT_MAX) {
+            st = td__error(TD_ERR_UNSUPPORTED, "allgather of %zu elements: MPI counts are ints",
+                           total);
+            goto fail;
+        }
+        TD_TRY(td__local_gather(m, o->in,
+                                leader ? (char *)o->out + (size_t)g->rank0 * o->count * es : NULL,
+                                o->count, o->dtype, 0));
+        if (leader) {
+            counts = malloc(sizeof *counts * (size_t)s->nprocs);
+            displs = malloc(sizeof *displs * (size_t)s->nprocs);
+            if (!counts || !displs) {
+                free(counts);
+                free(displs);
+                st = td__error(TD_ERR_OUT_OF_MEMORY, "out of memory in an MPI allgather");
+                goto fail;
+            }
+            for (int p = 0; p < s->nprocs; p++) {
+                counts[p] = s->counts[p] * (int)o->count;
+                displs[p] = s->offsets[p] * (int)o->count;
+            }
+            rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, o->out, counts, displs, type,
+                                 s->comm, &req);
+            if (rc == MPI_SUCCESS)
+                st = mpi_wait(m, &req, o);
+            free(counts);
+            free(displs);
+            if (rc != MPI_SUCCESS)
+                goto mpi_fail;
+            TD_TRY(st);
+        }
+        TD_TRY(td__local_bcast(m, o->out, o->out, total, o->dtype, 0));
+        break;
+    }
+    case TD_COLL_REDUCE_SCATTER: {
+        int *counts = NULL;
+        size_t total = o->count * (size_t)g->size;
+        if (total > INT_MAX) {
+            st = td__error(TD_ERR_UNSUPPORTED,
+                           "reduce-scatter of %zu elements: MPI counts are ints", total);
+            goto fail;
+        }
+        if (leader && !(tmp = td__aligned_alloc(total * es, "an MPI reduce-scatter"))) {
+            st = TD_ERR_OUT_OF_MEMORY;
+            goto fail;
+        }
+        TD_TRY(td__local_reduce(m, o->in, tmp, total, o->dtype, local_op(o->op), 0, 1));
+        if (leader) {
+            counts = malloc(sizeof *counts * (size_t)s->nprocs);
+            if (!counts) {
+                st = td__error(TD_ERR_OUT_OF_MEMORY, "out of memory in an MPI reduce-scatter");
+                goto fail;
+            }
+            for (int p = 0; p < s->nprocs; p++)
+                counts[p] = s->counts[p] * (int)o->count;
+            /* In place: the process's part lands at the start of tmp. */
+            rc = MPI_Ireduce_scatter(MPI_IN_PLACE, tmp, counts, type, mpi_op(o->op), s->comm, &req);
+            if (rc == MPI_SUCCESS)
+                st = mpi_wait(m, &req, o);
+            free(counts);
+            if (rc != MPI_SUCCESS)
+                goto mpi_fail;
+            TD_TRY(st);
+            if (divide > 1)
+                td__scale(tmp, (size_t)g->nlocal * o->count, o->dtype, divide);
+        }
+        TD_TRY(td__local_scatter(m, tmp, o->out, o->count, o->dtype, 0, o->count));
+        break;
+    }
+    }
+    free(tmp);
+    return TD_OK;
+mpi_fail:
+    mpi_error(rc, "an MPI collective");
+    st = td__group_fail(g, m->rank, "collective #%llu: %s", (unsigned long long)o->seq,
+                        td_last_error());
+fail:
+    free(tmp);
+    return st;
+}

@@ -1,0 +1,184 @@
+/* Every collective against a serial f64 reference: 1 to 4 local devices,
+ * both dtypes, every op, sizes from 0 to past a million elements (primes,
+ * counts that do not divide by the members), in place and out of place,
+ * with the direct exchange, the ring with tiny chunks (many pipeline steps
+ * and FIFO wrap-arounds), and the automatic choice. */
+#include <stdatomic.h>
+
+#include "comm/common.h"
+
+typedef struct sweep {
+    int algo_mask; /* bit a: run with td_comm_algorithm a */
+    const size_t *counts;
+    size_t ncounts;
+    atomic_int failures;
+    atomic_int claimed; /* the member that writes `first` */
+    char first[1024];
+} sweep;
+
+static const size_t small_counts[] = {0, 1, 2, 3, 5, 7, 13, 64, 97, 257, 1000, 4099};
+
+static td_status sweep_fn(td_group *g, td_device *dev, int rank, int n, void *arg) {
+    sweep *s = arg;
+    for (size_t ci = 0; ci < s->ncounts; ci++) {
+        for (int kind = 0; kind < 5; kind++) {
+            for (int dt = 0; dt < 2; dt++) {
+                int nops = kind == TD_COLL_BROADCAST || kind == TD_COLL_ALLGATHER ? 1 : 4;
+                for (int op = 0; op < nops; op++) {
+                    for (int in_place = 0; in_place < 2; in_place++) {
+                        td_collective c = {(td_collective_kind)kind,
+                                           NULL,
+                                           0,
+                                           NULL,
+                                           0,
+                                           s->counts[ci],
+                                           (td_dtype)dt,
+                                           (td_reduce_op)op,
+                                           (int)((ci + (size_t)op) % (size_t)n)};
+                        char err[512];
+                        td_status st = comm_check(g, dev, rank, n, c, in_place, err, sizeof err);
+                        if (st == TD_ERR_CORRUPT) {
+                            if (atomic_exchange(&s->claimed, 1) == 0)
+                                snprintf(s->first, sizeof s->first, "%s", err);
+                            atomic_fetch_add(&s->failures, 1);
+                        } else if (st != TD_OK) {
+                            return st;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    return TD_OK;
+}
+
+static void run_sweep(const char *spec, td_comm_algorithm algo, size_t chunk, const size_t *counts,
+                      size_t ncounts) {
+    td_group_config cfg = TD_GROUP_CONFIG_INIT;
+    td_group *g = NULL;
+    sweep s;
+    memset(&s, 0, sizeof s);
+    s.counts = counts;
+    s.ncounts = ncounts;
+    cfg.algorithm = algo;
+    cfg.chunk_bytes = chunk;
+    cfg.timeout_ms = 120000;
+    cfg.fault = "";
+    TD_ASSERT_OK(td_group_create_spec(spec, &cfg, &g));
+    TD_ASSERT_OK(td_group_run(g, sweep_fn, &s));
+    if (atomic_load(&s.failures))
+        fail_msg("%s, algorithm %d, chunk %zu: %d wrong results; first: %s", spec, (int)algo, chunk,
+                 atomic_load(&s.failures), s.first);
+    td_group_destroy(g);
+}
+
+static const char *const specs[] = {"cpu*1", "cpu*2", "cpu*3", "cpu*4"};
+
+static void direct_exchange_matches_reference(void **state) {
+    for (int i = 0; i < 4; i++)
+        run_sweep(specs[i], TD_ALGO_DIRECT, 0, small_counts,
+                  sizeof small_counts / sizeof *small_counts);
+}
+
+static void ring_with_tiny_chunks_matches_reference(void **state) {
+    /* 24-byte chunks: every size runs many pipeline steps and wraps the FIFO. */
+    for (int i = 0; i < 4; i++)
+        run_sweep(specs[i], TD_ALGO_RING, 24, small_counts,
+                  sizeof small_counts / sizeof *small_counts);
+}
+
+static void automatic_choice_matches_reference_at_large_sizes(void **state) {
+    static const size_t big[] = {65537, 1048576 + 3};
+    for (int i = 1; i < 4; i += 2)
+        run_sweep(specs[i], TD_ALGO_AUTO, 0, big, sizeof big / sizeof *big);
+}
+
+typedef struct tensor_args {
+    int bad;
+} tensor_args;
+
+static td_status tensor_fn(td_group *g, td_device *dev, int rank, int n, void *arg) {
+    tensor_args *a = arg;
+    int64_t shape[2] = {3, 5};
+    td_tensor *t = NULL;
+    double host[15];
+    td_status st;
+    if ((st = td_tensor_create(dev, TD_F64, 2, shape, &t)) != TD_OK)
+        return st;
+    for (int i = 0; i < 15; i++)
+        host[i] = rank + i;
+    if ((st = td_tensor_write_f64(t, host, 15)) != TD_OK)
+        goto done;
+    if ((st = td_allreduce_tensor(g, t, TD_REDUCE_MEAN)) != TD_OK)
+        goto done;
+    if ((st = td_tensor_read_f64(t, host, 15)) != TD_OK)
+        goto done;
+    for (int i = 0; i < 15; i++)
+        if (host[i] != (n - 1) / 2.0 + i)
+            a->bad = 1;
+    for (int i = 0; i < 15; i++)
+        host[i] = rank * 100 + i;
+    if ((st = td_tensor_write_f64(t, host, 15)) != TD_OK)
+        goto done;
+    if ((st = td_broadcast_tensor(g, t, n - 1)) != TD_OK)
+        goto done;
+    if ((st = td_tensor_read_f64(t, host, 15)) != TD_OK)
+        goto done;
+    for (int i = 0; i < 15; i++)
+        if (host[i] != (n - 1) * 100 + i)
+            a->bad = 1;
+done:
+    td_tensor_destroy(t);
+    return st;
+}
+
+static void tensors_reduce_and_broadcast_in_place(void **state) {
+    td_group *g = NULL;
+    tensor_args a = {0};
+    TD_ASSERT_OK(td_group_create_spec("cpu*3", NULL, &g));
+    assert_int_equal(td_group_size(g), 3);
+    assert_string_equal(td_group_transport(g), "local");
+    TD_ASSERT_OK(td_group_run(g, tensor_fn, &a));
+    assert_int_equal(a.bad, 0);
+    td_group_destroy(g);
+}
+
+static td_status misuse_fn(td_group *g, td_device *dev, int rank, int n, void *arg) {
+    td_buffer *b = NULL;
+    td_status st = td_buffer_alloc(dev, 16, &b);
+    if (st != TD_OK)
+        return st;
+    /* 8 floats do not fit in 16 bytes. */
+    st = td_allreduce(g, b, 0, b, 0, rank == 0 ? 8 : 4, TD_F32, TD_REDUCE_SUM);
+    td_buffer_free(b);
+    return st;
+}
+
+static void misuse_fails_the_group_instead_of_hanging(void **state) {
+    td_group_config cfg = TD_GROUP_CONFIG_INIT;
+    td_group *g = NULL;
+    td_buffer *b = NULL;
+    cfg.fault = "";
+    TD_ASSERT_OK(td_group_create_spec("cpu*2", &cfg, &g));
+    /* Outside td_group_run. */
+    TD_ASSERT_OK(td_buffer_alloc(td_group_device(g, 0), 16, &b));
+    TD_ASSERT_STATUS(td_allreduce(g, b, 0, b, 0, 4, TD_F32, TD_REDUCE_SUM), TD_ERR_INVALID_ARG);
+    td_test_assert_message_contains("inside td_group_run");
+    td_buffer_free(b);
+    TD_ASSERT_STATUS(td_group_run(g, misuse_fn, NULL), TD_ERR_INVALID_ARG);
+    td_test_assert_message_contains("member 0 (cpu:0)");
+    td_test_assert_message_contains("does not hold 8 f32");
+    TD_ASSERT_STATUS(td_group_error(g), TD_ERR_DEVICE_LOST);
+    td_group_destroy(g);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(direct_exchange_matches_reference),
+        cmocka_unit_test(ring_with_tiny_chunks_matches_reference),
+        cmocka_unit_test(automatic_choice_matches_reference_at_large_sizes),
+        cmocka_unit_test(tensors_reduce_and_broadcast_in_place),
+        cmocka_unit_test(misuse_fails_the_group_instead_of_hanging),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
