@@ -244,6 +244,7 @@ td_status td_checkpoint_load_model(const char *path, td_device *dev, td_model **
                                    td_train_state *state) {
     td_safetensors *sf = NULL;
     td_model *m = NULL;
+    td_train_state s;
     const char *json, *dt;
     td_status st;
     if (!out)
@@ -263,7 +264,10 @@ td_status td_checkpoint_load_model(const char *path, td_device *dev, td_model **
                        path);
         goto fail;
     }
-    TD_TRY(td_model_load_string(json, path, dev, !strcmp(dt, "f64") ? TD_F64 : TD_F32, 0, &m));
+    /* The model's seed also keys its dropout streams: a resumed run needs the same one. */
+    TD_TRY(read_state(sf, &s));
+    TD_TRY(td_model_load_string(json, path, dev, !strcmp(dt, "f64") ? TD_F64 : TD_F32, s.seed,
+                                &m));
     TD_TRY(load_into(sf, m, NULL, state));
     td_safetensors_destroy(sf);
     *out = m;
