@@ -1,0 +1,260 @@
+/* The `data` strategy against one device training on the same global
+ * batches; deterministic mode across 1, 2 and 3 devices; `alternate`
+ * evaluation against one device; balancing with a slowed device. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "support/support.h"
+#include "tandem/comm.h"
+#include "tandem/parallel.h"
+
+#define FEATURES 12
+#define CLASSES  5
+#define BATCH    37 /* prime: no split is even */
+#define STEPS    4
+
+static const char *model_json =
+    "{\"name\": \"dp_test\", \"input\": {\"shape\": [12]}, \"layers\": ["
+    "{\"type\": \"linear\", \"out\": 16}, {\"type\": \"tanh\"},"
+    "{\"type\": \"linear\", \"out\": 9}, {\"type\": \"relu\"},"
+    "{\"type\": \"linear\", \"out\": 5}]}";
+
+typedef struct data {
+    float x[STEPS][BATCH * FEATURES];
+    int32_t y[STEPS][BATCH];
+    td_batch batch[STEPS];
+} data;
+
+static void make_data(data *d) {
+    for (int s = 0; s < STEPS; s++) {
+        for (int i = 0; i < BATCH * FEATURES; i++)
+            d->x[s][i] = (float)td_rng_normal(77, (uint64_t)(s * BATCH * FEATURES + i));
+        for (int i = 0; i < BATCH; i++)
+            d->y[s][i] = (int32_t)(td_rng_uniform(78, (uint64_t)(s * BATCH + i)) * CLASSES);
+        d->batch[s] = (td_batch){BATCH, d->x[s], NULL, d->y[s]};
+    }
+}
+
+static td_optimizer_config sgd(void) {
+    td_optimizer_config o = TD_OPTIMIZER_CONFIG_INIT;
+    o.lr = 0.1;
+    o.momentum = 0.9;
+    o.weight_decay = 1e-3;
+    return o;
+}
+
+/* The reference: one model, one device, no strategy. */
+static td_model *train_single(td_device *dev, td_dtype dt, const data *d, td_step_result *last) {
+    td_model *m = NULL;
+    td_optimizer *opt = NULL;
+    td_optimizer_config o = sgd();
+    TD_ASSERT_OK(td_model_load_string(model_json, "dp_test", dev, dt, 5, &m));
+    TD_ASSERT_OK(td_optimizer_create(m, &o, &opt));
+    for (int s = 0; s < STEPS; s++) {
+        TD_ASSERT_OK(td_model_train_step(m, &d->batch[s], 1.0 / BATCH, 0, (uint64_t)s, last));
+        TD_ASSERT_OK(td_optimizer_step(opt, NULL));
+    }
+    td_optimizer_destroy(opt);
+    return m;
+}
+
+static td_dp *make_dp(td_group *g, td_dtype dt, int deterministic, const double *speeds) {
+    td_dp *dp = NULL;
+    td_dp_config cfg = TD_DP_CONFIG_INIT;
+    td_optimizer_config o = sgd();
+    cfg.deterministic = deterministic;
+    cfg.chunk_samples = 8;
+    cfg.first_bucket_bytes = 256; /* several buckets even for this small model */
+    cfg.bucket_bytes = 512;
+    cfg.rebalance = 0; /* the shares stay as set: unequal on purpose */
+    TD_ASSERT_OK(td_dp_create(g, model_json, "dp_test", dt, 5, &o, &cfg, &dp));
+    if (speeds)
+        TD_ASSERT_OK(td_balancer_set_speeds(td_dp_balancer(dp), speeds));
+    return dp;
+}
+
+/* Largest |a - b| over the parameters, relative to the largest |b|. */
+static double weights_diff(td_model *a, td_model *b) {
+    double worst = 0;
+    for (size_t p = 0; p < td_model_param_count(a); p++) {
+        td_tensor *ta = td_model_param(a, p), *tb = td_model_param(b, p);
+        size_t n = td_tensor_numel(ta);
+        double *ha = malloc(n * sizeof *ha), *hb = malloc(n * sizeof *hb), scale = 0, d = 0;
+        TD_ASSERT_OK(td_tensor_read_f64(ta, ha, n));
+        TD_ASSERT_OK(td_tensor_read_f64(tb, hb, n));
+        for (size_t i = 0; i < n; i++) {
+            scale = fmax(scale, fabs(hb[i]));
+            d = fmax(d, fabs(ha[i] - hb[i]));
+        }
+        worst = fmax(worst, d / scale);
+        free(ha);
+        free(hb);
+    }
+    return worst;
+}
+
+static int weights_identical(td_model *a, td_model *b) {
+    for (size_t p = 0; p < td_model_param_count(a); p++) {
+        td_compare_result r;
+        TD_ASSERT_OK(td_tensor_compare(td_model_param(a, p), td_model_param(b, p), &r));
+        if (r.max_abs != 0 || r.nonfinite != 0)
+            return 0;
+    }
+    return 1;
+}
+
+static void data_parallel_equals_one_device(void **state) {
+    static const double speeds[3] = {1, 2, 3.7};
+    data *d = malloc(sizeof *d);
+    td_device_list *one = NULL;
+    make_data(d);
+    TD_ASSERT_OK(td_devices_open("cpu:0", &one));
+    for (int dt = 0; dt < 2; dt++) {
+        td_step_result ref_res, res;
+        td_model *ref = train_single(td_device_list_get(one, 0), (td_dtype)dt, d, &ref_res);
+        td_group *g = NULL;
+        td_dp *dp;
+        double diff, tol = dt == TD_F64 ? 1e-12 : 1e-5;
+        TD_ASSERT_OK(td_group_create_spec("cpu*3", NULL, &g));
+        dp = make_dp(g, (td_dtype)dt, 0, speeds);
+        for (int s = 0; s < STEPS; s++) {
+            td_dp_stats stats;
+            TD_ASSERT_OK(td_dp_step(dp, &d->batch[s], (uint64_t)s, &res, &stats));
+            assert_int_equal(stats.members, 3);
+            assert_int_equal(stats.m[0].samples + stats.m[1].samples + stats.m[2].samples, BATCH);
+            assert_true(stats.m[2].samples > stats.m[0].samples); /* shares followed speeds */
+        }
+        /* Every replica took the same steps. */
+        for (int r = 0; r < 3; r++) {
+            diff = weights_diff(td_dp_model(dp, r), ref);
+            if (diff > tol)
+                fail_msg("%s: replica %d differs from one device by %g (tolerance %g)",
+                         dt ? "f64" : "f32", r, diff, tol);
+        }
+        /* The last step's loss, summed over the slices, is the whole batch's. */
+        assert_int_equal(res.count, BATCH);
+        assert_int_equal(res.correct, ref_res.correct);
+        assert_true(fabs(res.loss_sum - ref_res.loss_sum) <= tol * 10 * fabs(ref_res.loss_sum));
+        td_dp_destroy(dp);
+        td_group_destroy(g);
+        td_model_destroy(ref);
+    }
+    td_device_list_destroy(one);
+    free(d);
+}
+
+static void deterministic_mode_is_bitwise_the_same_for_1_2_3_devices(void **state) {
+    static const char *specs[3] = {"cpu:0", "cpu*2", "cpu*3"};
+    static const double speeds[3][3] = {{1, 0, 0}, {1, 3, 0}, {2, 1, 5}};
+    data *d = malloc(sizeof *d);
+    make_data(d);
+    for (int dt = 0; dt < 2; dt++) {
+        td_group *g[3];
+        td_dp *dp[3];
+        for (int k = 0; k < 3; k++) {
+            TD_ASSERT_OK(td_group_create_spec(specs[k], NULL, &g[k]));
+            dp[k] = make_dp(g[k], (td_dtype)dt, 1, speeds[k]);
+            for (int s = 0; s < STEPS; s++) {
+                td_step_result res;
+                TD_ASSERT_OK(td_dp_step(dp[k], &d->batch[s], (uint64_t)s, &res, NULL));
+                assert_int_equal(res.count, BATCH);
+            }
+        }
+        for (int k = 1; k < 3; k++)
+            if (!weights_identical(td_dp_model(dp[k], 0), td_dp_model(dp[0], 0)))
+                fail_msg("%s: %s differs from %s", dt ? "f64" : "f32", specs[k], specs[0]);
+        /* And the result is still the ordinary update, up to rounding. */
+        {
+            td_device_list *one = NULL;
+            td_step_result r;
+            td_model *ref;
+            TD_ASSERT_OK(td_devices_open("cpu:0", &one));
+            ref = train_single(td_device_list_get(one, 0), (td_dtype)dt, d, &r);
+            assert_true(weights_diff(td_dp_model(dp[0], 0), ref) < (dt ? 1e-12 : 1e-5));
+            td_model_destroy(ref);
+            td_device_list_destroy(one);
+        }
+        for (int k = 0; k < 3; k++) {
+            td_dp_destroy(dp[k]);
+            td_group_destroy(g[k]);
+        }
+    }
+    free(d);
+}
+
+static void alternate_evaluation_equals_one_device_exactly(void **state) {
+    static const double speeds[2] = {1, 2};
+    data *d = malloc(sizeof *d);
+    td_group *g = NULL;
+    td_dp *dp;
+    td_device_list *one = NULL;
+    td_model *ref = NULL;
+    td_step_result got[STEPS];
+    make_data(d);
+    TD_ASSERT_OK(td_group_create_spec("cpu*2", NULL, &g));
+    dp = make_dp(g, TD_F32, 0, speeds);
+    TD_ASSERT_OK(td_dp_evaluate(dp, d->batch, STEPS, got));
+    TD_ASSERT_OK(td_devices_open("cpu:0", &one));
+    TD_ASSERT_OK(
+        td_model_load_string(model_json, "dp_test", td_device_list_get(one, 0), TD_F32, 5, &ref));
+    for (int s = 0; s < STEPS; s++) {
+        td_step_result want;
+        TD_ASSERT_OK(td_model_evaluate(ref, &d->batch[s], &want));
+        assert_true(got[s].loss_sum == want.loss_sum);
+        assert_int_equal(got[s].correct, want.correct);
+        assert_int_equal(got[s].count, want.count);
+    }
+    td_model_destroy(ref);
+    td_device_list_destroy(one);
+    td_dp_destroy(dp);
+    td_group_destroy(g);
+    free(d);
+}
+
+/* A device slowed 3x ends up with about a quarter of the batch. The exact
+ * step times belong to the benchmark; here only the direction and rough
+ * size of the shares, which a noisy machine does not change. */
+static void a_slowed_device_gets_a_smaller_share(void **state) {
+    static const char *mlp = "{\"input\": {\"shape\": [64]}, \"layers\": ["
+                             "{\"type\": \"linear\", \"out\": 256}, {\"type\": \"relu\"},"
+                             "{\"type\": \"linear\", \"out\": 10}]}";
+    enum { N = 512 };
+    float *x = malloc(sizeof(float) * N * 64);
+    int32_t *y = malloc(sizeof(int32_t) * N);
+    td_batch b = {N, x, NULL, y};
+    td_group *g = NULL;
+    td_dp *dp = NULL;
+    td_dp_config cfg = TD_DP_CONFIG_INIT;
+    td_optimizer_config o = sgd();
+    td_step_result res;
+    td_dp_stats stats;
+    for (int i = 0; i < N * 64; i++)
+        x[i] = (float)td_rng_normal(3, (uint64_t)i);
+    for (int i = 0; i < N; i++)
+        y[i] = i % 10;
+    TD_ASSERT_OK(td_group_create_spec("cpu:0,cpu:1{slowdown=3}", NULL, &g));
+    TD_ASSERT_OK(td_dp_create(g, mlp, "mlp", TD_F32, 1, &o, &cfg, &dp));
+    TD_ASSERT_OK(td_dp_calibrate(dp, &b));
+    for (int s = 0; s < 6; s++)
+        TD_ASSERT_OK(td_dp_step(dp, &b, (uint64_t)s, &res, &stats));
+    if (!(td_balancer_share(td_dp_balancer(dp), 1) < 0.4 &&
+          td_balancer_share(td_dp_balancer(dp), 1) > 0.1))
+        fail_msg("the slowed device's share is %.3f (about 0.25 expected)",
+                 td_balancer_share(td_dp_balancer(dp), 1));
+    assert_true(stats.m[1].samples < stats.m[0].samples);
+    td_dp_destroy(dp);
+    td_group_destroy(g);
+    free(x);
+    free(y);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(data_parallel_equals_one_device),
+        cmocka_unit_test(deterministic_mode_is_bitwise_the_same_for_1_2_3_devices),
+        cmocka_unit_test(alternate_evaluation_equals_one_device_exactly),
+        cmocka_unit_test(a_slowed_device_gets_a_smaller_share),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
