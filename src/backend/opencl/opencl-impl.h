@@ -10,6 +10,44 @@
 
 #include "device/device-impl.h"
 
+/* The kernels of td__ocl_source, in one program per precision. */
+#define TD_OCL_KERNELS(X)                                                                          \
+    X(FILL, fill)                                                                                  \
+    X(RNG, rng)                                                                                    \
+    X(ACT_FWD, act_fwd)                                                                            \
+    X(ACT_BWD, act_bwd)                                                                            \
+    X(ADD, add)                                                                                    \
+    X(AXPBY, axpby)                                                                                \
+    X(DROPOUT, dropout)                                                                            \
+    X(SUMSQ, sumsq)                                                                                \
+    X(SGD, sgd)                                                                                    \
+    X(ADAMW, adamw)                                                                                \
+    X(BIAS_ADD, bias_add)                                                                          \
+    X(BIAS_GRAD, bias_grad)                                                                        \
+    X(XENT, xent)                                                                                  \
+    X(LAYERNORM_FWD, layernorm_fwd)                                                                \
+    X(LAYERNORM_BWD_DX, layernorm_bwd_dx)                                                          \
+    X(LAYERNORM_BWD_PARAMS, layernorm_bwd_params)                                                  \
+    X(CAUSAL_SOFTMAX_FWD, causal_softmax_fwd)                                                      \
+    X(CAUSAL_SOFTMAX_BWD, causal_softmax_bwd)                                                      \
+    X(EMBED_FWD, embed_fwd)                                                                        \
+    X(EMBED_BWD, embed_bwd)                                                                        \
+    X(POOL_FWD, pool_fwd)                                                                          \
+    X(POOL_BWD, pool_bwd)                                                                          \
+    X(IM2COL, im2col)                                                                              \
+    X(COL2IM, col2im)                                                                              \
+    X(CONV_OUT, conv_out)                                                                          \
+    X(CONV_DY_T, conv_dy_t)                                                                        \
+    X(MAT_SCALE, mat_scale)                                                                        \
+    X(GEMM_PLAIN, gemm_plain)
+
+typedef enum td_ocl_kernel_id {
+#define TD_OCL_ENUM(id, name) TD_OCL_K_##id,
+    TD_OCL_KERNELS(TD_OCL_ENUM)
+#undef TD_OCL_ENUM
+        TD_OCL_KERNEL_COUNT
+} td_ocl_kernel_id;
+
 typedef struct ocl_range {
     uintptr_t base; /* first virtual address */
     size_t nbytes;
@@ -24,9 +62,15 @@ typedef struct ocl_device {
     int fp64;
     cl_context context;
     cl_command_queue queue;
-    cl_program program; /* the kernels of kernels_cl.c, built on first use */
-    cl_kernel *kernels; /* created lazily, indexed by td__ocl_kernel_id */
-    ocl_range *allocs;  /* sorted by base; touched by the host thread only */
+    /* Per precision (td_dtype): td__ocl_source built on first use, and its
+     * kernels created on first use. from_cache: 1 when the program came
+     * from the on-disk binary cache. */
+    cl_program program[2];
+    int from_cache[2];
+    cl_kernel kernels[2][TD_OCL_KERNEL_COUNT];
+    cl_mem scratch; /* grown on demand; reused by ops in queue order */
+    size_t scratch_size;
+    ocl_range *allocs; /* sorted by base; touched by the host thread only */
     size_t nallocs, cap;
 } ocl_device;
 
@@ -46,9 +90,82 @@ const char *td__ocl_error_name(cl_int err);
  * is not inside an allocation of this device. */
 td_status td__ocl_resolve(const ocl_device *od, const void *ptr, cl_mem *mem, size_t *offset);
 
-/* The kernel called name, from the device's program (built and cached on
- * first use; a build failure's message carries the build log). */
-td_status td__ocl_kernel(ocl_device *od, const char *name, cl_kernel *out);
+/* Builds `src` with `opts` for od's device. The binary is cached on disk,
+ * keyed by platform, device, driver, options and source (see
+ * td__ocl_cache_dir); *from_cache (may be NULL) says whether it came from
+ * there. A build failure is TD_ERR_DEVICE whose message carries the build
+ * log. The caller releases *out. Runs on od's host thread. */
+td_status td__ocl_build(ocl_device *od, const char *src, const char *opts, cl_program *out,
+                        int *from_cache);
+
+/* The program binary cache folder: $TD_OPENCL_CACHE, else
+ * $XDG_CACHE_HOME/tandem/opencl, else ~/.cache/tandem/opencl; "" when
+ * caching is off (TD_OPENCL_CACHE=off or no home). */
+void td__ocl_cache_dir(char *buf, size_t n);
+
+/* Kernel `id` of the program for dt (built and kernels created on first
+ * use). f64 on a device without cl_khr_fp64 is TD_ERR_UNSUPPORTED naming the
+ * device. The kernel stays owned by od. */
+td_status td__ocl_kernel(ocl_device *od, td_dtype dt, td_ocl_kernel_id id, cl_kernel *out);
+
+/* A device buffer of at least nbytes for one op's temporaries, owned by od;
+ * valid until the next call (the in-order queue keeps earlier users safe). */
+td_status td__ocl_scratch(ocl_device *od, size_t nbytes, cl_mem *out);
+
+/* Releases the programs, kernels and scratch (thread_deinit). */
+void td__ocl_release_programs(ocl_device *od);
+
+/* Setting a kernel's arguments in order, then launching it. The first
+ * failure is kept and reported by td__ocl_run, so a launch reads as a list of
+ * td__ocl_arg_* calls. Pointer arguments become (cl_mem, byte offset) pairs,
+ * as every kernel of td__ocl_source takes them. */
+typedef struct td_ocl_args {
+    ocl_device *od;
+    td_dtype dt;
+    td_ocl_kernel_id id;
+    cl_kernel k;
+    cl_uint next; /* the next argument's index */
+    cl_int err;   /* the first clSetKernelArg failure */
+    cl_uint bad;  /* its index */
+    td_status st; /* the first failure of another kind */
+} td_ocl_args;
+
+/* Looks the kernel up (building the program on first use). */
+td_status td__ocl_begin(td_ocl_args *a, ocl_device *od, td_dtype dt, td_ocl_kernel_id id);
+void td__ocl_arg_ptr(td_ocl_args *a, const void *devptr); /* NULL: a NULL buffer */
+void td__ocl_arg_mem(td_ocl_args *a, cl_mem mem, size_t offset);
+void td__ocl_arg_u64(td_ocl_args *a, uint64_t v);
+void td__ocl_arg_i64(td_ocl_args *a, int64_t v);
+void td__ocl_arg_int(td_ocl_args *a, int v);
+void td__ocl_arg_real(td_ocl_args *a, double v); /* float or double as dt */
+void td__ocl_arg_acc(td_ocl_args *a, double v);  /* double where the device has fp64 */
+/* {h, w, oh, ow, kh, kw, stride, pad} as one long8. */
+void td__ocl_arg_window(td_ocl_args *a, const td_conv_desc *d);
+/* Enqueues the kernel over `items` work-items (it loops when fewer run). */
+td_status td__ocl_run(td_ocl_args *a, size_t items);
+
+/* C (batch of (m, n)) = alpha op(A) op(B) + beta C on (cl_mem, element
+ * offset) operands: CLBlast where the build has it, else a plain kernel. */
+td_status td__ocl_gemm_mem(ocl_device *od, td_dtype dt, int ta, int tb, int64_t m, int64_t n,
+                           int64_t k, double alpha, cl_mem a, size_t a_off, int64_t lda,
+                           int64_t stride_a, cl_mem b, size_t b_off, int64_t ldb, int64_t stride_b,
+                           double beta, cl_mem c, size_t c_off, int64_t ldc, int64_t stride_c,
+                           int64_t batch);
+
+/* The slots of td__opencl_kernels defined in kernels_conv.c. */
+td_status td__ocl_gemm(void *ctx, td_dtype dt, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                       double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
+                       double beta, void *c, int64_t ldc);
+td_status td__ocl_gemm_batched(void *ctx, td_dtype dt, int ta, int tb, int64_t m, int64_t n,
+                               int64_t k, double alpha, const void *a, int64_t lda,
+                               int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b,
+                               double beta, void *c, int64_t ldc, int64_t stride_c, int64_t batch);
+td_status td__ocl_conv2d_fwd(void *ctx, td_dtype dt, const td_conv_desc *d, const void *x,
+                             const void *w, const void *bias, void *y);
+td_status td__ocl_conv2d_bwd(void *ctx, td_dtype dt, const td_conv_desc *d, const void *x,
+                             const void *w, const void *dy, void *dx, void *dw, void *db, int acc);
+td_status td__ocl_bias_grad(void *ctx, td_dtype dt, void *db, const void *dy, int64_t outer,
+                            int64_t c, int64_t inner, int acc);
 
 extern const char td__ocl_source[];
 extern const td_kernels td__opencl_kernels;

@@ -225,22 +225,16 @@ static td_status ocl_thread_init(void *ctx) {
 
 static void ocl_thread_deinit(void *ctx) {
     ocl_device *od = ctx;
-    if (od->kernels) {
-        for (size_t i = 0; od->kernels[i]; i++)
-            clReleaseKernel(od->kernels[i]);
-        free(od->kernels);
-        od->kernels = NULL;
-    }
+    if (od->queue)
+        clFinish(od->queue);
+    td__ocl_release_programs(od);
     for (size_t i = 0; i < od->nallocs; i++)
         clReleaseMemObject(od->allocs[i].mem);
     od->nallocs = 0;
-    if (od->program)
-        clReleaseProgram(od->program);
     if (od->queue)
         clReleaseCommandQueue(od->queue);
     if (od->context)
         clReleaseContext(od->context);
-    od->program = NULL;
     od->queue = NULL;
     od->context = NULL;
 }
@@ -389,58 +383,6 @@ static td_status ocl_copy(void *ctx, void *dst, const void *src, size_t nbytes) 
 static td_status ocl_sync(void *ctx) {
     ocl_device *od = ctx;
     TD_OCL_CHECK(clFinish(od->queue), od);
-    return TD_OK;
-}
-
-/* Programs ------------------------------------------------------------------ */
-
-static td_status build_program(ocl_device *od) {
-    cl_int err;
-    const char *src = td__ocl_source;
-    const char *opts = od->fp64 ? "-cl-std=CL1.2 -DTD_FP64=1" : "-cl-std=CL1.2";
-    od->program = clCreateProgramWithSource(od->context, 1, &src, NULL, &err);
-    TD_OCL_CHECK(err, od);
-    err = clBuildProgram(od->program, 1, &od->device, opts, NULL, NULL);
-    if (err != CL_SUCCESS) {
-        char log[1536] = "";
-        clGetProgramBuildInfo(od->program, od->device, CL_PROGRAM_BUILD_LOG, sizeof log - 1, log,
-                              NULL);
-        clReleaseProgram(od->program);
-        od->program = NULL;
-        return td__error(TD_ERR_DEVICE, "%s: building its OpenCL kernels failed (%s):\n%s",
-                         od->name, td__ocl_error_name(err), log);
-    }
-    return TD_OK;
-}
-
-td_status td__ocl_kernel(ocl_device *od, const char *name, cl_kernel *out) {
-    size_t n = 0;
-    cl_int err;
-    td_status st;
-    char got[64];
-    if (!od->program && (st = build_program(od)) != TD_OK)
-        return st;
-    /* A NULL-terminated list; kernels are few, so a linear scan is enough. */
-    for (; od->kernels && od->kernels[n]; n++) {
-        clGetKernelInfo(od->kernels[n], CL_KERNEL_FUNCTION_NAME, sizeof got, got, NULL);
-        if (!strcmp(got, name)) {
-            *out = od->kernels[n];
-            return TD_OK;
-        }
-    }
-    {
-        cl_kernel *grown = realloc(od->kernels, (n + 2) * sizeof *grown);
-        if (!grown)
-            return td__error(TD_ERR_OUT_OF_MEMORY, "out of host memory for OpenCL kernels");
-        od->kernels = grown;
-    }
-    od->kernels[n] = clCreateKernel(od->program, name, &err);
-    od->kernels[n + 1] = NULL;
-    if (err != CL_SUCCESS) {
-        od->kernels[n] = NULL;
-        return td__ocl_status(err, name, od);
-    }
-    *out = od->kernels[n];
     return TD_OK;
 }
 

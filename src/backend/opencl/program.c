@@ -1,0 +1,262 @@
+/* Programs for OpenCL devices: built at run time from source, once per device
+ * and precision, with the compiled binary cached on disk so that later runs
+ * skip the (slow, on PoCL) compiler. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "backend/opencl/opencl-impl.h"
+#include "core/alloc.h"
+#include "core/error.h"
+#include "core/log.h"
+
+static const char *const kernel_names[TD_OCL_KERNEL_COUNT] = {
+#define TD_OCL_NAME(id, name) #name,
+    TD_OCL_KERNELS(TD_OCL_NAME)
+#undef TD_OCL_NAME
+};
+
+/* The binary cache -------------------------------------------------------- */
+
+void td__ocl_cache_dir(char *buf, size_t n) {
+    const char *env = getenv("TD_OPENCL_CACHE"), *xdg = getenv("XDG_CACHE_HOME"),
+               *home = getenv("HOME");
+    buf[0] = '\0';
+    if (env && *env) {
+        if (strcmp(env, "off") && strcmp(env, "0"))
+            snprintf(buf, n, "%s", env);
+    } else if (xdg && *xdg) {
+        snprintf(buf, n, "%s/tandem/opencl", xdg);
+    } else if (home && *home) {
+        snprintf(buf, n, "%s/.cache/tandem/opencl", home);
+    }
+}
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
+    const unsigned char *s = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= s[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+static uint64_t fnv1a_str(uint64_t h, const char *s) {
+    return fnv1a(h, s, strlen(s) + 1); /* the NUL keeps "ab"+"c" apart from "a"+"bc" */
+}
+
+/* The cache file for (device, options, source), or "" when caching is off. */
+static void cache_path(const ocl_device *od, const char *src, const char *opts, char *path,
+                       size_t n) {
+    char dir[512], info[256];
+    uint64_t h = 0xcbf29ce484222325ull;
+    static const cl_device_info keys[] = {CL_DEVICE_NAME, CL_DEVICE_VENDOR, CL_DEVICE_VERSION,
+                                          CL_DRIVER_VERSION};
+    td__ocl_cache_dir(dir, sizeof dir);
+    path[0] = '\0';
+    if (!dir[0])
+        return;
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+        info[0] = '\0';
+        clGetDeviceInfo(od->device, keys[i], sizeof info - 1, info, NULL);
+        info[sizeof info - 1] = '\0';
+        h = fnv1a_str(h, info);
+    }
+    info[0] = '\0';
+    clGetPlatformInfo(od->platform, CL_PLATFORM_VERSION, sizeof info - 1, info, NULL);
+    info[sizeof info - 1] = '\0';
+    h = fnv1a_str(h, info);
+    h = fnv1a_str(h, opts);
+    h = fnv1a_str(h, src);
+    snprintf(path, n, "%s/%016llx.bin", dir, (unsigned long long)h);
+}
+
+/* mkdir -p; failures show up when the file is written. */
+static void make_dirs(const char *path) {
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        (void)mkdir(buf, 0755);
+        *p = '/';
+    }
+}
+
+/* The cached binary at path, malloc'ed, or NULL. */
+static unsigned char *cache_read(const char *path, size_t *size) {
+    FILE *f = fopen(path, "rb");
+    unsigned char *buf = NULL;
+    long len;
+    if (!f)
+        return NULL;
+    if (fseek(f, 0, SEEK_END) == 0 && (len = ftell(f)) > 0 && fseek(f, 0, SEEK_SET) == 0 &&
+        (buf = malloc((size_t)len)) && fread(buf, 1, (size_t)len, f) == (size_t)len) {
+        *size = (size_t)len;
+        fclose(f);
+        return buf;
+    }
+    free(buf);
+    fclose(f);
+    return NULL;
+}
+
+/* Writes the program's binary to path through a temporary file and a rename,
+ * so that readers never see half a file. Failures only cost the next run. */
+static void cache_write(const ocl_device *od, cl_program prog, const char *path) {
+    size_t size = 0;
+    unsigned char *bin = NULL;
+    char tmp[600];
+    FILE *f;
+    if (clGetProgramInfo(prog, CL_PROGRAM_BINARY_SIZES, sizeof size, &size, NULL) != CL_SUCCESS ||
+        size == 0 || !(bin = malloc(size)))
+        goto done;
+    if (clGetProgramInfo(prog, CL_PROGRAM_BINARIES, sizeof bin, &bin, NULL) != CL_SUCCESS)
+        goto done;
+    make_dirs(path);
+    snprintf(tmp, sizeof tmp, "%s.%ld.%p.tmp", path, (long)getpid(), (const void *)od);
+    if (!(f = fopen(tmp, "wb")))
+        goto done;
+    if (fwrite(bin, 1, size, f) != size) {
+        fclose(f);
+        remove(tmp);
+        goto done;
+    }
+    if (fclose(f) != 0 || rename(tmp, path) != 0)
+        remove(tmp);
+done:
+    free(bin);
+}
+
+/* Building ------------------------------------------------------------------ */
+
+static td_status build_failed(ocl_device *od, cl_program prog, cl_int err) {
+    char log[2048] = "";
+    size_t len = 0;
+    clGetProgramBuildInfo(prog, od->device, CL_PROGRAM_BUILD_LOG, sizeof log - 1, log, &len);
+    log[sizeof log - 1] = '\0';
+    if (!log[0]) /* a log longer than the buffer: show its start */
+        snprintf(log, sizeof log, "(build log of %zu bytes not shown)", len);
+    return td__error(TD_ERR_DEVICE, "%s: building OpenCL kernels failed (%s):\n%s", od->name,
+                     td__ocl_error_name(err), log);
+}
+
+/* From the cache; 0 when absent or unusable (a stale or foreign binary). */
+static int build_from_cache(ocl_device *od, const char *path, const char *opts, cl_program *out) {
+    size_t size = 0;
+    unsigned char *bin = path[0] ? cache_read(path, &size) : NULL;
+    const unsigned char *cbin = bin;
+    cl_int err, bin_status = CL_SUCCESS;
+    cl_program prog;
+    if (!bin)
+        return 0;
+    prog = clCreateProgramWithBinary(od->context, 1, &od->device, &size, &cbin, &bin_status, &err);
+    free(bin);
+    if (err != CL_SUCCESS || bin_status != CL_SUCCESS)
+        return 0;
+    if (clBuildProgram(prog, 1, &od->device, opts, NULL, NULL) != CL_SUCCESS) {
+        clReleaseProgram(prog);
+        return 0;
+    }
+    *out = prog;
+    return 1;
+}
+
+td_status td__ocl_build(ocl_device *od, const char *src, const char *opts, cl_program *out,
+                        int *from_cache) {
+    char path[600];
+    cl_int err;
+    cl_program prog;
+    *out = NULL;
+    if (from_cache)
+        *from_cache = 0;
+    cache_path(od, src, opts, path, sizeof path);
+    if (build_from_cache(od, path, opts, out)) {
+        if (from_cache)
+            *from_cache = 1;
+        return TD_OK;
+    }
+    prog = clCreateProgramWithSource(od->context, 1, &src, NULL, &err);
+    TD_OCL_CHECK(err, od);
+    err = clBuildProgram(prog, 1, &od->device, opts, NULL, NULL);
+    if (err != CL_SUCCESS) {
+        td_status st = build_failed(od, prog, err);
+        clReleaseProgram(prog);
+        return st;
+    }
+    if (path[0])
+        cache_write(od, prog, path);
+    *out = prog;
+    return TD_OK;
+}
+
+td_status td__ocl_kernel(ocl_device *od, td_dtype dt, td_ocl_kernel_id id, cl_kernel *out) {
+    cl_int err;
+    td_status st;
+    int p = dt == TD_F64;
+    if (p && !od->fp64)
+        return td__error(TD_ERR_UNSUPPORTED, "%s has no fp64 (cl_khr_fp64): f64 is unsupported",
+                         od->name);
+    if (!od->program[p]) {
+        /* Correctly rounded division and sqrt keep f32 results close to the CPU's. */
+        const char *opts = p          ? "-cl-std=CL1.2 -DTD_FP64 -DTD_REAL_F64"
+                           : od->fp64 ? "-cl-std=CL1.2 -DTD_FP64 "
+                                        "-cl-fp32-correctly-rounded-divide-sqrt"
+                                      : "-cl-std=CL1.2 -cl-fp32-correctly-rounded-divide-sqrt";
+        if ((st = td__ocl_build(od, td__ocl_source, opts, &od->program[p], &od->from_cache[p])) !=
+            TD_OK)
+            return st;
+    }
+    if (!od->kernels[p][id]) {
+        od->kernels[p][id] = clCreateKernel(od->program[p], kernel_names[id], &err);
+        if (err != CL_SUCCESS) {
+            od->kernels[p][id] = NULL;
+            return td__ocl_status(err, kernel_names[id], od);
+        }
+    }
+    *out = od->kernels[p][id];
+    return TD_OK;
+}
+
+td_status td__ocl_scratch(ocl_device *od, size_t nbytes, cl_mem *out) {
+    cl_int err;
+    if (nbytes == 0)
+        nbytes = 1;
+    if (od->scratch_size < nbytes) {
+        size_t want = od->scratch_size * 2 > nbytes ? od->scratch_size * 2 : nbytes;
+        cl_mem mem = clCreateBuffer(od->context, CL_MEM_READ_WRITE, want, NULL, &err);
+        if (err != CL_SUCCESS) {
+            char a[32];
+            return td__error(TD_ERR_OUT_OF_MEMORY, "%s: clCreateBuffer of %s scratch failed: %s",
+                             od->name, td__format_bytes((double)want, a), td__ocl_error_name(err));
+        }
+        /* Commands already queued keep the old buffer alive until they finish. */
+        if (od->scratch)
+            clReleaseMemObject(od->scratch);
+        od->scratch = mem;
+        od->scratch_size = want;
+    }
+    *out = od->scratch;
+    return TD_OK;
+}
+
+void td__ocl_release_programs(ocl_device *od) {
+    for (int p = 0; p < 2; p++) {
+        for (int i = 0; i < TD_OCL_KERNEL_COUNT; i++)
+            if (od->kernels[p][i]) {
+                clReleaseKernel(od->kernels[p][i]);
+                od->kernels[p][i] = NULL;
+            }
+        if (od->program[p])
+            clReleaseProgram(od->program[p]);
+        od->program[p] = NULL;
+    }
+    if (od->scratch)
+        clReleaseMemObject(od->scratch);
+    od->scratch = NULL;
+    od->scratch_size = 0;
+}
