@@ -103,6 +103,7 @@ struct td_group {
     int nlocal; /* members in this process */
     int rank0;  /* global rank of local member 0 */
     int timeout_ms;
+    int spin_rounds; /* rounds of spinning before yielding: few when members share cores */
     size_t switch_bytes;
     size_t small_bytes; /* capacity of one direct-exchange slot */
     size_t chunk_bytes;

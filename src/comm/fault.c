@@ -129,7 +129,8 @@ td_status td__fault_check(td__member *m, td_collective_kind kind) {
          * us; alone (or with every peer hung too) give up after the timeout. */
         {
             uint64_t start = td_clock_ns();
-            uint64_t limit = (uint64_t)td__group_timeout_ms(g) * 1000000u;
+            /* Twice the timeout and a second: the peers' own timeout comes first. */
+            uint64_t limit = ((uint64_t)td__group_timeout_ms(g) * 2 + 1000) * 1000000u;
             while (!atomic_load(&g->aborted)) {
                 struct timespec ts = {0, 1000000};
                 if (td_clock_ns() - start > limit)

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "comm/comm-impl.h"
 #include "core/alloc.h"
@@ -198,6 +199,13 @@ static td_status group_create(td_device *const *devs, size_t n, const td_group_c
                                                    : (g->switch_bytes + 63) & ~(size_t)63;
     g->chunk_bytes = cfg.chunk_bytes ? (cfg.chunk_bytes + 7) & ~(size_t)7 : TD_COMM_DEFAULT_CHUNK;
     g->algorithm = cfg.algorithm;
+    {
+        /* Members that outnumber the cores share them: a waiting member must
+         * give its core away soon, since the peer it waits for may be
+         * queued behind it. */
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        g->spin_rounds = (long)n > cpus ? 2 : 32;
+    }
     TD_TRY(td__fault_parse(g, cfg.fault ? cfg.fault : getenv("TANDEM_FAULT")));
 
     g->transport = cfg.transport;

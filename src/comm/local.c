@@ -64,12 +64,13 @@ td_status td__comm_wait(td__member *m, atomic_uint_least64_t *p, uint64_t want, 
         if (atomic_load_explicit(&g->aborted, memory_order_acquire))
             return td__group_lost(g);
         rounds++;
-        if (rounds > 256) {
-            /* Past ~100 us a peer is probably not running: let it have the core. */
-            if (rounds < 4096) {
+        if (rounds > (unsigned)g->spin_rounds) {
+            /* A peer that is this late is probably not running: let it have the core. */
+            if (rounds < 4096u + (unsigned)g->spin_rounds) {
                 sched_yield();
             } else {
-                struct timespec ts = {0, rounds < 8192 ? 20000 : 200000};
+                struct timespec ts = {0,
+                                      rounds < 8192u + (unsigned)g->spin_rounds ? 20000 : 200000};
                 nanosleep(&ts, NULL);
             }
         }
