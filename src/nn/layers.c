@@ -648,7 +648,8 @@ td_status td__layer_build(td_model *m, const char *file, json_t *spec, const cha
         static const char *const keys[] = {"type", "layers", NULL};
         char s1[64], s2[64], w2[256];
         td_layer *inner = NULL;
-        TRY(check_keys(&b, keys));
+        if ((st = check_keys(&b, keys)) != TD_OK)
+            goto fail;
         l->vt = &residual_vt;
         snprintf(w2, sizeof w2, "%s.layers", where);
         if ((st = td__layer_build_seq(m, file, json_object_get(spec, "layers"), w2, path, in_ndim,

@@ -1,9 +1,9 @@
 /* Elementwise kernels and reductions. f32 has AVX-512 and AVX2 paths written
- * with intrinsics (kern_simd_body.h, compiled per target with
- * __attribute__-style pragmas so this file builds without -mavx512f); the
- * level is chosen at run time by td__cpu_simd(). f64 and the tails run the
- * scalar code, which is also the reference the vector paths are tested
- * against. */
+ * with intrinsics (kern_simd_body.h, compiled twice with
+ * __attribute__((target(...))) on every function, so this file builds
+ * without -mavx512f); the level is chosen at run time by td__cpu_simd(). f64
+ * and the tails run the scalar code, which is also the reference the vector
+ * paths are tested against. */
 #include <math.h>
 #include <string.h>
 
@@ -104,8 +104,20 @@ DEFINE_SCALAR(double, f64, exp, phi_cdf, tanh)
 
 #ifdef TD_X86_SIMD
 
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
+/* Every function between BEGIN and END gets __attribute__((target(...))). */
+// clang-format off
+#if defined(__clang__)
+#define TD_TARGET_BEGIN_AVX2 _Pragma("clang attribute push(__attribute__((target(\"avx2,fma\"))), apply_to = function)")
+#define TD_TARGET_BEGIN_AVX512 _Pragma("clang attribute push(__attribute__((target(\"avx512f,avx2,fma\"))), apply_to = function)")
+#define TD_TARGET_END _Pragma("clang attribute pop")
+#else
+#define TD_TARGET_BEGIN_AVX2 _Pragma("GCC push_options") _Pragma("GCC target(\"avx2,fma\")")
+#define TD_TARGET_BEGIN_AVX512 _Pragma("GCC push_options") _Pragma("GCC target(\"avx512f,avx2,fma\")")
+#define TD_TARGET_END _Pragma("GCC pop_options")
+#endif
+// clang-format on
+
+TD_TARGET_BEGIN_AVX2
 #define SFX              _avx2
 #define V                __m256
 #define W                8
@@ -157,10 +169,9 @@ static inline float hsum_avx2(__m256 v) {
 #undef VSELNEG
 #undef VPOW2I
 #undef VHSUM
-#pragma GCC pop_options
+TD_TARGET_END
 
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx2,fma")
+TD_TARGET_BEGIN_AVX512
 #define SFX       _avx512
 #define V         __m512
 #define W         16
@@ -189,7 +200,7 @@ static inline float hsum_avx2(__m256 v) {
         _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23))
 #define VHSUM _mm512_reduce_add_ps
 #include "backend/cpu/kern_simd_body.h"
-#pragma GCC pop_options
+TD_TARGET_END
 
 #endif
 
