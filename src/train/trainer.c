@@ -265,11 +265,14 @@ td_status td_train_run(const td_train_config *cfg, td_train_summary *out) {
     memset(&ev, 0, sizeof ev);
     while (!stop) {
         int64_t epoch, pos;
+        uint64_t s0;
         if (cfg->steps > 0 && t.state.step >= cfg->steps)
             break;
         td_loader_position(t.loader, &epoch, &pos);
         if (cfg->epochs > 0 && epoch >= cfg->epochs)
             break;
+        /* Throughput counts gathering the batch as well as the step. */
+        s0 = td_clock_ns();
         TD_TRY(td_loader_next(t.loader, &b));
         if (b.n == 0) {
             /* The epoch ended: evaluate, report, save. */
@@ -304,7 +307,6 @@ td_status td_train_run(const td_train_config *cfg, td_train_summary *out) {
         }
         {
             step_args a;
-            uint64_t s0 = td_clock_ns();
             double dt, lr = td_optimizer_lr(t.opt);
             int64_t count = b.n * t.info.labels_per_sample;
             memset(&a, 0, sizeof a);

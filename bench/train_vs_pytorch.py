@@ -1,0 +1,293 @@
+"""tandem against PyTorch on the same three models, side by side.
+
+Run through bench/train_vs_pytorch, which builds tandem and sets up bench/.venv.
+Each model is trained with the same shapes, batch size, optimizer, schedule and
+data (f32, 2 threads) by `tandem train` and by PyTorch, one after the other;
+throughput is samples per second over the training steps, batch gathering
+included, evaluation excluded. --full trains long enough for the accuracy
+floors and checks them too.
+"""
+import argparse
+import gzip
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MNIST = os.path.join(ROOT, "data", "mnist")
+TEXT = os.path.join(ROOT, "data", "text", "tinyshakespeare.txt")
+
+# name, model file, data, batch, optimizer, lr, quick steps, full run, floors
+MODELS = [
+    dict(name="mnist_mlp", file="examples/mnist_mlp.json", data=MNIST, batch=64, opt="sgd",
+         lr=0.05, quick_steps=938, full_epochs=3, speed_floor=1.5,
+         metric="test accuracy", floor=0.975),
+    dict(name="lenet5", file="examples/lenet5.json", data=MNIST, batch=64, opt="sgd",
+         lr=0.05, quick_steps=300, full_epochs=3, speed_floor=1.2,
+         metric="test accuracy", floor=0.988),
+    dict(name="gpt_tiny", file="examples/gpt_tiny.json", data=TEXT, batch=32, opt="adamw",
+         lr=1e-3, quick_steps=20, full_steps=3000, warmup=100, speed_floor=1.0,
+         metric="validation loss", floor=1.8),
+]
+
+
+# Data, read and normalised as tandem does (docs/train.md) ---------------------
+
+def read_idx(path):
+    with gzip.open(path, "rb") as f:
+        raw = f.read()
+    ndim = raw[3]
+    dims = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def mnist():
+    def part(prefix):
+        x = read_idx(os.path.join(MNIST, prefix + "-images-idx3-ubyte.gz"))
+        y = read_idx(os.path.join(MNIST, prefix + "-labels-idx1-ubyte.gz"))
+        x = ((x.astype(np.float32) / 255.0 - 0.1307) / 0.3081).reshape(-1, 1, 28, 28)
+        return torch.from_numpy(x.copy()), torch.from_numpy(y.astype(np.int64))
+    return part("train"), part("t10k")
+
+
+def text():
+    data = np.frombuffer(open(TEXT, "rb").read(), dtype=np.uint8).astype(np.int64)
+    n = int(len(data) * 0.9)
+    return torch.from_numpy(data[:n].copy()), torch.from_numpy(data[n:].copy())
+
+
+# The same models as examples/*.json ------------------------------------------
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(),
+                                 nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class LeNet5(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(1, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+            nn.Linear(400, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, 10))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, c, heads):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(c, 3 * c)
+        self.proj = nn.Linear(c, c)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class Block(nn.Module):
+    def __init__(self, c, heads):
+        super().__init__()
+        self.ln1, self.att = nn.LayerNorm(c), Attention(c, heads)
+        self.ln2 = nn.LayerNorm(c)
+        self.mlp = nn.Sequential(nn.Linear(c, 4 * c), nn.GELU(), nn.Linear(4 * c, c))
+
+    def forward(self, x):
+        x = x + self.att(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPTTiny(nn.Module):
+    def __init__(self, vocab=256, c=128, t=128, layers=4, heads=4):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, c), nn.Embedding(t, c)
+        self.blocks = nn.Sequential(*[Block(c, heads) for _ in range(layers)])
+        self.ln, self.head = nn.LayerNorm(c), nn.Linear(c, vocab)
+
+    def forward(self, idx):
+        pos = torch.arange(idx.shape[1])
+        return self.head(self.ln(self.blocks(self.wte(idx) + self.wpe(pos))))
+
+
+# PyTorch training ------------------------------------------------------------
+
+def make_optimizer(model, spec, total_steps):
+    if spec["opt"] == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=spec["lr"], momentum=0.9)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=spec["lr"], weight_decay=0.0)
+    warm = spec.get("warmup", 0)
+
+    def factor(step):  # tandem's schedule: linear warm-up, then cosine to 0
+        if step < warm:
+            return (step + 1) / warm
+        p = min(1.0, (step - warm) / max(1, total_steps - warm))
+        return 0.5 * (1 + math.cos(math.pi * p))
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def torch_run(spec, steps, full):
+    torch.manual_seed(1)
+    g = torch.Generator().manual_seed(1)
+    b = spec["batch"]
+    if spec["data"] == MNIST:
+        (xtr, ytr), (xte, yte) = mnist()
+        model = MLP() if spec["name"] == "mnist_mlp" else LeNet5()
+        perm, pos = torch.randperm(len(xtr), generator=g), 0
+
+        def batch():
+            nonlocal perm, pos
+            if pos >= len(perm):
+                perm, pos = torch.randperm(len(xtr), generator=g), 0
+            idx = perm[pos:pos + b]
+            pos += b
+            return xtr[idx], ytr[idx]
+    else:
+        tr, va = text()
+        model = GPTTiny()
+
+        def batch():
+            s = torch.randint(0, len(tr) - 128, (b,), generator=g)
+            w = torch.stack([tr[i:i + 129] for i in s.tolist()])
+            return w[:, :-1], w[:, 1:]
+    opt, sched = make_optimizer(model, spec, steps)
+    model.train()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        x, y = batch()
+        opt.zero_grad(set_to_none=True)
+        out = model(x)
+        loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+        loss.backward()
+        opt.step()
+        sched.step()
+    secs = time.perf_counter() - t0
+    result = dict(samples_per_s=steps * b / secs, seconds=secs, final_loss=loss.item())
+    if full:
+        model.eval()
+        with torch.no_grad():
+            if spec["data"] == MNIST:
+                correct = sum((model(xte[i:i + 1000]).argmax(1) == yte[i:i + 1000]).sum().item()
+                              for i in range(0, len(xte), 1000))
+                result["metric"] = correct / len(xte)
+            else:
+                n = (len(va) - 1) // 128
+                w = torch.stack([va[i * 128:i * 128 + 129] for i in range(n)])
+                tot = 0.0
+                for i in range(0, n, 64):
+                    out = model(w[i:i + 64, :-1])
+                    tot += F.cross_entropy(out.reshape(-1, 256), w[i:i + 64, 1:].reshape(-1),
+                                           reduction="sum").item()
+                result["metric"] = tot / (n * 128)
+    return result
+
+
+# tandem ----------------------------------------------------------------------
+
+def tandem_run(exe, spec, steps, full, devices):
+    cmd = [exe, "train", "--model", os.path.join(ROOT, spec["file"]), "--data", spec["data"],
+           "--batch", str(spec["batch"]), "--optimizer", spec["opt"], "--lr", str(spec["lr"]),
+           "--schedule", "cosine", "--precision", "f32", "--devices", devices, "--seed", "1",
+           "--no-epoch-eval", "--quiet", "--summary"]
+    if spec["opt"] == "sgd":
+        cmd += ["--momentum", "0.9"]
+    if spec.get("warmup"):
+        cmd += ["--warmup", str(spec["warmup"])]
+    if full and "full_epochs" in spec:
+        cmd += ["--epochs", str(spec["full_epochs"])]
+    else:
+        cmd += ["--steps", str(steps)]
+    if not full:
+        cmd += ["--eval-samples", "256"]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit("tandem failed: %s\n%s" % (" ".join(cmd), p.stderr))
+    line = [l for l in p.stdout.splitlines() if l.startswith("summary: ")][-1]
+    s = json.loads(line[len("summary: "):])
+    result = dict(samples_per_s=s["samples_per_s"], seconds=s["train_seconds"],
+                  final_loss=s["final_loss"])
+    if full:
+        result["metric"] = s["test_accuracy"] if spec["data"] == MNIST else s["test_loss"]
+    return result
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tandem", required=True, help="the tandem executable")
+    ap.add_argument("--full", action="store_true", help="train to the accuracy floors too")
+    ap.add_argument("--models", default="mnist_mlp,lenet5,gpt_tiny")
+    ap.add_argument("--devices", default="cpu:0{cores=2}")
+    ap.add_argument("--json", help="also write the results here")
+    a = ap.parse_args()
+    torch.set_num_threads(2)
+    torch.set_num_interop_threads(1)
+    print("PyTorch %s (%d threads), tandem %s on %s, f32" %
+          (torch.__version__, torch.get_num_threads(), a.tandem, a.devices))
+    rows, ok = [], True
+    for spec in MODELS:
+        if spec["name"] not in a.models.split(","):
+            continue
+        if a.full:
+            steps = spec.get("full_steps") or spec["full_epochs"] * math.ceil(60000 / spec["batch"])
+        else:
+            steps = spec["quick_steps"]
+        print("\n%s: batch %d, %s lr %g, %d steps" % (spec["name"], spec["batch"], spec["opt"],
+                                                     spec["lr"], steps), flush=True)
+        td = tandem_run(a.tandem, spec, steps, a.full, a.devices)
+        print("  tandem : %9.1f samples/s  (%.1f s, last loss %.4f)" %
+              (td["samples_per_s"], td["seconds"], td["final_loss"]), flush=True)
+        pt = torch_run(spec, steps, a.full)
+        print("  pytorch: %9.1f samples/s  (%.1f s, last loss %.4f)" %
+              (pt["samples_per_s"], pt["seconds"], pt["final_loss"]), flush=True)
+        ratio = td["samples_per_s"] / pt["samples_per_s"]
+        speed_ok = ratio >= spec["speed_floor"]
+        ok &= speed_ok
+        row = dict(model=spec["name"], tandem=td["samples_per_s"], pytorch=pt["samples_per_s"],
+                   ratio=ratio, floor=spec["speed_floor"], speed_pass=speed_ok)
+        if a.full:
+            m = td["metric"]
+            good = m >= spec["floor"] if spec["metric"] == "test accuracy" else m <= spec["floor"]
+            ok &= good
+            row.update(metric=spec["metric"], tandem_metric=m, pytorch_metric=pt["metric"],
+                       metric_floor=spec["floor"], metric_pass=good)
+        rows.append(row)
+    print("\n%-10s %14s %14s %8s %7s  %s" % ("model", "tandem/s", "pytorch/s", "ratio", "floor",
+                                            "speed"))
+    for r in rows:
+        print("%-10s %14.1f %14.1f %7.2fx %6.1fx  %s" % (r["model"], r["tandem"], r["pytorch"],
+                                                       r["ratio"], r["floor"],
+                                                       "PASS" if r["speed_pass"] else "FAIL"))
+    if a.full:
+        print()
+        for r in rows:
+            cmp_ = ">=" if r["metric"] == "test accuracy" else "<="
+            print("%-10s %s: tandem %.4f (pytorch %.4f), floor %s %.4f  %s" %
+                  (r["model"], r["metric"], r["tandem_metric"], r["pytorch_metric"], cmp_,
+                   r["metric_floor"], "PASS" if r["metric_pass"] else "FAIL"))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    print("\ntrain_vs_pytorch: %s" % ("PASS" if ok else "FAIL"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
