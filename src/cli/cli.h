@@ -7,6 +7,7 @@
 int td_cli_devices(int argc, char **argv);
 int td_cli_train(int argc, char **argv);
 int td_cli_eval(int argc, char **argv);
+int td_cli_bench(int argc, char **argv);
 
 /* Prints "tandem: <what>: <status name>: <detail>" to stderr and returns 1. */
 int td_cli_fail(const char *what, int status);

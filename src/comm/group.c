@@ -204,7 +204,7 @@ static td_status group_create(td_device *const *devs, size_t n, const td_group_c
          * give its core away soon, since the peer it waits for may be
          * queued behind it. */
         long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-        g->spin_rounds = (long)n > cpus ? 2 : 32;
+        g->spin_rounds = (long)n > cpus ? 2 : 4096;
     }
     TD_TRY(td__fault_parse(g, cfg.fault ? cfg.fault : getenv("TANDEM_FAULT")));
 

@@ -1,0 +1,23 @@
+/* tandem bench: benchmarks. `tandem bench collectives` times the comm layer
+ * (src/comm/bench.c). */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "comm/bench.h"
+
+static int bench_usage(FILE *f) {
+    fprintf(f, "usage: tandem bench collectives [options]   (--help for its options)\n");
+    return f == stdout ? 0 : 2;
+}
+
+int td_cli_bench(int argc, char **argv) {
+    if (argc < 2)
+        return bench_usage(stderr);
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))
+        return bench_usage(stdout);
+    if (!strcmp(argv[1], "collectives"))
+        return td__comm_bench(argc - 1, argv + 1, "bench collectives");
+    fprintf(stderr, "tandem bench: unknown benchmark '%s'\n", argv[1]);
+    return bench_usage(stderr);
+}
