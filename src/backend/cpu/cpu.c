@@ -1,5 +1,6 @@
 /* The CPU backend: logical devices that each own a set of logical CPUs, a
  * host thread pinned to them, and their own memory accounting. */
+#include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,9 @@ static struct {
 static void machine_load(void) {
     hwloc_bitmap_t allowed = NULL;
     int pu;
+    /* Each device splits its GEMMs over its own cores; BLAS stays on the
+     * calling thread (see CMakeLists.txt for why not the serial build). */
+    openblas_set_num_threads(1);
     if (hwloc_topology_init(&machine.topo) != 0 || hwloc_topology_load(machine.topo) != 0) {
         snprintf(machine.error, sizeof machine.error, "hwloc could not read the CPU topology");
         return;
