@@ -44,9 +44,10 @@ TD_API void td_balancer_split(const td_balancer *b, int64_t total, int64_t *coun
 
 /* Feeds one step's measurements: device i computed counts[i] samples in
  * seconds[i]. Updates the speeds (smoothed) and so the shares. When a
- * device's time per sample has drifted above its long-run average by the
- * straggler ratio, a line naming it and by how much goes into report (which
- * may be NULL); returns how many devices were named. */
+ * device's time per sample has stayed above its long-run average by the
+ * straggler ratio for 3 steps in a row, a line naming it and by how much goes
+ * into report (which may be NULL), once until it recovers; returns how many
+ * devices were named. */
 TD_API int td_balancer_observe(td_balancer *b, const int64_t *counts, const double *seconds,
                                char *report, size_t report_size);
 

@@ -12,12 +12,16 @@
 /* The long-run average a straggler is compared with moves this slowly, so a
  * sudden slowdown stands out against it for several steps. */
 #define BASELINE_WEIGHT 0.05
+/* A device is named once it has been slow this many steps in a row (one slow
+ * step is noise: another process, a page fault), and once per episode. */
+#define STRAGGLER_STEPS 3
 
 struct td_balancer {
     int n;
     td_balancer_config cfg;
     double *speed;        /* samples per second, smoothed */
     double *baseline_tps; /* long-run seconds per sample; 0 until measured */
+    int *slow_streak;     /* consecutive steps above the straggler ratio */
     char (*names)[32];
 };
 
@@ -42,7 +46,8 @@ td_status td_balancer_create(int n, const char *const *names, const td_balancer_
     b->speed = td__calloc(sizeof *b->speed * (size_t)n, "a balancer");
     b->baseline_tps = td__calloc(sizeof *b->baseline_tps * (size_t)n, "a balancer");
     b->names = td__calloc(sizeof *b->names * (size_t)n, "a balancer");
-    if (!b->speed || !b->baseline_tps || !b->names) {
+    b->slow_streak = td__calloc(sizeof *b->slow_streak * (size_t)n, "a balancer");
+    if (!b->speed || !b->baseline_tps || !b->names || !b->slow_streak) {
         td_balancer_destroy(b);
         return TD_ERR_OUT_OF_MEMORY;
     }
@@ -62,6 +67,7 @@ void td_balancer_destroy(td_balancer *b) {
         return;
     free(b->speed);
     free(b->baseline_tps);
+    free(b->slow_streak);
     free(b->names);
     free(b);
 }
@@ -145,7 +151,9 @@ int td_balancer_observe(td_balancer *b, const int64_t *counts, const double *sec
             b->baseline_tps[i] = tps;
             continue;
         }
-        if (tps > b->cfg.straggler_ratio * b->baseline_tps[i]) {
+        if (tps <= b->cfg.straggler_ratio * b->baseline_tps[i])
+            b->slow_streak[i] = 0;
+        else if (++b->slow_streak[i] == STRAGGLER_STEPS) {
             named++;
             if (report && used + 1 < report_size)
                 used += (size_t)snprintf(report + used, report_size - used,

@@ -97,10 +97,14 @@ static void a_device_that_slows_down_is_named(void **state) {
     for (int s = 0; s < 5; s++)
         assert_int_equal(td_balancer_observe(b, c, sec, report, sizeof report), 0);
     sec[1] = 0.064 * 2.5;
+    /* One slow step is noise; the third in a row is a straggler, named once. */
+    assert_int_equal(td_balancer_observe(b, c, sec, report, sizeof report), 0);
+    assert_int_equal(td_balancer_observe(b, c, sec, report, sizeof report), 0);
     assert_int_equal(td_balancer_observe(b, c, sec, report, sizeof report), 1);
     assert_non_null(strstr(report, "cpu:1 is a straggler"));
-    assert_non_null(strstr(report, "2.5x"));
+    assert_non_null(strstr(report, "x its average"));
     assert_null(strstr(report, "cpu:0"));
+    assert_int_equal(td_balancer_observe(b, c, sec, report, sizeof report), 0);
     td_balancer_destroy(b);
 }
 
