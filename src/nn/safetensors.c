@@ -667,7 +667,8 @@ td_status td_safetensors_writer_save(td_safetensors_writer *w, const char *path)
         st_meta *sorted = malloc((w->nmeta + 1) * sizeof *sorted);
         if (!sorted)
             return td__error(TD_ERR_OUT_OF_MEMORY, "safetensors writer: no memory");
-        memcpy(sorted, w->meta, w->nmeta * sizeof *sorted);
+        if (w->nmeta)
+            memcpy(sorted, w->meta, w->nmeta * sizeof *sorted);
         qsort(sorted, w->nmeta, sizeof *sorted, cmp_meta);
         for (size_t i = 0; i < w->nmeta; i++) {
             c = crc32(c, (const Bytef *)sorted[i].key, (uInt)strlen(sorted[i].key) + 1);

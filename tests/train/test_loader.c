@@ -149,6 +149,7 @@ static void seek_continues_exactly_where_position_was(void **state) {
         assert_memory_equal(b1.labels, b2.labels, (size_t)b1.n * sizeof *b1.labels);
     }
     TD_ASSERT_STATUS(td_loader_seek(l2, 0, 900), TD_ERR_INVALID_ARG);
+    td_loader_destroy(l2);
     TD_ASSERT_STATUS(td_loader_create(ds, 0, 5, 1, &l2), TD_ERR_INVALID_ARG);
     td_test_assert_message_contains("batch size 0");
     assert_null(l2);
