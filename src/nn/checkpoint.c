@@ -266,8 +266,7 @@ td_status td_checkpoint_load_model(const char *path, td_device *dev, td_model **
     }
     /* The model's seed also keys its dropout streams: a resumed run needs the same one. */
     TD_TRY(read_state(sf, &s));
-    TD_TRY(td_model_load_string(json, path, dev, !strcmp(dt, "f64") ? TD_F64 : TD_F32, s.seed,
-                                &m));
+    TD_TRY(td_model_load_string(json, path, dev, !strcmp(dt, "f64") ? TD_F64 : TD_F32, s.seed, &m));
     TD_TRY(load_into(sf, m, NULL, state));
     td_safetensors_destroy(sf);
     *out = m;
