@@ -143,6 +143,7 @@ typedef enum td_train_event_kind {
     TD_TRAIN_EVENT_STEP = 0,  /* after each optimizer step */
     TD_TRAIN_EVENT_EPOCH = 1, /* at each epoch's end, after evaluation */
     TD_TRAIN_EVENT_DONE = 2,  /* once, after the final evaluation */
+    TD_TRAIN_EVENT_EVAL = 3,  /* after an evaluation every eval_every steps */
 } td_train_event_kind;
 
 typedef struct td_train_event {
@@ -184,12 +185,13 @@ typedef struct td_train_config {
     const char *metrics;      /* JSON lines, one per step and per epoch; NULL: none */
     td_train_callback callback;
     void *callback_arg;
+    int64_t eval_every; /* also evaluate every this many steps; 0: not */
 } td_train_config;
 
 #define TD_TRAIN_CONFIG_INIT                                                                       \
     {                                                                                              \
         NULL, NULL, NULL, TD_F32, 1, 0, 64, 1, TD_OPTIMIZER_CONFIG_INIT, 0.0, 0, 1, NULL, 0, NULL, \
-            NULL, NULL, NULL                                                                       \
+            NULL, NULL, NULL, 0                                                                    \
     }
 
 typedef struct td_train_summary {

@@ -40,6 +40,7 @@ static void usage(FILE *out) {
             "  --metrics FILE      write JSON lines: one per step, epoch and the end\n"
             "  --max-seconds X     stop after X seconds of training\n"
             "  --eval-samples N    evaluate on the first N test samples only\n"
+            "  --eval-every N      also evaluate every N steps (a line and a metrics record)\n"
             "  --no-epoch-eval     evaluate at the end only\n"
             "  --summary           print a last line 'summary: {json}' for scripts\n"
             "  --quiet             no progress output\n"
@@ -70,6 +71,7 @@ enum {
     OPT_METRICS,
     OPT_MAX_SECONDS,
     OPT_EVAL_SAMPLES,
+    OPT_EVAL_EVERY,
     OPT_NO_EPOCH_EVAL,
     OPT_SUMMARY,
     OPT_QUIET,
@@ -100,6 +102,7 @@ static const struct option options[] = {
     {"metrics", required_argument, NULL, OPT_METRICS},
     {"max-seconds", required_argument, NULL, OPT_MAX_SECONDS},
     {"eval-samples", required_argument, NULL, OPT_EVAL_SAMPLES},
+    {"eval-every", required_argument, NULL, OPT_EVAL_EVERY},
     {"no-epoch-eval", no_argument, NULL, OPT_NO_EPOCH_EVAL},
     {"summary", no_argument, NULL, OPT_SUMMARY},
     {"quiet", no_argument, NULL, OPT_QUIET},
@@ -176,6 +179,11 @@ static int on_event(void *arg, const td_train_event *ev) {
     }
     if (p->tty)
         fprintf(stderr, "\r\033[K");
+    if (ev->kind == TD_TRAIN_EVENT_EVAL) {
+        printf("step %lld: test loss %.4f  accuracy %.2f%%  (%.1f s)\n", (long long)ev->step,
+               ev->eval_loss, 100 * ev->eval_accuracy, ev->elapsed_s);
+        fflush(stdout);
+    }
     if (ev->kind == TD_TRAIN_EVENT_EPOCH) {
         printf("epoch %lld: train loss %.4f  accuracy %.2f%%  %.0f samples/s",
                (long long)ev->epoch + 1, ev->loss, 100 * ev->accuracy, ev->samples_per_s);
@@ -304,6 +312,11 @@ int td_cli_train(int argc, char **argv) {
             if (!parse_int("train", "eval-samples", optarg, 1, &iv))
                 return 2;
             cfg.eval_samples = iv;
+            break;
+        case OPT_EVAL_EVERY:
+            if (!parse_int("train", "eval-every", optarg, 1, &iv))
+                return 2;
+            cfg.eval_every = iv;
             break;
         case OPT_NO_EPOCH_EVAL: cfg.eval_each_epoch = 0; break;
         case OPT_SUMMARY: summary = 1; break;

@@ -354,6 +354,17 @@ td_status td_train_run(const td_train_config *cfg, td_train_summary *out) {
                 out->stopped = 1;
             if (cfg->checkpoint_every > 0 && t.state.step % cfg->checkpoint_every == 0)
                 TD_TRY(save(&t));
+            if (cfg->eval_every > 0 && t.state.step % cfg->eval_every == 0) {
+                ev.kind = TD_TRAIN_EVENT_EVAL;
+                TD_TRY(eval_test(&t, &ev.eval_loss, &ev.eval_accuracy));
+                last_eval_loss = ev.eval_loss;
+                last_eval_acc = ev.eval_accuracy;
+                last_eval_step = t.state.step;
+                ev.elapsed_s = now_s(&t);
+                metrics_line(&t, "eval", &ev);
+                if (cfg->callback && cfg->callback(cfg->callback_arg, &ev))
+                    stop = out->stopped = 1;
+            }
         }
     }
     /* The end: a final evaluation unless the last epoch's end just made one. */
