@@ -223,9 +223,17 @@ static td_status ring_reduce(td__member *m, const td__op *o, int scatter, int di
     lp = peer_pub(m, left, ph);
     maxseg = scatter ? o->count : seg_begin(total, n, 1);
     nchunks = (maxseg + ce - 1) / ce;
-    for (size_t c = 0; c < nchunks; c++) {
-        for (int j = 0; j < steps; j++) {
-            uint64_t u = c * (uint64_t)steps + (uint64_t)j;
+    /* Units go chunk by chunk (a pipeline through the ring), except with two
+     * members, where step by step leaves one wait per collective instead of
+     * one per chunk: the first step needs nothing from the peer. */
+    const int step_major = n == 2;
+#define UNIT(c, j)                                                                                 \
+    (step_major ? (uint64_t)(j)*nchunks + (uint64_t)(c) : (uint64_t)(c)*steps + (uint64_t)(j))
+    for (size_t outer = 0; outer < (step_major ? (size_t)steps : nchunks); outer++) {
+        for (size_t inner = 0; inner < (step_major ? nchunks : (size_t)steps); inner++) {
+            const size_t c = step_major ? inner : outer;
+            const int j = (int)(step_major ? outer : inner);
+            uint64_t u = UNIT(c, j);
             size_t lo, hi, len;
             if (j < n - 1) {
                 /* Reduce-scatter step j: segment r + n - 2 - j, finished at step n - 2. */
@@ -240,6 +248,7 @@ static td_status ring_reduce(td__member *m, const td__op *o, int scatter, int di
                 if (j == 0) {
                     partial = CAT(lp->in, lo);
                 } else {
+                    /* n > 2 here, so units are chunk-major: (c, j - 1) is u - 1. */
                     if ((st = wait_units(m, left, ph, u, o->seq)) != TD_OK)
                         return st;
                     partial = fifo_slot(lm, u - 1);
@@ -262,12 +271,11 @@ static td_status ring_reduce(td__member *m, const td__op *o, int scatter, int di
                 int s = (r + 2 * n - 1 - k) % n;
                 chunk_range(seg_begin(total, n, s), seg_begin(total, n, s + 1), ce, c, &lo, &hi);
                 len = hi - lo;
-                if ((st = wait_units(m, left, ph, u, o->seq)) != TD_OK)
+                if ((st = wait_units(m, left, ph, UNIT(c, j - 1) + 1, o->seq)) != TD_OK)
                     return st;
                 /* In place, this overwrites input the right neighbour reads at
                  * its first step: wait for it. */
-                if (k == 0 &&
-                    (st = wait_units(m, right, ph, c * (uint64_t)steps + 1, o->seq)) != TD_OK)
+                if (k == 0 && (st = wait_units(m, right, ph, UNIT(c, 0) + 1, o->seq)) != TD_OK)
                     return st;
                 if (len)
                     memcpy(AT(o->out, lo), CAT(lp->out, lo), len * es);
@@ -275,6 +283,7 @@ static td_status ring_reduce(td__member *m, const td__op *o, int scatter, int di
             publish_units(m, ph, u + 1);
         }
     }
+#undef UNIT
     /* The right neighbour reads this member's memory until it is done. */
     return wait_units(m, right, ph, nchunks * (uint64_t)steps, o->seq);
 }
@@ -305,6 +314,10 @@ static td_status ring_allgather(td__member *m, const td__op *o) {
                 void *dst = AT(o->out, (size_t)r * o->count + lo);
                 if (dst != CAT(o->in, lo) && hi > lo)
                     memmove(dst, CAT(o->in, lo), (hi - lo) * es);
+            } else if (j == 1) {
+                /* The left neighbour's own part: straight from its input. */
+                if (hi > lo)
+                    memcpy(AT(o->out, (size_t)s * o->count + lo), CAT(lp->in, lo), (hi - lo) * es);
             } else {
                 size_t off = (size_t)s * o->count + lo;
                 if ((st = wait_units(m, left, ph, u, o->seq)) != TD_OK)
@@ -342,6 +355,10 @@ static td_status chain_bcast(td__member *m, const td__op *o, int root, int kind)
         if (pos == 0) {
             if (o->out != o->in)
                 memcpy(AT(o->out, lo), CAT(o->in, lo), (hi - lo) * es);
+        } else if (pos == 1) {
+            /* Next to the root: straight from the root's input. */
+            if (o->out)
+                memcpy(AT(o->out, lo), CAT(lp->in, lo), (hi - lo) * es);
         } else {
             if ((st = wait_units(m, left, ph, c + 1, o->seq)) != TD_OK)
                 return st;
