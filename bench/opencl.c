@@ -1,0 +1,163 @@
+/* OpenCL against the CPU backend: GEMM GFLOP/s through CLBlast (on PoCL here)
+ * against the CPU backend's GEMM, and MNIST MLP training samples/s on
+ * opencl:0.0 against the CPU devices alone. Medians of several runs; the
+ * first (compiling) call is not timed. No floor: PoCL is a CPU.
+ *
+ *   bench_opencl [gemm reps] [train steps]      (defaults 7 and 200) */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tandem/tandem.h"
+#include "tensor/ops.h"
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* GEMM ------------------------------------------------------------------------ */
+
+typedef struct gemm_job {
+    td_tensor *a, *b, *c;
+    int inner;
+} gemm_job;
+
+static td_status gemm_reps(td_device *dev, void *arg) {
+    gemm_job *j = arg;
+    td_status st = TD_OK;
+    (void)dev;
+    for (int i = 0; i < j->inner && st == TD_OK; i++)
+        st = td__op_matmul(j->c, j->a, 0, j->b, 0, 1.0, 0.0);
+    return st;
+}
+
+/* Median GFLOP/s of an (n, n) x (n, n) GEMM on dev, or 0 on failure. */
+static double gemm_gflops(td_device *dev, td_dtype dt, int64_t n, int reps) {
+    int64_t shape[2] = {n, n};
+    gemm_job j = {NULL, NULL, NULL, 1};
+    double flop = 2.0 * (double)n * (double)n * (double)n, g[32], out = 0;
+    if (reps > 32)
+        reps = 32;
+    if (td_tensor_create(dev, dt, 2, shape, &j.a) || td_tensor_create(dev, dt, 2, shape, &j.b) ||
+        td_tensor_create(dev, dt, 2, shape, &j.c) || td_tensor_rand_uniform(j.a, 1, 0, -1, 1) ||
+        td_tensor_rand_uniform(j.b, 2, 0, -1, 1))
+        goto done;
+    /* warm-up: compiles the kernels on OpenCL */
+    if (td_device_run(dev, gemm_reps, &j) || td_device_sync(dev))
+        goto done;
+    j.inner = (int)(4e9 / flop) + 1; /* each timing lasts a while */
+    for (int r = 0; r < reps; r++) {
+        uint64_t t0 = td_clock_ns();
+        if (td_device_run(dev, gemm_reps, &j) || td_device_sync(dev))
+            goto done;
+        g[r] = flop * j.inner / ((double)(td_clock_ns() - t0) / 1e9) / 1e9;
+    }
+    out = median(g, reps);
+done:
+    if (out == 0)
+        fprintf(stderr, "gemm on %s: %s\n", td_device_name(dev), td_last_error());
+    td_tensor_destroy(j.a);
+    td_tensor_destroy(j.b);
+    td_tensor_destroy(j.c);
+    return out;
+}
+
+/* Training --------------------------------------------------------------------- */
+
+/* examples/mnist_mlp.json */
+static const char mlp_json[] =
+    "{\"name\": \"mnist_mlp\", \"input\": {\"shape\": [784]}, \"layers\": ["
+    "{\"type\": \"linear\", \"out\": 256}, {\"type\": \"relu\"},"
+    "{\"type\": \"linear\", \"out\": 128}, {\"type\": \"relu\"},"
+    "{\"type\": \"linear\", \"out\": 10}]}";
+
+/* Median samples/s of MNIST MLP training steps (forward, backward, AdamW) on
+ * dev over synthetic batches of 128; the speed does not depend on the data. */
+static double train_samples_per_s(td_device *dev, int steps) {
+    enum { BATCH = 128, WARM = 5 };
+    static float x[BATCH * 784];
+    static int32_t y[BATCH];
+    td_batch b = {BATCH, x, NULL, y};
+    td_model *m = NULL;
+    td_optimizer *opt = NULL;
+    td_optimizer_config cfg = TD_OPTIMIZER_CONFIG_INIT;
+    double *t = malloc((size_t)steps * sizeof *t), out = 0;
+    for (int i = 0; i < BATCH * 784; i++)
+        x[i] = (float)td_rng_uniform(3, (uint64_t)i);
+    for (int i = 0; i < BATCH; i++)
+        y[i] = i % 10;
+    cfg.kind = TD_OPT_ADAMW;
+    cfg.lr = 1e-3;
+    if (!t || td_model_load_string(mlp_json, "mnist_mlp", dev, TD_F32, 1, &m) ||
+        td_optimizer_create(m, &cfg, &opt))
+        goto done;
+    for (int s = 0; s < WARM + steps; s++) {
+        td_step_result r;
+        uint64_t t0 = td_clock_ns();
+        if (td_model_train_step(m, &b, 1.0 / BATCH, 0, (uint64_t)s, &r) ||
+            td_optimizer_step(opt, NULL) || td_device_sync(dev))
+            goto done;
+        if (s >= WARM)
+            t[s - WARM] = (double)(td_clock_ns() - t0) / 1e9;
+    }
+    out = BATCH / median(t, steps);
+done:
+    if (out == 0)
+        fprintf(stderr, "training on %s: %s\n", td_device_name(dev), td_last_error());
+    td_optimizer_destroy(opt);
+    td_model_destroy(m);
+    free(t);
+    return out;
+}
+
+int main(int argc, char **argv) {
+    int reps = argc > 1 ? atoi(argv[1]) : 7, steps = argc > 2 ? atoi(argv[2]) : 200;
+    static const int64_t sizes[] = {256, 512, 1024};
+    td_device_list *list = NULL;
+    td_device *cpu, *cpu0, *ocl;
+    td_device_info info;
+    if (reps < 1)
+        reps = 1;
+    if (steps < 1)
+        steps = 1;
+    if (td_devices_open("cpu,cpu:0,opencl:0.0", &list) != TD_OK) {
+        printf("skipped: no OpenCL device (%s)\n", td_last_error());
+        return 0;
+    }
+    cpu = td_device_list_get(list, 0);
+    cpu0 = td_device_list_get(list, 1);
+    ocl = td_device_list_get(list, 2);
+    if (td_device_get_info(ocl, &info) == TD_OK)
+        printf("opencl:0.0 is %s (%s, %d compute units)\n\n", info.model, info.vendor,
+               info.compute_units);
+    printf("GEMM (n, n) x (n, n), GFLOP/s, median of %d\n", reps);
+    printf("%-5s %6s %12s %12s %12s %10s %10s\n", "dtype", "n", "cpu:0", "cpu", "opencl:0.0",
+           "ocl/cpu:0", "ocl/cpu");
+    for (int d = 0; d < 2; d++)
+        for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+            td_dtype dt = (td_dtype)d;
+            double g0 = gemm_gflops(cpu0, dt, sizes[i], reps);
+            double g1 = gemm_gflops(cpu, dt, sizes[i], reps);
+            double go = gemm_gflops(ocl, dt, sizes[i], reps);
+            printf("%-5s %6lld %12.1f %12.1f %12.1f %10.2f %10.2f\n", td_dtype_name(dt),
+                   (long long)sizes[i], g0, g1, go, g0 > 0 ? go / g0 : 0, g1 > 0 ? go / g1 : 0);
+        }
+    printf("\nMNIST MLP training (batch 128, AdamW, f32), samples/s, median of %d steps\n", steps);
+    {
+        double s0 = train_samples_per_s(cpu0, steps), s1 = train_samples_per_s(cpu, steps);
+        double so = train_samples_per_s(ocl, steps);
+        printf("%-12s %12s\n", "device", "samples/s");
+        printf("%-12s %12.0f\n", "cpu:0", s0);
+        printf("%-12s %12.0f\n", "cpu", s1);
+        printf("%-12s %12.0f   (%.2fx cpu:0, %.2fx cpu)\n", "opencl:0.0", so, s0 > 0 ? so / s0 : 0,
+               s1 > 0 ? so / s1 : 0);
+    }
+    td_device_list_destroy(list);
+    return 0;
+}
