@@ -137,6 +137,16 @@ typedef struct td_kernels {
     /* ds = scale * p * (dp - sum_j p dp) row by row (ds may be dp). */
     td_status (*causal_softmax_bwd)(void *ctx, td_dtype dt, int64_t rows, int64_t t, double scale,
                                     const void *p, const void *dp, void *ds);
+    /* Optional, fused causal self-attention over qkv (b, t, 3c) (q, k, v side
+     * by side, each h heads of c/h): p (b, h, t, t) = causal softmax(scale
+     * q k^T), y (b, t, c) = p v with the heads side by side. NULL: the tensor
+     * layer composes it from gemm_batched and causal_softmax_*. */
+    td_status (*attention_fwd)(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t c, int64_t h,
+                               double scale, const void *qkv, void *p, void *y);
+    /* dqkv (b, t, 3c) from dy (b, t, c), with qkv and p from the forward. */
+    td_status (*attention_bwd)(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t c, int64_t h,
+                               double scale, const void *qkv, const void *p, const void *dy,
+                               void *dqkv);
     /* *out = sum of x[i]^2, accumulated in double. */
     td_status (*sumsq)(void *ctx, td_dtype dt, size_t n, const void *x, double *out);
     /* SGD with momentum (buf may be NULL when momentum is 0), L2 weight decay. */

@@ -157,13 +157,23 @@ static const td_layer_vt embedding_vt = {"embedding", linear_plan, embed_forward
 
 enum { ATT_QKV, ATT_P, ATT_S, ATT_YH, ATT_DQKV, ATT_DYH };
 
+int td__nn_generic_attention = 0;
+
+/* The backend's fused kernels, unless tests ask for the composed path. */
+static int att_fused(const td_device *dev) {
+    return !td__nn_generic_attention && td__op_has_attention(dev);
+}
+
 static td_status att_plan(td_layer *l, td_nn_plan *p, const td_tensor *x) {
     int64_t t = l->in_shape[0], c = l->in_shape[1], h = l->heads;
     int64_t qkv[2] = {t, 3 * c}, tt[3] = {h, t, t}, tc[2] = {t, c};
     TRY(plan_same(l, p));
     TRY(td__plan_tensor(p, &l->ws[ATT_QKV], 1, 2, qkv));
     TRY(td__plan_tensor(p, &l->ws[ATT_P], 1, 3, tt));
-    TRY(td__plan_tensor(p, &l->ws[ATT_S], 1, 3, tt));
+    /* the composed path keeps raw scores apart from the probabilities */
+    l->fused = att_fused(p->dev);
+    if (!l->fused)
+        TRY(td__plan_tensor(p, &l->ws[ATT_S], 1, 3, tt));
     TRY(td__plan_tensor(p, &l->ws[ATT_YH], 1, 2, tc));
     TRY(td__plan_tensor(p, &l->ws[ATT_DQKV], 1, 2, qkv));
     return td__plan_tensor(p, &l->ws[ATT_DYH], 1, 2, tc);
@@ -180,6 +190,11 @@ static td_status att_forward(td_layer *l, const td_tensor *x, td_nn_run *r) {
     /* qkv (n, t, 3c) = x Wqkv^T + bqkv: q, k, v side by side, heads inside each */
     TRY(td__op_matmul(qkv, x, 0, l->param[0], 1, 1.0, 0.0));
     TRY(td__op_bias_add(qkv, l->param[1], n * t, 3 * c, 1));
+    if (l->fused) {
+        TRY(td__op_attention_fwd(h, 1.0 / sqrt((double)d), qkv, p, yh));
+        TRY(td__op_matmul(&l->out, yh, 0, l->param[2], 1, 1.0, 0.0));
+        return td__op_bias_add(&l->out, l->param[3], n * t, c, 1);
+    }
     for (int64_t b = 0; b < n; b++) {
         int64_t base = b * t * 3 * c;
         /* s (h, t, t) = q_h (t, d) k_h^T */
@@ -208,6 +223,10 @@ static td_status att_backward(td_layer *l, const td_tensor *x, td_tensor *dx, td
     TRY(td__op_matmul(l->grad[2], &l->dout, 1, yh, 0, 1.0, beta));
     TRY(td__op_bias_grad(l->grad[3], &l->dout, n * t, c, 1, r->acc));
     TRY(td__op_matmul(dyh, &l->dout, 0, l->param[2], 0, 1.0, 0.0));
+    if (l->fused) {
+        TRY(td__op_attention_bwd(h, 1.0 / sqrt((double)d), qkv, p, dyh, dqkv));
+        goto qkv_backward;
+    }
     for (int64_t b = 0; b < n; b++) {
         int64_t base = b * t * 3 * c, sb = b * h * t * t;
         /* dp_h (t, t) = dyh_h (t, d) v_h^T, kept in s */
@@ -231,6 +250,7 @@ static td_status att_backward(td_layer *l, const td_tensor *x, td_tensor *dx, td
                                 operand(qkv, base, 3 * c, d), 0.0,
                                 operand(dqkv, base + c, 3 * c, d), h));
     }
+qkv_backward:
     TRY(td__op_matmul(l->grad[0], dqkv, 1, x, 0, 1.0, beta));
     TRY(td__op_bias_grad(l->grad[1], dqkv, n * t, 3 * c, 1, r->acc));
     if (dx)

@@ -125,6 +125,7 @@ static td_status prepare(td_model *m, int64_t n) {
     if (n > m->cap_n) {
         int64_t len;
         memset(&p, 0, sizeof p);
+        p.dev = m->dev;
         p.n = n;
         p.dry = 1;
         if ((st = plan_all(m, &p)) != TD_OK)
@@ -144,6 +145,7 @@ static td_status prepare(td_model *m, int64_t n) {
     }
     if (n != m->planned_n) {
         memset(&p, 0, sizeof p);
+        p.dev = m->dev;
         p.n = n;
         p.base = m->arena;
         p.ibase = m->iarena;

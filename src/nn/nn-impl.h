@@ -64,6 +64,7 @@ struct td_layer {
     td_conv_desc conv;
     td_pool_kind pool;
     int64_t heads, vocab;
+    int fused; /* attention: the backend's fused kernels, chosen at planning */
     int positions;
 
     /* Containers. */
@@ -103,6 +104,7 @@ struct td_model {
 
 /* The planner: a dry pass counts, a second carves views. */
 struct td_nn_plan {
+    td_device *dev;
     int64_t n;
     int dry;
     size_t used, iused; /* elements */
@@ -127,6 +129,10 @@ td_status td__layer_build_seq(td_model *m, const char *file, json_t *arr, const 
                               const char *path, int in_ndim, const int64_t *in_shape,
                               td_layer **out);
 void td__layer_destroy(td_layer *l);
+
+/* Tests set this to run attention through gemm_batched and causal_softmax_*
+ * even where the backend has the fused kernels. */
+extern int td__nn_generic_attention;
 
 /* Registers a parameter of l (created on m's device) named "<path>.<name>". */
 td_status td__model_add_param(td_model *m, td_layer *l, const char *name, int ndim,

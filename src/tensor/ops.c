@@ -499,6 +499,58 @@ td_status td__op_causal_softmax_bwd(double scale, const td_tensor *p, const td_t
     }
 }
 
+int td__op_has_attention(const td_device *dev) {
+    const td_kernels *k = dev ? dev->ops->kernels : NULL;
+    return k && k->attention_fwd && k->attention_bwd;
+}
+
+/* qkv (b, t, 3c) and the shapes of p (b, h, t, t) and y (b, t, c) against it. */
+static td_status attention_shapes(int64_t heads, const td_tensor *qkv, const td_tensor *p,
+                                  const td_tensor *y, const char *op, int64_t *b, int64_t *t,
+                                  int64_t *c) {
+    char s[64];
+    if (qkv->ndim != 3 || qkv->shape[2] % 3 != 0 || heads <= 0 || (qkv->shape[2] / 3) % heads != 0)
+        return td__error(TD_ERR_SHAPE, "%s: qkv %s is not (b, t, 3c) with c a multiple of %lld", op,
+                         td__shape_str(qkv, s), (long long)heads);
+    *b = qkv->shape[0];
+    *t = qkv->shape[1];
+    *c = qkv->shape[2] / 3;
+    CHECK(check_numel(p, (size_t)(*b * heads * *t * *t), op, "p"));
+    return check_numel(y, (size_t)(*b * *t * *c), op, "y");
+}
+
+td_status td__op_attention_fwd(int64_t heads, double scale, const td_tensor *qkv, td_tensor *p,
+                               td_tensor *y) {
+    const char *op = "attention_fwd";
+    int64_t b = 0, t = 0, c = 0;
+    CHECK(check_thread(y, op));
+    CHECK(check_like(y, qkv, 0, op, "qkv"));
+    CHECK(check_like(y, p, 0, op, "p"));
+    CHECK(attention_shapes(heads, qkv, p, y, op, &b, &t, &c));
+    {
+        KERNEL(y, attention_fwd);
+        return k_->attention_fwd(ctx_, y->dtype, b, t, c, heads, scale, qkv->data, p->data,
+                                 y->data);
+    }
+}
+
+td_status td__op_attention_bwd(int64_t heads, double scale, const td_tensor *qkv,
+                               const td_tensor *p, const td_tensor *dy, td_tensor *dqkv) {
+    const char *op = "attention_bwd";
+    int64_t b = 0, t = 0, c = 0;
+    CHECK(check_thread(dqkv, op));
+    CHECK(check_like(dqkv, qkv, 0, op, "qkv"));
+    CHECK(check_like(dqkv, p, 0, op, "p"));
+    CHECK(check_like(dqkv, dy, 0, op, "dy"));
+    CHECK(attention_shapes(heads, qkv, p, dy, op, &b, &t, &c));
+    CHECK(check_numel(dqkv, qkv->numel, op, "dqkv"));
+    {
+        KERNEL(dqkv, attention_bwd);
+        return k_->attention_bwd(ctx_, dqkv->dtype, b, t, c, heads, scale, qkv->data, p->data,
+                                 dy->data, dqkv->data);
+    }
+}
+
 td_status td__op_sumsq(const td_tensor *x, double *out) {
     CHECK(check_thread(x, "sumsq"));
     {

@@ -84,6 +84,13 @@ td_status td__op_pool_bwd(td_pool_kind kind, const td_conv_desc *d, const td_ten
 td_status td__op_causal_softmax_fwd(double scale, const td_tensor *s, td_tensor *p);
 td_status td__op_causal_softmax_bwd(double scale, const td_tensor *p, const td_tensor *dp,
                                     td_tensor *ds);
+/* 1 when dev's backend has the fused attention kernels. */
+int td__op_has_attention(const td_device *dev);
+/* qkv (b, t, 3c), p (b, h, t, t), y (b, t, c); see td_kernels.attention_fwd. */
+td_status td__op_attention_fwd(int64_t heads, double scale, const td_tensor *qkv, td_tensor *p,
+                               td_tensor *y);
+td_status td__op_attention_bwd(int64_t heads, double scale, const td_tensor *qkv,
+                               const td_tensor *p, const td_tensor *dy, td_tensor *dqkv);
 td_status td__op_sumsq(const td_tensor *x, double *out);
 td_status td__op_sgd(td_tensor *w, const td_tensor *g, td_tensor *buf, const td_opt_args *o);
 td_status td__op_adamw(td_tensor *w, const td_tensor *g, td_tensor *m, td_tensor *v,

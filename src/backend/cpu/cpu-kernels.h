@@ -53,6 +53,13 @@ td_status td__cpu_sgd(void *ctx, td_dtype dt, size_t n, void *w, const void *g, 
 td_status td__cpu_adamw(void *ctx, td_dtype dt, size_t n, void *w, const void *g, void *m, void *v,
                         const td_opt_args *o);
 
+/* kern_attn.c */
+td_status td__cpu_attention_fwd(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t c, int64_t h,
+                                double scale, const void *qkv, void *p, void *y);
+td_status td__cpu_attention_bwd(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t c, int64_t h,
+                                double scale, const void *qkv, const void *p, const void *dy,
+                                void *dqkv);
+
 /* kern_nn.c */
 td_status td__cpu_xent(void *ctx, td_dtype dt, int64_t rows, int64_t classes, const void *logits,
                        const int32_t *labels, void *dlogits, double grad_scale, double *loss_sum,

@@ -441,32 +441,34 @@ typedef struct bias_args {
     int simd;
 } bias_args;
 
-static void bias_add_rows(bias_args *a, size_t r0, size_t r1) {
-    size_t es = td_dtype_size(a->dt);
+/* Linear layers (inner 1): rows [r0, r1) of (outer, c) each get the bias vector. */
+static void bias_add_vec_rows(bias_args *a, size_t r0, size_t r1) {
+    size_t es = td_dtype_size(a->dt), n = (size_t)a->c;
     for (size_t r = r0; r < r1; r++) {
-        int64_t o = (int64_t)r / a->c, ch = (int64_t)r % a->c;
-        char *row = a->y + (size_t)((o * a->c + ch) * a->inner) * es;
-        size_t n = (size_t)a->inner, done = 0;
-        if (a->inner == 1) {
-            /* Linear: a whole (c) row gets the bias vector. */
-            row = a->y + (size_t)(o * a->c) * es;
-            n = (size_t)a->c;
-            if (ch != 0)
-                continue;
+        char *row = a->y + r * n * es;
+        size_t done = 0;
 #ifdef TD_X86_SIMD
-            if (a->dt == TD_F32 && a->simd == TD_SIMD_AVX512)
-                done = bias_rows_avx512(n, (float *)row, (const float *)a->b);
-            else if (a->dt == TD_F32 && a->simd == TD_SIMD_AVX2)
-                done = bias_rows_avx2(n, (float *)row, (const float *)a->b);
+        if (a->dt == TD_F32 && a->simd == TD_SIMD_AVX512)
+            done = bias_rows_avx512(n, (float *)row, (const float *)a->b);
+        else if (a->dt == TD_F32 && a->simd == TD_SIMD_AVX2)
+            done = bias_rows_avx2(n, (float *)row, (const float *)a->b);
 #endif
-            for (size_t i = done; i < n; i++) {
-                if (a->dt == TD_F32)
-                    ((float *)row)[i] += ((const float *)a->b)[i];
-                else
-                    ((double *)row)[i] += ((const double *)a->b)[i];
-            }
-            continue;
+        for (size_t i = done; i < n; i++) {
+            if (a->dt == TD_F32)
+                ((float *)row)[i] += ((const float *)a->b)[i];
+            else
+                ((double *)row)[i] += ((const double *)a->b)[i];
         }
+    }
+}
+
+/* Convolutions: planes [p0, p1) of (outer, c) each get their channel's bias. */
+static void bias_add_planes(bias_args *a, size_t p0, size_t p1) {
+    size_t es = td_dtype_size(a->dt), n = (size_t)a->inner;
+    for (size_t pl = p0; pl < p1; pl++) {
+        int64_t ch = (int64_t)pl % a->c;
+        char *row = a->y + pl * n * es;
+        size_t done = 0;
         if (a->dt == TD_F32) {
             float bv = ((const float *)a->b)[ch];
 #ifdef TD_X86_SIMD
@@ -487,22 +489,21 @@ static void bias_add_rows(bias_args *a, size_t r0, size_t r1) {
 
 static void bias_add_part(void *p, int part, int nparts) {
     bias_args *a = p;
-    size_t r0, r1, rows = (size_t)(a->outer * a->c);
+    size_t r0, r1;
     if (a->inner == 1) {
-        /* Split whole rows of c. */
         td__part_range((size_t)a->outer, part, nparts, &r0, &r1);
-        bias_add_rows(a, r0 * (size_t)a->c, r1 * (size_t)a->c);
-        return;
+        bias_add_vec_rows(a, r0, r1);
+    } else {
+        td__part_range((size_t)(a->outer * a->c), part, nparts, &r0, &r1);
+        bias_add_planes(a, r0, r1);
     }
-    td__part_range(rows, part, nparts, &r0, &r1);
-    bias_add_rows(a, r0, r1);
 }
 
 td_status td__cpu_bias_add(void *ctx, td_dtype dt, void *y, const void *bias, int64_t outer,
                            int64_t c, int64_t inner) {
     bias_args a = {dt, y, bias, outer, c, inner, td__cpu_simd()};
     if ((size_t)(outer * c * inner) < ELEM_PARALLEL_MIN)
-        bias_add_rows(&a, 0, (size_t)(outer * c));
+        bias_add_part(&a, 0, 1);
     else
         td__cpu_parallel(ctx, bias_add_part, &a);
     return TD_OK;

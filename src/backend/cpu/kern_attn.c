@@ -1,0 +1,142 @@
+/* Fused causal self-attention: each of the device's cores takes whole
+ * (sample, head) pairs and runs their GEMMs, softmax and backward in its own
+ * caches, one dispatch per layer instead of several per sample. */
+#include <math.h>
+#include <string.h>
+
+#include "backend/cpu/cpu-kernels.h"
+#include "core/error.h"
+
+typedef struct attn_args {
+    td_dtype dt;
+    int64_t b, t, c, h;
+    double scale;
+    const char *qkv, *p, *dy;
+    char *pw, *y, *dqkv;
+    int failed;
+} attn_args;
+
+/* Row i of p (t, t) = softmax over j <= i of p's raw scores, zeros after. */
+#define DEFINE_ATTN_ROWS(T, sfx, EXP)                                                              \
+    static void softmax_rows_##sfx(T *p, int64_t t) {                                              \
+        for (int64_t i = 0; i < t; i++) {                                                          \
+            T *row = p + i * t, mx = row[0], sum = 0, inv;                                         \
+            for (int64_t j = 1; j <= i; j++)                                                       \
+                mx = row[j] > mx ? row[j] : mx;                                                    \
+            for (int64_t j = 0; j <= i; j++) {                                                     \
+                row[j] = EXP(row[j] - mx);                                                         \
+                sum += row[j];                                                                     \
+            }                                                                                      \
+            inv = (T)1 / sum;                                                                      \
+            for (int64_t j = 0; j <= i; j++)                                                       \
+                row[j] *= inv;                                                                     \
+            for (int64_t j = i + 1; j < t; j++)                                                    \
+                row[j] = 0;                                                                        \
+        }                                                                                          \
+    }                                                                                              \
+    /* dp (t, t) becomes scale * p * (dp - rowsum(p dp)). */                                       \
+    static void softmax_back_rows_##sfx(const T *p, T *dp, int64_t t, T scale) {                   \
+        for (int64_t i = 0; i < t; i++) {                                                          \
+            const T *pr = p + i * t;                                                               \
+            T *dr = dp + i * t, dot = 0;                                                           \
+            for (int64_t j = 0; j <= i; j++)                                                       \
+                dot += pr[j] * dr[j];                                                              \
+            for (int64_t j = 0; j <= i; j++)                                                       \
+                dr[j] = scale * pr[j] * (dr[j] - dot);                                             \
+            for (int64_t j = i + 1; j < t; j++)                                                    \
+                dr[j] = 0;                                                                         \
+        }                                                                                          \
+    }
+
+DEFINE_ATTN_ROWS(float, f32, expf)
+DEFINE_ATTN_ROWS(double, f64, exp)
+
+static void attn_fwd_part(void *arg, int part, int nparts) {
+    attn_args *a = arg;
+    size_t es = td_dtype_size(a->dt), p0, p1;
+    int64_t t = a->t, c = a->c, d = c / a->h;
+    td__part_range((size_t)(a->b * a->h), part, nparts, &p0, &p1);
+    for (size_t pair = p0; pair < p1; pair++) {
+        int64_t bi = (int64_t)pair / a->h, hi = (int64_t)pair % a->h;
+        const char *q = a->qkv + (size_t)(bi * t * 3 * c + hi * d) * es;
+        const char *k = q + (size_t)c * es, *v = q + (size_t)(2 * c) * es;
+        char *p = a->pw + pair * (size_t)(t * t) * es;
+        char *y = a->y + (size_t)(bi * t * c + hi * d) * es;
+        /* p (t, t) = scale q (t, d) k^T, then the causal softmax in place */
+        td__cpu_gemm_serial(a->dt, 0, 1, t, t, d, a->scale, q, 3 * c, k, 3 * c, 0.0, p, t);
+        if (a->dt == TD_F32)
+            softmax_rows_f32((float *)p, t);
+        else
+            softmax_rows_f64((double *)p, t);
+        /* y (t, d) = p v */
+        td__cpu_gemm_serial(a->dt, 0, 0, t, d, t, 1.0, p, t, v, 3 * c, 0.0, y, c);
+    }
+}
+
+td_status td__cpu_attention_fwd(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t c, int64_t h,
+                                double scale, const void *qkv, void *p, void *y) {
+    attn_args a;
+    memset(&a, 0, sizeof a);
+    a.dt = dt;
+    a.b = b;
+    a.t = t;
+    a.c = c;
+    a.h = h;
+    a.scale = scale;
+    a.qkv = qkv;
+    a.pw = p;
+    a.y = y;
+    td__cpu_parallel(ctx, attn_fwd_part, &a);
+    return TD_OK;
+}
+
+static void attn_bwd_part(void *arg, int part, int nparts) {
+    attn_args *a = arg;
+    size_t es = td_dtype_size(a->dt), p0, p1;
+    int64_t t = a->t, c = a->c, d = c / a->h;
+    char *dp = td__cpu_scratch((size_t)(t * t) * es);
+    td__part_range((size_t)(a->b * a->h), part, nparts, &p0, &p1);
+    if (!dp) {
+        a->failed = 1;
+        return;
+    }
+    for (size_t pair = p0; pair < p1; pair++) {
+        int64_t bi = (int64_t)pair / a->h, hi = (int64_t)pair % a->h;
+        size_t off = (size_t)(bi * t * 3 * c + hi * d) * es;
+        const char *q = a->qkv + off, *k = q + (size_t)c * es, *v = q + (size_t)(2 * c) * es;
+        char *dq = a->dqkv + off, *dk = dq + (size_t)c * es, *dv = dq + (size_t)(2 * c) * es;
+        const char *p = a->p + pair * (size_t)(t * t) * es;
+        const char *dy = a->dy + (size_t)(bi * t * c + hi * d) * es;
+        /* dp (t, t) = dy (t, d) v^T; dv (t, d) = p^T dy */
+        td__cpu_gemm_serial(a->dt, 0, 1, t, t, d, 1.0, dy, c, v, 3 * c, 0.0, dp, t);
+        td__cpu_gemm_serial(a->dt, 1, 0, t, d, t, 1.0, p, t, dy, c, 0.0, dv, 3 * c);
+        if (a->dt == TD_F32)
+            softmax_back_rows_f32((const float *)p, (float *)dp, t, (float)a->scale);
+        else
+            softmax_back_rows_f64((const double *)p, (double *)dp, t, a->scale);
+        /* dq = ds k; dk = ds^T q */
+        td__cpu_gemm_serial(a->dt, 0, 0, t, d, t, 1.0, dp, t, k, 3 * c, 0.0, dq, 3 * c);
+        td__cpu_gemm_serial(a->dt, 1, 0, t, d, t, 1.0, dp, t, q, 3 * c, 0.0, dk, 3 * c);
+    }
+}
+
+td_status td__cpu_attention_bwd(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t c, int64_t h,
+                                double scale, const void *qkv, const void *p, const void *dy,
+                                void *dqkv) {
+    attn_args a;
+    memset(&a, 0, sizeof a);
+    a.dt = dt;
+    a.b = b;
+    a.t = t;
+    a.c = c;
+    a.h = h;
+    a.scale = scale;
+    a.qkv = qkv;
+    a.p = p;
+    a.dy = dy;
+    a.dqkv = dqkv;
+    td__cpu_parallel(ctx, attn_bwd_part, &a);
+    if (a.failed)
+        return td__error(TD_ERR_OUT_OF_MEMORY, "attention backward: no scratch memory");
+    return TD_OK;
+}
