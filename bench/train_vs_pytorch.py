@@ -34,7 +34,7 @@ MODELS = [
          lr=0.05, quick_steps=300, full_epochs=3, speed_floor=1.2,
          metric="test accuracy", floor=0.988),
     dict(name="gpt_tiny", file="examples/gpt_tiny.json", data=TEXT, batch=32, opt="adamw",
-         lr=1e-3, quick_steps=20, full_steps=3000, warmup=100, speed_floor=1.0,
+         lr=1e-3, quick_steps=20, full_steps=5000, warmup=100, clip=1.0, speed_floor=1.0,
          metric="validation loss", floor=1.8),
 ]
 
@@ -177,6 +177,8 @@ def torch_run(spec, steps, full):
         out = model(x)
         loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
         loss.backward()
+        if spec.get("clip"):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), spec["clip"])
         opt.step()
         sched.step()
     secs = time.perf_counter() - t0
@@ -211,6 +213,8 @@ def tandem_run(exe, spec, steps, full, devices):
         cmd += ["--momentum", "0.9"]
     if spec.get("warmup"):
         cmd += ["--warmup", str(spec["warmup"])]
+    if spec.get("clip"):
+        cmd += ["--clip", str(spec["clip"])]
     if full and "full_epochs" in spec:
         cmd += ["--epochs", str(spec["full_epochs"])]
     else:
