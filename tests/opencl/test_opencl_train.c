@@ -8,7 +8,7 @@
 
 #include "support/support.h"
 
-static td_device_list *g_list; /* cpu:0, opencl:0.0 */
+static td_device_list *g_list; /* cpu:0, opencl:0.0, opencl:0.0/0, opencl:0.0/1 */
 
 #define STEPS 4
 
@@ -86,14 +86,15 @@ static void train(const model_case *c, size_t dev_index, td_dtype dt, double *lo
     free(labels);
 }
 
-static void trains_like_the_cpu(const model_case *c) {
+/* Trains on cpu:0 and on OpenCL device `ocl` of g_list; compares. */
+static void trains_like_the_cpu_on(const model_case *c, size_t ocl) {
     for (int d = 1; d >= 0; d--) {
         td_dtype dt = (td_dtype)d;
         double lc[STEPS], lo[STEPS], *pc = NULL, *po = NULL, scale = 0, worst = 0;
         double tol_loss = dt == TD_F64 ? 1e-10 : 1e-4, tol_param = dt == TD_F64 ? 1e-10 : 1e-3;
         size_t nc = 0, no = 0;
         train(c, 0, dt, lc, &pc, &nc);
-        train(c, 1, dt, lo, &po, &no);
+        train(c, ocl, dt, lo, &po, &no);
         assert_int_equal(nc, no);
         for (int s = 0; s < STEPS; s++) {
             printf("%s %s step %d: cpu %.12f opencl %.12f\n", c->file, td_dtype_name(dt), s, lc[s],
@@ -117,6 +118,10 @@ static void trains_like_the_cpu(const model_case *c) {
     }
 }
 
+static void trains_like_the_cpu(const model_case *c) {
+    trains_like_the_cpu_on(c, 1);
+}
+
 static void mnist_mlp_trains_like_the_cpu(void **state) {
     model_case c = {"mnist_mlp.json", 64};
     trains_like_the_cpu(&c);
@@ -132,14 +137,22 @@ static void gpt_tiny_trains_like_the_cpu(void **state) {
     trains_like_the_cpu(&c);
 }
 
+/* A sub-device of opencl:0.0{split=2} is a device of its own. */
+static void mnist_mlp_trains_on_a_sub_device(void **state) {
+    model_case c = {"mnist_mlp.json", 32};
+    assert_string_equal(td_device_name(td_device_list_get(g_list, 3)), "opencl:0.0/1");
+    trains_like_the_cpu_on(&c, 3);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(mnist_mlp_trains_like_the_cpu),
         cmocka_unit_test(lenet5_trains_like_the_cpu),
         cmocka_unit_test(gpt_tiny_trains_like_the_cpu),
+        cmocka_unit_test(mnist_mlp_trains_on_a_sub_device),
     };
     int rc;
-    if (td_devices_open("cpu:0,opencl:0.0", &g_list) != TD_OK)
+    if (td_devices_open("cpu:0,opencl:0.0,opencl:0.0{split=2}", &g_list) != TD_OK)
         td_test_skip("no OpenCL device");
     rc = cmocka_run_group_tests(tests, NULL, NULL);
     td_device_list_destroy(g_list);
