@@ -13,12 +13,6 @@
 
 /* Launching ------------------------------------------------------------------- */
 
-static const char *const kernel_names[TD_OCL_KERNEL_COUNT] = {
-#define TD_OCL_NAME(id, name) #name,
-    TD_OCL_KERNELS(TD_OCL_NAME)
-#undef TD_OCL_NAME
-};
-
 td_status td__ocl_begin(td_ocl_args *a, ocl_device *od, td_dtype dt, td_ocl_kernel_id id) {
     memset(a, 0, sizeof *a);
     a->od = od;
@@ -108,7 +102,7 @@ td_status td__ocl_run(td_ocl_args *a, size_t items) {
         return a->st;
     if (a->err != CL_SUCCESS) {
         char call[96];
-        snprintf(call, sizeof call, "clSetKernelArg(%s, %u)", kernel_names[a->id], a->bad);
+        snprintf(call, sizeof call, "clSetKernelArg(%s, %u)", td__ocl_kernel_name(a->id), a->bad);
         return td__ocl_status(a->err, call, a->od);
     }
     if (global == 0)
@@ -122,7 +116,7 @@ td_status td__ocl_run(td_ocl_args *a, size_t items) {
             clEnqueueNDRangeKernel(a->od->queue, a->k, 1, NULL, &global, NULL, 0, NULL, NULL);
         if (err != CL_SUCCESS) {
             char call[96];
-            snprintf(call, sizeof call, "clEnqueueNDRangeKernel(%s)", kernel_names[a->id]);
+            snprintf(call, sizeof call, "clEnqueueNDRangeKernel(%s)", td__ocl_kernel_name(a->id));
             return td__ocl_status(err, call, a->od);
         }
     }

@@ -112,6 +112,9 @@ td_status td__ocl_kernel(ocl_device *od, td_dtype dt, td_ocl_kernel_id id, cl_ke
  * valid until the next call (the in-order queue keeps earlier users safe). */
 td_status td__ocl_scratch(ocl_device *od, size_t nbytes, cl_mem *out);
 
+/* "fill", "gemm_plain": the kernel's name in td__ocl_source. */
+const char *td__ocl_kernel_name(td_ocl_kernel_id id);
+
 /* Releases the programs, kernels and scratch (thread_deinit). */
 void td__ocl_release_programs(ocl_device *od);
 

@@ -19,6 +19,10 @@ static const char *const kernel_names[TD_OCL_KERNEL_COUNT] = {
 #undef TD_OCL_NAME
 };
 
+const char *td__ocl_kernel_name(td_ocl_kernel_id id) {
+    return (unsigned)id < TD_OCL_KERNEL_COUNT ? kernel_names[id] : "?";
+}
+
 /* The binary cache -------------------------------------------------------- */
 
 void td__ocl_cache_dir(char *buf, size_t n) {
@@ -214,8 +218,10 @@ td_status td__ocl_kernel(ocl_device *od, td_dtype dt, td_ocl_kernel_id id, cl_ke
     if (!od->kernels[p][id]) {
         od->kernels[p][id] = clCreateKernel(od->program[p], kernel_names[id], &err);
         if (err != CL_SUCCESS) {
+            char call[96];
             od->kernels[p][id] = NULL;
-            return td__ocl_status(err, kernel_names[id], od);
+            snprintf(call, sizeof call, "clCreateKernel(%s)", kernel_names[id]);
+            return td__ocl_status(err, call, od);
         }
     }
     *out = od->kernels[p][id];
