@@ -179,10 +179,10 @@ static void gemm_matches(void **state) {
 /* Batched, with padded leading dimensions and a stride between matrices. */
 static void batched_build(side *s, const void *p) {
     (void)p;
-    mk1(s, 0, 3 * 70 + 5, 4); /* a: 3 of (5, 11) with lda 13, stride 70 */
-    mk1(s, 1, 3 * 11 * 9, 5); /* b^T: 3 of (7, 11) with ldb 11, stride 99 */
-    mk1(s, 2, 3 * 60, 6);     /* c: 3 of (5, 7) with ldc 8, stride 60 */
-    mk1(s, 3, 2 * 35 + 2, 7); /* c for k = 0: 2 of (5, 7) */
+    mk1(s, 0, 3 * 150 + 5, 4); /* a: 3 of (5, 11) with lda 13, stride 70 (or 150) */
+    mk1(s, 1, 3 * 130, 5);     /* b^T: 3 of (7, 11) with ldb 11, stride 99 (or 130) */
+    mk1(s, 2, 3 * 60, 6);      /* c: 3 of (5, 7) with ldc 8, stride 60 */
+    mk1(s, 3, 2 * 35 + 2, 7);  /* c for k = 0: 2 of (5, 7) */
 }
 
 static td_status batched_run(side *s, const void *p) {
@@ -197,6 +197,41 @@ static td_status batched_run(side *s, const void *p) {
 static void gemm_batched_matches(void **state) {
     static const int outs[] = {2, 3, -1};
     compare("gemm_batched", batched_build, batched_run, NULL, outs);
+}
+
+/* The plain GEMM kernel (what builds without CLBlast use) against the CPU's
+ * GEMM, on the batched operands above, every transpose and k = 0. */
+static td_status plain_run(side *s, const void *p) {
+    const int *tt = p;
+    int ta = tt[0], tb = tt[1];
+    /* a: 3 of (5, 11) or (11, 5), ld 13; b: 3 of (11, 7) or (7, 11), ld 11 */
+    td_gemm_operand a = {s->t[0], 5, 13, 150}, b = {s->t[1], 0, 11, 130}, c = {s->t[2], 1, 8, 60};
+    ocl_device *od;
+    cl_mem am, bm, cm;
+    size_t ao, bo, co, es = td_dtype_size(s->dt);
+    td_status st;
+    if (strcmp(td_device_name(s->dev), "opencl:0.0") != 0) {
+        if ((st = td__op_gemm_batched(ta, tb, 5, 7, 11, 1.3, a, b, 0.4, c, 3)) != TD_OK)
+            return st;
+        return td__op_gemm_batched(ta, tb, 5, 7, 0, 1.3, a, b, 0.5, c, 1);
+    }
+    od = s->dev->ctx;
+    if ((st = td__ocl_resolve(od, s->t[0]->data, &am, &ao)) ||
+        (st = td__ocl_resolve(od, s->t[1]->data, &bm, &bo)) ||
+        (st = td__ocl_resolve(od, s->t[2]->data, &cm, &co)))
+        return st;
+    if ((st = td__ocl_gemm_plain(od, s->dt, ta, tb, 5, 7, 11, 1.3, am, ao / es + 5, 13, 150, bm,
+                                 bo / es, 11, 130, 0.4, cm, co / es + 1, 8, 60, 3)) != TD_OK)
+        return st;
+    return td__ocl_gemm_plain(od, s->dt, ta, tb, 5, 7, 0, 1.3, am, ao / es + 5, 13, 150, bm,
+                              bo / es, 11, 130, 0.5, cm, co / es + 1, 8, 60, 1);
+}
+
+static void plain_gemm_kernel_matches(void **state) {
+    static const int outs[] = {2, -1};
+    static const int tt[4][2] = {{0, 0}, {0, 1}, {1, 0}, {1, 1}};
+    for (int i = 0; i < 4; i++)
+        compare("gemm_plain", batched_build, plain_run, tt[i], outs);
 }
 
 /* Elementwise ------------------------------------------------------------------ */
@@ -691,6 +726,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(gemm_matches),
         cmocka_unit_test(gemm_batched_matches),
+        cmocka_unit_test(plain_gemm_kernel_matches),
         cmocka_unit_test(elementwise_ops_match),
         cmocka_unit_test(sumsq_matches),
         cmocka_unit_test(dropout_masks_match),

@@ -76,11 +76,47 @@ static td_status clblast_status(ocl_device *od, CLBlastStatusCode s, const char 
 }
 #endif
 
+td_status td__ocl_gemm_plain(ocl_device *od, td_dtype dt, int ta, int tb, int64_t m, int64_t n,
+                             int64_t k, double alpha, cl_mem a, size_t a_off, int64_t lda,
+                             int64_t stride_a, cl_mem b, size_t b_off, int64_t ldb,
+                             int64_t stride_b, double beta, cl_mem c, size_t c_off, int64_t ldc,
+                             int64_t stride_c, int64_t batch) {
+    td_ocl_args g;
+    size_t es = td_dtype_size(dt);
+    if (m <= 0 || n <= 0 || batch <= 0)
+        return TD_OK;
+    if (k < 0)
+        k = 0;
+    TRY(td__ocl_begin(&g, od, dt, TD_OCL_K_GEMM_PLAIN));
+    td__ocl_arg_int(&g, ta);
+    td__ocl_arg_int(&g, tb);
+    td__ocl_arg_u64(&g, (uint64_t)m);
+    td__ocl_arg_u64(&g, (uint64_t)n);
+    td__ocl_arg_u64(&g, (uint64_t)k);
+    td__ocl_arg_real(&g, alpha);
+    td__ocl_arg_mem(&g, a, a_off * es);
+    td__ocl_arg_u64(&g, (uint64_t)lda);
+    td__ocl_arg_u64(&g, (uint64_t)stride_a);
+    td__ocl_arg_mem(&g, b, b_off * es);
+    td__ocl_arg_u64(&g, (uint64_t)ldb);
+    td__ocl_arg_u64(&g, (uint64_t)stride_b);
+    td__ocl_arg_real(&g, beta);
+    td__ocl_arg_mem(&g, c, c_off * es);
+    td__ocl_arg_u64(&g, (uint64_t)ldc);
+    td__ocl_arg_u64(&g, (uint64_t)stride_c);
+    td__ocl_arg_u64(&g, (uint64_t)batch);
+    return td__ocl_run(&g, (size_t)(batch * m * n));
+}
+
 td_status td__ocl_gemm_mem(ocl_device *od, td_dtype dt, int ta, int tb, int64_t m, int64_t n,
                            int64_t k, double alpha, cl_mem a, size_t a_off, int64_t lda,
                            int64_t stride_a, cl_mem b, size_t b_off, int64_t ldb, int64_t stride_b,
                            double beta, cl_mem c, size_t c_off, int64_t ldc, int64_t stride_c,
                            int64_t batch) {
+#ifndef TD_HAVE_CLBLAST
+    return td__ocl_gemm_plain(od, dt, ta, tb, m, n, k, alpha, a, a_off, lda, stride_a, b, b_off,
+                              ldb, stride_b, beta, c, c_off, ldc, stride_c, batch);
+#else
     if (m <= 0 || n <= 0 || batch <= 0)
         return TD_OK;
     if (k <= 0 || beta == 0) {
@@ -90,7 +126,6 @@ td_status td__ocl_gemm_mem(ocl_device *od, td_dtype dt, int ta, int tb, int64_t 
         if (k <= 0)
             return TD_OK;
     }
-#ifdef TD_HAVE_CLBLAST
     {
         CLBlastTranspose ota = ta ? CLBlastTransposeYes : CLBlastTransposeNo;
         CLBlastTranspose otb = tb ? CLBlastTransposeYes : CLBlastTransposeNo;
@@ -124,30 +159,6 @@ td_status td__ocl_gemm_mem(ocl_device *od, td_dtype dt, int ta, int tb, int64_t 
         if (s != CLBlastSuccess)
             return clblast_status(od, s, call);
         return TD_OK;
-    }
-#else
-    {
-        td_ocl_args g;
-        size_t es = td_dtype_size(dt);
-        TRY(td__ocl_begin(&g, od, dt, TD_OCL_K_GEMM_PLAIN));
-        td__ocl_arg_int(&g, ta);
-        td__ocl_arg_int(&g, tb);
-        td__ocl_arg_u64(&g, (uint64_t)m);
-        td__ocl_arg_u64(&g, (uint64_t)n);
-        td__ocl_arg_u64(&g, (uint64_t)k);
-        td__ocl_arg_real(&g, alpha);
-        td__ocl_arg_mem(&g, a, a_off * es);
-        td__ocl_arg_u64(&g, (uint64_t)lda);
-        td__ocl_arg_u64(&g, (uint64_t)stride_a);
-        td__ocl_arg_mem(&g, b, b_off * es);
-        td__ocl_arg_u64(&g, (uint64_t)ldb);
-        td__ocl_arg_u64(&g, (uint64_t)stride_b);
-        td__ocl_arg_real(&g, beta);
-        td__ocl_arg_mem(&g, c, c_off * es);
-        td__ocl_arg_u64(&g, (uint64_t)ldc);
-        td__ocl_arg_u64(&g, (uint64_t)stride_c);
-        td__ocl_arg_u64(&g, (uint64_t)batch);
-        return td__ocl_run(&g, (size_t)(batch * m * n));
     }
 #endif
 }

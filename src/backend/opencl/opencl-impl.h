@@ -155,6 +155,14 @@ td_status td__ocl_gemm_mem(ocl_device *od, td_dtype dt, int ta, int tb, int64_t 
                            double beta, cl_mem c, size_t c_off, int64_t ldc, int64_t stride_c,
                            int64_t batch);
 
+/* The same with the plain kernel of td__ocl_source (one work-item per
+ * element of C), which builds without CLBlast use; for tests too. */
+td_status td__ocl_gemm_plain(ocl_device *od, td_dtype dt, int ta, int tb, int64_t m, int64_t n,
+                             int64_t k, double alpha, cl_mem a, size_t a_off, int64_t lda,
+                             int64_t stride_a, cl_mem b, size_t b_off, int64_t ldb,
+                             int64_t stride_b, double beta, cl_mem c, size_t c_off, int64_t ldc,
+                             int64_t stride_c, int64_t batch);
+
 /* The slots of td__opencl_kernels defined in kernels_conv.c. */
 td_status td__ocl_gemm(void *ctx, td_dtype dt, int ta, int tb, int64_t m, int64_t n, int64_t k,
                        double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
