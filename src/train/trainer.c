@@ -6,11 +6,14 @@
  * strategy runs replica_step on every device of a group with a share of
  * the batch and an all-reduce between backward and the optimizer; the loop
  * around it stays as it is. */
+#include <errno.h>
+#include <libgen.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "tandem/checkpoint.h"
@@ -210,6 +213,14 @@ static td_status setup(trainer *t) {
     TD_TRY(td_optimizer_create(t->m, &t->state.opt, &t->opt));
     if (c->resume)
         TD_TRY(td_checkpoint_load(c->resume, t->m, t->opt, NULL));
+    if (c->checkpoint) {
+        /* Found out now, not after an epoch of training. */
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s", c->checkpoint);
+        if (access(dirname(dir), W_OK) != 0)
+            return td__error(TD_ERR_IO, "%s: cannot write a checkpoint there: %s", c->checkpoint,
+                             strerror(errno));
+    }
     if (c->metrics && !(t->metrics = fopen(c->metrics, c->resume ? "a" : "w")))
         return td__error(TD_ERR_IO, "%s: cannot open the metrics file for writing", c->metrics);
     return TD_OK;

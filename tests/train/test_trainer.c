@@ -274,6 +274,10 @@ static void bad_configurations_are_errors(void **state) {
     TD_ASSERT_STATUS(td_train_run(&c, &s), TD_ERR_IO);
     td_test_assert_message_contains("no-checkpoint.st");
     c.resume = NULL;
+    c.checkpoint = tmp("no/such/folder/c.st");
+    TD_ASSERT_STATUS(td_train_run(&c, &s), TD_ERR_IO);
+    td_test_assert_message_contains("cannot write a checkpoint there");
+    c.checkpoint = NULL;
     c.devices = "cpu:999";
     assert_true(td_train_run(&c, &s) != TD_OK);
     td_test_assert_message_contains("cpu:999");
