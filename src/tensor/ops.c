@@ -433,6 +433,9 @@ td_status td__op_pool_fwd(td_pool_kind kind, const td_conv_desc *d, const td_ten
     if (d->oc != d->c)
         return td__error(TD_ERR_SHAPE, "pool_fwd: %lld channels in, %lld out", (long long)d->c,
                          (long long)d->oc);
+    if (2 * d->pad > d->kh || 2 * d->pad > d->kw)
+        return td__error(TD_ERR_SHAPE, "pool_fwd: padding %lld is more than half the window",
+                         (long long)d->pad);
     CHECK(check_numel(x, (size_t)(d->n * d->c * d->h * d->w), op, "x"));
     CHECK(check_numel(y, (size_t)(d->n * d->c * d->oh * d->ow), op, "y"));
     if (argmax)

@@ -189,7 +189,20 @@ td_status td__cpu_gemm_batched(void *ctx, td_dtype dt, int ta, int tb, int64_t m
 
 /* Convolution through im2col ------------------------------------------------ */
 
-/* col (c*kh*kw, oh*ow) from one image x (c, h, w). */
+/* The output columns [*lo, *hi) whose input column oj*stride - pad + kj lies
+ * inside [0, w). */
+static void valid_cols(const td_conv_desc *d, int64_t kj, int64_t *lo, int64_t *hi) {
+    int64_t off = kj - d->pad; /* input column of output column 0 */
+    int64_t a = off >= 0 ? 0 : (-off + d->stride - 1) / d->stride;
+    int64_t b = d->w - 1 - off >= 0 ? (d->w - 1 - off) / d->stride + 1 : 0;
+    *lo = a < d->ow ? a : d->ow;
+    *hi = b < d->ow ? b : d->ow;
+    if (*hi < *lo)
+        *hi = *lo;
+}
+
+/* col (c*kh*kw, oh*ow) from one image x (c, h, w); the valid stretch of each
+ * row is one copy when the stride is 1. */
 #define DEFINE_IM2COL(T, sfx)                                                                      \
     static void im2col_##sfx(const td_conv_desc *d, const T *x, T *col) {                          \
         int64_t ohw = d->oh * d->ow;                                                               \
@@ -198,17 +211,26 @@ td_status td__cpu_gemm_batched(void *ctx, td_dtype dt, int ta, int tb, int64_t m
                 for (int64_t kj = 0; kj < d->kw; kj++) {                                           \
                     T *row = col + ((ci * d->kh + ki) * d->kw + kj) * ohw;                         \
                     const T *plane = x + ci * d->h * d->w;                                         \
+                    int64_t lo, hi;                                                                \
+                    valid_cols(d, kj, &lo, &hi);                                                   \
                     for (int64_t oi = 0; oi < d->oh; oi++) {                                       \
                         int64_t ii = oi * d->stride - d->pad + ki;                                 \
                         T *out = row + oi * d->ow;                                                 \
+                        const T *in = plane + ii * d->w;                                           \
                         if (ii < 0 || ii >= d->h) {                                                \
                             memset(out, 0, sizeof(T) * (size_t)d->ow);                             \
                             continue;                                                              \
                         }                                                                          \
-                        for (int64_t oj = 0; oj < d->ow; oj++) {                                   \
-                            int64_t jj = oj * d->stride - d->pad + kj;                             \
-                            out[oj] = jj >= 0 && jj < d->w ? plane[ii * d->w + jj] : (T)0;         \
-                        }                                                                          \
+                        for (int64_t oj = 0; oj < lo; oj++)                                        \
+                            out[oj] = 0;                                                           \
+                        if (d->stride == 1)                                                        \
+                            memcpy(out + lo, in + (lo + kj - d->pad),                              \
+                                   sizeof(T) * (size_t)(hi - lo));                                 \
+                        else                                                                       \
+                            for (int64_t oj = lo; oj < hi; oj++)                                   \
+                                out[oj] = in[oj * d->stride + kj - d->pad];                        \
+                        for (int64_t oj = hi; oj < d->ow; oj++)                                    \
+                            out[oj] = 0;                                                           \
                     }                                                                              \
                 }                                                                                  \
     }                                                                                              \
@@ -221,16 +243,20 @@ td_status td__cpu_gemm_batched(void *ctx, td_dtype dt, int ta, int tb, int64_t m
                 for (int64_t kj = 0; kj < d->kw; kj++) {                                           \
                     const T *row = col + ((ci * d->kh + ki) * d->kw + kj) * ohw;                   \
                     T *plane = x + ci * d->h * d->w;                                               \
+                    int64_t lo, hi;                                                                \
+                    valid_cols(d, kj, &lo, &hi);                                                   \
                     for (int64_t oi = 0; oi < d->oh; oi++) {                                       \
                         int64_t ii = oi * d->stride - d->pad + ki;                                 \
                         const T *in = row + oi * d->ow;                                            \
+                        T *out = plane + ii * d->w;                                                \
                         if (ii < 0 || ii >= d->h)                                                  \
                             continue;                                                              \
-                        for (int64_t oj = 0; oj < d->ow; oj++) {                                   \
-                            int64_t jj = oj * d->stride - d->pad + kj;                             \
-                            if (jj >= 0 && jj < d->w)                                              \
-                                plane[ii * d->w + jj] += in[oj];                                   \
-                        }                                                                          \
+                        if (d->stride == 1)                                                        \
+                            for (int64_t oj = lo; oj < hi; oj++)                                   \
+                                out[oj + kj - d->pad] += in[oj];                                   \
+                        else                                                                       \
+                            for (int64_t oj = lo; oj < hi; oj++)                                   \
+                                out[oj * d->stride + kj - d->pad] += in[oj];                       \
                     }                                                                              \
                 }                                                                                  \
     }

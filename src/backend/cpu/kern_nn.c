@@ -396,24 +396,24 @@ typedef struct pool_args {
     static void pool_fwd_planes_##sfx(pool_args *a, size_t p0, size_t p1) {                        \
         const td_conv_desc *d = a->d;                                                              \
         int64_t hw = d->h * d->w, ohw = d->oh * d->ow;                                             \
+        T inv = (T)1 / (T)(d->kh * d->kw);                                                         \
         for (size_t pl = p0; pl < p1; pl++) {                                                      \
             const T *x = (const T *)a->x + (int64_t)pl * hw;                                       \
             T *y = (T *)a->y + (int64_t)pl * ohw;                                                  \
             int32_t *am = a->argmax ? a->argmax + (int64_t)pl * ohw : NULL;                        \
-            for (int64_t oi = 0; oi < d->oh; oi++)                                                 \
+            for (int64_t oi = 0; oi < d->oh; oi++) {                                               \
+                int64_t i0 = oi * d->stride - d->pad;                                              \
+                int64_t ia = i0 < 0 ? 0 : i0, ib = i0 + d->kh > d->h ? d->h : i0 + d->kh;          \
                 for (int64_t oj = 0; oj < d->ow; oj++) {                                           \
-                    int64_t i0 = oi * d->stride - d->pad, j0 = oj * d->stride - d->pad;            \
-                    T best = 0, sum = 0;                                                           \
-                    int64_t where = -1;                                                            \
-                    for (int64_t ki = 0; ki < d->kh; ki++)                                         \
-                        for (int64_t kj = 0; kj < d->kw; kj++) {                                   \
-                            int64_t ii = i0 + ki, jj = j0 + kj;                                    \
-                            T v;                                                                   \
-                            if (ii < 0 || ii >= d->h || jj < 0 || jj >= d->w)                      \
-                                continue;                                                          \
-                            v = x[ii * d->w + jj];                                                 \
+                    int64_t j0 = oj * d->stride - d->pad;                                          \
+                    int64_t ja = j0 < 0 ? 0 : j0, jb = j0 + d->kw > d->w ? d->w : j0 + d->kw;      \
+                    T best = x[ia * d->w + ja], sum = 0;                                           \
+                    int64_t where = ia * d->w + ja;                                                \
+                    for (int64_t ii = ia; ii < ib; ii++)                                           \
+                        for (int64_t jj = ja; jj < jb; jj++) {                                     \
+                            T v = x[ii * d->w + jj];                                               \
                             sum += v;                                                              \
-                            if (where < 0 || v > best) {                                           \
+                            if (v > best) {                                                        \
                                 best = v;                                                          \
                                 where = ii * d->w + jj;                                            \
                             }                                                                      \
@@ -423,9 +423,10 @@ typedef struct pool_args {
                         if (am)                                                                    \
                             am[oi * d->ow + oj] = (int32_t)where;                                  \
                     } else {                                                                       \
-                        y[oi * d->ow + oj] = sum / (T)(d->kh * d->kw);                             \
+                        y[oi * d->ow + oj] = sum * inv;                                            \
                     }                                                                              \
                 }                                                                                  \
+            }                                                                                      \
         }                                                                                          \
     }                                                                                              \
     static void pool_bwd_planes_##sfx(pool_args *a, size_t p0, size_t p1) {                        \
