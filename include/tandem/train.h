@@ -204,7 +204,9 @@ typedef struct td_train_summary {
     double test_loss;     /* on the test or validation set; NAN when not evaluated */
     double test_accuracy;
     int64_t test_samples;
-    int stopped; /* 1 when max_seconds or the callback ended the run early */
+    int stopped;       /* 1 when max_seconds or the callback ended the run early */
+    char device[32];   /* the device that trained ("cpu:0") */
+    int devices_named; /* devices --devices opened; only the first trains for now */
 } td_train_summary;
 
 /* Trains cfg->model_path on cfg->data_path: loads or resumes, runs the

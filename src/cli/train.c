@@ -357,6 +357,10 @@ int td_cli_train(int argc, char **argv) {
            "%.1f s training\n",
            100 * sum.test_accuracy, (long long)sum.test_samples, sum.test_loss,
            (long long)sum.steps, sum.samples_per_s, sum.train_seconds);
+    if (sum.devices_named > 1)
+        printf("trained on %s, the first of the %d devices --devices named (one device trains "
+               "for now)\n",
+               sum.device, sum.devices_named);
     if (cfg.checkpoint)
         printf("checkpoint: %s\n", cfg.checkpoint);
     if (summary)

@@ -384,6 +384,8 @@ td_status td_train_run(const td_train_config *cfg, td_train_summary *out) {
     if (t.ep_count > 0)
         out->final_loss = t.ep_loss / (double)t.ep_count;
     TD_TRY(save(&t));
+    snprintf(out->device, sizeof out->device, "%s", td_device_name(t.dev));
+    out->devices_named = (int)td_device_list_count(t.devs);
     out->steps = t.state.step;
     out->epochs_done = epochs_done;
     out->samples = t.samples;
