@@ -641,6 +641,63 @@ static void causal_softmax_matches(void **state) {
     compare("causal_softmax", csm_build, csm_run, NULL, outs);
 }
 
+/* Sub-devices work at once: each host thread runs its own CLBlast GEMMs and
+ * kernels on its own queue, and every result equals the CPU's. */
+typedef struct busy {
+    td_tensor *a, *b, *c, *y;
+} busy;
+
+static td_status busy_run(td_device *dev, void *arg) {
+    busy *w = arg;
+    td_status st = TD_OK;
+    (void)dev;
+    for (int i = 0; i < 20 && st == TD_OK; i++)
+        if ((st = td__op_matmul(w->c, w->a, 0, w->b, 1, 1.0, 0.0)) == TD_OK)
+            st = td__op_act_fwd(TD_ACT_GELU, w->c, w->y);
+    return st;
+}
+
+static void sub_devices_compute_at_once(void **state) {
+    td_device_list *parts = NULL;
+    td_device *cpu = td_device_list_get(g_list, 0);
+    int64_t sa[2] = {64, 96}, sb[2] = {80, 96}, sc[2] = {64, 80};
+    busy w[3];
+    td_event *ev[2];
+    TD_ASSERT_OK(td_devices_open("opencl:0.0{split=2}", &parts));
+    for (int d = 0; d < 2; d++) {
+        memset(w, 0, sizeof w);
+        for (int i = 0; i < 3; i++) {
+            td_device *dev = i < 2 ? td_device_list_get(parts, (size_t)i) : cpu;
+            TD_ASSERT_OK(td_tensor_create(dev, (td_dtype)d, 2, sa, &w[i].a));
+            TD_ASSERT_OK(td_tensor_create(dev, (td_dtype)d, 2, sb, &w[i].b));
+            TD_ASSERT_OK(td_tensor_create(dev, (td_dtype)d, 2, sc, &w[i].c));
+            TD_ASSERT_OK(td_tensor_create(dev, (td_dtype)d, 2, sc, &w[i].y));
+            TD_ASSERT_OK(td_tensor_rand_uniform(w[i].a, 80, 0, -1, 1));
+            TD_ASSERT_OK(td_tensor_rand_uniform(w[i].b, 81, 0, -1, 1));
+        }
+        for (int i = 0; i < 2; i++)
+            TD_ASSERT_OK(
+                td_device_submit(td_device_list_get(parts, (size_t)i), busy_run, &w[i], &ev[i]));
+        TD_ASSERT_OK(td_device_run(cpu, busy_run, &w[2]));
+        for (int i = 0; i < 2; i++) {
+            td_compare_result r;
+            TD_ASSERT_OK(td_event_wait(ev[i]));
+            td_event_destroy(ev[i]);
+            TD_ASSERT_OK(td_tensor_compare(w[2].y, w[i].y, &r));
+            if (!(r.max_abs <= tol((td_dtype)d) * 10) || r.nonfinite)
+                fail_msg("sub-device %d %s: differs from the CPU by %g", i,
+                         td_dtype_name((td_dtype)d), r.max_abs);
+        }
+        for (int i = 0; i < 3; i++) {
+            td_tensor_destroy(w[i].a);
+            td_tensor_destroy(w[i].b);
+            td_tensor_destroy(w[i].c);
+            td_tensor_destroy(w[i].y);
+        }
+    }
+    td_device_list_destroy(parts);
+}
+
 /* OpenCL-only paths ---------------------------------------------------------------------- */
 
 typedef struct build_arg {
@@ -738,6 +795,7 @@ int main(void) {
         cmocka_unit_test(conv2d_matches),
         cmocka_unit_test(pool_matches),
         cmocka_unit_test(causal_softmax_matches),
+        cmocka_unit_test(sub_devices_compute_at_once),
         cmocka_unit_test(broken_source_gives_the_build_log),
         cmocka_unit_test(binaries_are_cached_by_source),
         cmocka_unit_test(f64_is_refused_without_fp64),
