@@ -107,6 +107,20 @@ int td_cli_eval(int argc, char **argv) {
         fprintf(stderr, "tandem eval: %s: no such file or folder (--data)\n", data);
         goto done;
     }
+    if (td_model_input_kind(m) == TD_INPUT_TOKENS && S_ISDIR(sb.st_mode)) {
+        fprintf(stderr,
+                "tandem eval: %s: a folder; the model reads tokens, so --data must be a "
+                "text file\n",
+                data);
+        goto done;
+    }
+    if (td_model_input_kind(m) != TD_INPUT_TOKENS && !S_ISDIR(sb.st_mode)) {
+        fprintf(stderr,
+                "tandem eval: %s: not a folder; the model reads images, so --data must "
+                "be a folder of MNIST IDX files\n",
+                data);
+        goto done;
+    }
     if (td_model_input_kind(m) == TD_INPUT_TOKENS) {
         td_text_options o = TD_TEXT_OPTIONS_INIT;
         int64_t shape[TD_MAX_DIMS];

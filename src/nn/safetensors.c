@@ -320,6 +320,7 @@ fail:
 }
 
 td_status td_safetensors_load(const char *path, td_safetensors **out) {
+    struct stat sb;
     FILE *f;
     uint8_t *buf = NULL;
     long size;
@@ -329,6 +330,8 @@ td_status td_safetensors_load(const char *path, td_safetensors **out) {
     *out = NULL;
     if (!path)
         return td__error(TD_ERR_INVALID_ARG, "td_safetensors_load: path is NULL");
+    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
+        return td__error(TD_ERR_IO, "%s: not a regular file", path);
     if (!(f = fopen(path, "rb")))
         return td__error(TD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0 ||

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include "core/alloc.h"
@@ -196,8 +197,11 @@ td_status td__read_file(const char *path, size_t max_bytes, uint8_t **out, size_
     uint8_t *buf = NULL;
     long size;
     td_status st;
+    struct stat sb;
     *out = NULL;
     *len = 0;
+    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
+        return td__error(TD_ERR_IO, "%s: not a regular file", path);
     if (!(f = fopen(path, "rb")))
         return td__error(TD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {

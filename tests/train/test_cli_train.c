@@ -73,6 +73,7 @@ static void bad_input_is_a_clear_error(void **state) {
     expect("eval --data " MNIST, 2, NULL, "--checkpoint and --data are required");
     expect("eval --checkpoint /nonexistent/c.st --data " MNIST, 1, NULL, "/nonexistent/c.st");
     expect("eval --checkpoint " MLP " --data " MNIST, 1, NULL, "header length");
+    expect("eval --checkpoint " MNIST " --data " MNIST, 1, NULL, "not a regular file");
     expect("eval --checkpoint x --data " MNIST " --samples -3", 2, NULL,
            "--samples wants an integer");
 }

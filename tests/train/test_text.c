@@ -114,6 +114,8 @@ static void bad_options_and_files_are_errors(void **state) {
     td_dataset *train = (td_dataset *)1, *val = (td_dataset *)1;
     TD_ASSERT_STATUS(td_text_open("/nonexistent.txt", &opt, &train, &val), TD_ERR_IO);
     td_test_assert_message_contains("/nonexistent.txt");
+    TD_ASSERT_STATUS(td_text_open(TD_SOURCE_DIR "/data", &opt, &train, &val), TD_ERR_IO);
+    td_test_assert_message_contains("not a regular file");
     assert_null(train);
     assert_null(val);
     opt.context = 0;
