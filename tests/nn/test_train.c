@@ -78,11 +78,90 @@ static void mlp_f64_loss_falls(void **state) {
     run_mlp(TD_OPT_SGD, "cpu:0", TD_F64);
 }
 
+/* LeNet-5 on 28x28 blobs: a few steps of SGD with momentum. */
+static void lenet_loss_falls(void **state) {
+    td_device_list *list = open_ok("cpu");
+    td_model *m = NULL;
+    td_optimizer *opt = NULL;
+    td_optimizer_config cfg = TD_OPTIMIZER_CONFIG_INIT;
+    int64_t n = 32, dim = 784;
+    float *x = malloc(sizeof(float) * (size_t)(n * dim));
+    int32_t *y = malloc(sizeof(int32_t) * (size_t)n);
+    td_batch b = {n, x, NULL, y};
+    td_step_result first, last;
+    TD_ASSERT_OK(td_model_load(TD_SOURCE_DIR "/examples/lenet5.json", td_device_list_get(list, 0),
+                               TD_F32, 5, &m));
+    cfg.lr = 0.05;
+    TD_ASSERT_OK(td_optimizer_create(m, &cfg, &opt));
+    for (int step = 0; step < 40; step++) {
+        make_blobs(n, dim, 10, 300 + (uint64_t)step, x, y);
+        TD_ASSERT_OK(td_model_train_step(m, &b, 1.0 / (double)n, 0, (uint64_t)step, &last));
+        TD_ASSERT_OK(td_optimizer_step(opt, NULL));
+        if (step == 0)
+            first = last;
+    }
+    /* from log(10) = 2.3 nats; LeNet leaves its plateau slowly at first */
+    if (!(last.loss_sum < 0.8 * first.loss_sum))
+        fail_msg("loss fell from %g to %g only", first.loss_sum / n, last.loss_sum / n);
+    td_optimizer_destroy(opt);
+    td_model_destroy(m);
+    td_device_list_destroy(list);
+    free(x);
+    free(y);
+}
+
+/* The character GPT learns a periodic byte sequence with AdamW, warm-up,
+ * cosine decay and clipping. */
+static void gpt_loss_falls(void **state) {
+    td_device_list *list = open_ok("cpu");
+    td_model *m = NULL;
+    td_optimizer *opt = NULL;
+    td_optimizer_config cfg = TD_OPTIMIZER_CONFIG_INIT;
+    enum { N = 4, T = 128 };
+    int32_t *tok = malloc(sizeof(int32_t) * N * T), *next = malloc(sizeof(int32_t) * N * T);
+    td_batch b = {N, NULL, tok, next};
+    td_step_result first, last;
+    const char *text = "the quick brown fox jumps over the lazy dog. ";
+    size_t len = strlen(text);
+    double norm;
+    TD_ASSERT_OK(td_model_load(TD_SOURCE_DIR "/examples/gpt_tiny.json", td_device_list_get(list, 0),
+                               TD_F32, 5, &m));
+    cfg.kind = TD_OPT_ADAMW;
+    cfg.lr = 3e-3;
+    cfg.weight_decay = 0.01;
+    cfg.schedule = TD_LR_COSINE;
+    cfg.warmup_steps = 5;
+    cfg.total_steps = 40;
+    cfg.clip_norm = 1.0;
+    TD_ASSERT_OK(td_optimizer_create(m, &cfg, &opt));
+    for (int step = 0; step < 40; step++) {
+        for (int i = 0; i < N; i++)
+            for (int t = 0; t < T; t++) {
+                size_t at = (size_t)(step * 7 + i * 13 + t);
+                tok[i * T + t] = (unsigned char)text[at % len];
+                next[i * T + t] = (unsigned char)text[(at + 1) % len];
+            }
+        TD_ASSERT_OK(td_model_train_step(m, &b, 1.0 / (N * T), 0, (uint64_t)step, &last));
+        TD_ASSERT_OK(td_optimizer_step(opt, &norm));
+        assert_true(isfinite(norm));
+        if (step == 0)
+            first = last;
+    }
+    /* from about log(256) = 5.5 nats to well under half */
+    if (!(last.loss_sum < 0.4 * first.loss_sum))
+        fail_msg("loss fell from %g to %g only", first.loss_sum / (N * T), last.loss_sum / (N * T));
+    td_optimizer_destroy(opt);
+    td_model_destroy(m);
+    td_device_list_destroy(list);
+    free(tok);
+    free(next);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(mlp_sgd_loss_falls),
-        cmocka_unit_test(mlp_adamw_loss_falls_two_cores),
-        cmocka_unit_test(mlp_f64_loss_falls),
+        cmocka_unit_test(mlp_sgd_loss_falls), cmocka_unit_test(mlp_adamw_loss_falls_two_cores),
+        cmocka_unit_test(mlp_f64_loss_falls), cmocka_unit_test(lenet_loss_falls),
+        cmocka_unit_test(gpt_loss_falls),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
