@@ -204,7 +204,30 @@ def torch_run(spec, steps, full):
 
 # tandem ----------------------------------------------------------------------
 
-def tandem_run(exe, spec, steps, full, devices):
+def interop_check(exe, ckpt):
+    """PyTorch loads the weights tandem trained (safetensors) into its own MLP: the test
+    accuracy must be what `tandem eval` reports."""
+    from safetensors.torch import load_file
+    p = subprocess.run([exe, "eval", "--checkpoint", ckpt, "--data", MNIST, "--json"],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit("tandem eval failed: %s" % p.stderr)
+    td_acc = json.loads(p.stdout)["accuracy"]
+    w = load_file(ckpt)
+    model = MLP()
+    for i, j in ((0, 1), (2, 3), (4, 5)):
+        model.net[j].weight.data.copy_(w["layers.%d.weight" % i])
+        model.net[j].bias.data.copy_(w["layers.%d.bias" % i])
+    _, (xte, yte) = mnist()
+    with torch.no_grad():
+        pt_acc = (model(xte).argmax(1) == yte).float().mean().item()
+    ok = abs(pt_acc - td_acc) <= 2e-4  # argmax ties may fall either way, rarely
+    print("  tandem's checkpoint in PyTorch: test accuracy %.4f, tandem eval %.4f  %s" %
+          (pt_acc, td_acc, "PASS" if ok else "FAIL"), flush=True)
+    return ok
+
+
+def tandem_run(exe, spec, steps, full, devices, checkpoint=None):
     cmd = [exe, "train", "--model", os.path.join(ROOT, spec["file"]), "--data", spec["data"],
            "--batch", str(spec["batch"]), "--optimizer", spec["opt"], "--lr", str(spec["lr"]),
            "--schedule", "cosine", "--precision", "f32", "--devices", devices, "--seed", "1",
@@ -221,6 +244,8 @@ def tandem_run(exe, spec, steps, full, devices):
         cmd += ["--steps", str(steps)]
     if not full:
         cmd += ["--eval-samples", "256"]
+    if checkpoint:
+        cmd += ["--checkpoint", checkpoint]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         sys.exit("tandem failed: %s\n%s" % (" ".join(cmd), p.stderr))
@@ -255,9 +280,13 @@ def main():
             steps = spec["quick_steps"]
         print("\n%s: batch %d, %s lr %g, %d steps" % (spec["name"], spec["batch"], spec["opt"],
                                                      spec["lr"], steps), flush=True)
-        td = tandem_run(a.tandem, spec, steps, a.full, a.devices)
+        ckpt = os.path.join(ROOT, "bench", "out", spec["name"] + ".safetensors")
+        os.makedirs(os.path.dirname(ckpt), exist_ok=True)
+        td = tandem_run(a.tandem, spec, steps, a.full, a.devices, ckpt)
         print("  tandem : %9.1f samples/s  (%.1f s, last loss %.4f)" %
               (td["samples_per_s"], td["seconds"], td["final_loss"]), flush=True)
+        if spec["name"] == "mnist_mlp":
+            ok &= interop_check(a.tandem, ckpt)
         pt = torch_run(spec, steps, a.full)
         print("  pytorch: %9.1f samples/s  (%.1f s, last loss %.4f)" %
               (pt["samples_per_s"], pt["seconds"], pt["final_loss"]), flush=True)
