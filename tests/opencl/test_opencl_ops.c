@@ -19,6 +19,7 @@ int main(void) {
 
 #define CL_TARGET_OPENCL_VERSION 120
 #include "backend/opencl/opencl-impl.h"
+#include "core/error.h"
 #include "tensor/ops.h"
 
 static td_device_list *g_list; /* cpu:0, opencl:0.0 */
@@ -641,6 +642,34 @@ static void causal_softmax_matches(void **state) {
     compare("causal_softmax", csm_build, csm_run, NULL, outs);
 }
 
+/* Fused attention: qkv (2, 7, 3 * 12) in 3 heads of 4. */
+static void attn_build(side *s, const void *p) {
+    int64_t qkv[3] = {2, 7, 36}, pp[4] = {2, 3, 7, 7}, y[3] = {2, 7, 12};
+    (void)p;
+    mk(s, 0, 3, qkv, 74, -2, 2);
+    mk(s, 1, 4, pp, 75, -1, 1);
+    mk(s, 2, 3, y, 76, -1, 1);
+    mk(s, 3, 3, y, 77, -1, 1); /* dy */
+    mk(s, 4, 3, qkv, 78, -1, 1);
+    TD_ASSERT_OK(td_tensor_fill(s->t[1], NAN)); /* outputs are only written */
+    TD_ASSERT_OK(td_tensor_fill(s->t[4], NAN));
+}
+
+static td_status attn_run(side *s, const void *p) {
+    td_status st;
+    (void)p;
+    if (!td__op_has_attention(s->dev))
+        return td__error(TD_ERR_UNSUPPORTED, "%s has no fused attention", td_device_name(s->dev));
+    if ((st = td__op_attention_fwd(3, 0.5, s->t[0], s->t[1], s->t[2])) != TD_OK)
+        return st;
+    return td__op_attention_bwd(3, 0.5, s->t[0], s->t[1], s->t[3], s->t[4]);
+}
+
+static void attention_matches(void **state) {
+    static const int outs[] = {1, 2, 4, -1};
+    compare("attention", attn_build, attn_run, NULL, outs);
+}
+
 /* Sub-devices work at once: each host thread runs its own CLBlast GEMMs and
  * kernels on its own queue, and every result equals the CPU's. */
 typedef struct busy {
@@ -795,6 +824,7 @@ int main(void) {
         cmocka_unit_test(conv2d_matches),
         cmocka_unit_test(pool_matches),
         cmocka_unit_test(causal_softmax_matches),
+        cmocka_unit_test(attention_matches),
         cmocka_unit_test(sub_devices_compute_at_once),
         cmocka_unit_test(broken_source_gives_the_build_log),
         cmocka_unit_test(binaries_are_cached_by_source),

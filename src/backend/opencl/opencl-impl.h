@@ -177,6 +177,12 @@ td_status td__ocl_conv2d_bwd(void *ctx, td_dtype dt, const td_conv_desc *d, cons
                              const void *w, const void *dy, void *dx, void *dw, void *db, int acc);
 td_status td__ocl_bias_grad(void *ctx, td_dtype dt, void *db, const void *dy, int64_t outer,
                             int64_t c, int64_t inner, int acc);
+/* In kernels_attn.c. */
+td_status td__ocl_attention_fwd(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t c, int64_t h,
+                                double scale, const void *qkv, void *p, void *y);
+td_status td__ocl_attention_bwd(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t c, int64_t h,
+                                double scale, const void *qkv, const void *p, const void *dy,
+                                void *dqkv);
 
 extern const char td__ocl_source[];
 extern const td_kernels td__opencl_kernels;
