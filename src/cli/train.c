@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -137,6 +138,15 @@ static int parse_double(const char *cmd, const char *flag, const char *s, double
     return 1;
 }
 
+/* Ctrl-C asks the run to stop after the current step, evaluate and save its
+ * checkpoint; a second one ends the process at once. */
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig) {
+    interrupted = 1;
+    signal(sig, SIG_DFL);
+}
+
 /* What the progress display knows. */
 typedef struct progress {
     int tty, quiet;
@@ -159,6 +169,12 @@ static void draw_bar(progress *p, const td_train_event *ev) {
 
 static int on_event(void *arg, const td_train_event *ev) {
     progress *p = arg;
+    if (interrupted == 1) {
+        interrupted = 2;
+        fprintf(stderr, "%sinterrupted: stopping after this step (Ctrl-C again to quit now)\n",
+                p->tty ? "\r\033[K" : "");
+        return 1;
+    }
     if (p->quiet)
         return 0;
     if (ev->kind == TD_TRAIN_EVENT_STEP) {
@@ -351,6 +367,7 @@ int td_cli_train(int argc, char **argv) {
     prog.epochs = cfg.epochs;
     cfg.callback = on_event;
     cfg.callback_arg = &prog;
+    signal(SIGINT, on_sigint);
     if ((st = td_train_run(&cfg, &sum)) != TD_OK)
         return td_cli_fail("train", st);
     printf("final test accuracy: %.2f%% (%lld samples, loss %.4f)  %lld steps, %.0f samples/s, "
