@@ -764,6 +764,16 @@ static void binaries_are_cached_by_source(void **state) {
     assert_int_equal(b.from_cache, 0);
     TD_ASSERT_OK(td_device_run(td_device_list_get(g_list, 1), build_on_device, &b));
     assert_int_equal(b.from_cache, 1);
+    {
+        /* a damaged cache file is rebuilt from source and replaced */
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "for f in '%s'/*.bin; do echo damaged > \"$f\"; done", dir);
+        assert_int_equal(system(cmd), 0);
+        TD_ASSERT_OK(td_device_run(td_device_list_get(g_list, 1), build_on_device, &b));
+        assert_int_equal(b.from_cache, 0);
+        TD_ASSERT_OK(td_device_run(td_device_list_get(g_list, 1), build_on_device, &b));
+        assert_int_equal(b.from_cache, 1);
+    }
     b.src = "__kernel void k(__global float *x) { x[0] = 2.5f; }\n"; /* another source */
     TD_ASSERT_OK(td_device_run(td_device_list_get(g_list, 1), build_on_device, &b));
     assert_int_equal(b.from_cache, 0);
