@@ -138,15 +138,20 @@ done:
 
 /* Building ------------------------------------------------------------------ */
 
+/* The message keeps the log's start (the first errors) within what fits. */
 static td_status build_failed(ocl_device *od, cl_program prog, cl_int err) {
-    char log[2048] = "";
     size_t len = 0;
-    clGetProgramBuildInfo(prog, od->device, CL_PROGRAM_BUILD_LOG, sizeof log - 1, log, &len);
-    log[sizeof log - 1] = '\0';
-    if (!log[0]) /* a log longer than the buffer: show its start */
-        snprintf(log, sizeof log, "(build log of %zu bytes not shown)", len);
-    return td__error(TD_ERR_DEVICE, "%s: building OpenCL kernels failed (%s):\n%s", od->name,
-                     td__ocl_error_name(err), log);
+    char *log = NULL;
+    td_status st;
+    if (clGetProgramBuildInfo(prog, od->device, CL_PROGRAM_BUILD_LOG, 0, NULL, &len) ==
+            CL_SUCCESS &&
+        len > 0 && (log = calloc(1, len + 1)) &&
+        clGetProgramBuildInfo(prog, od->device, CL_PROGRAM_BUILD_LOG, len, log, NULL) != CL_SUCCESS)
+        log[0] = '\0';
+    st = td__error(TD_ERR_DEVICE, "%s: building OpenCL kernels failed (%s):\n%.1600s", od->name,
+                   td__ocl_error_name(err), log && log[0] ? log : "(no build log)");
+    free(log);
+    return st;
 }
 
 /* From the cache; 0 when absent or unusable (a stale or foreign binary). */
