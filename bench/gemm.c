@@ -1,7 +1,8 @@
 /* GEMM at the shapes tandem's example models use: the serial OpenBLAS that
- * tandem links against BLIS (serial) and, when present, oneDNN's sgemm, both
- * loaded at run time so neither is a build dependency. One core, f32,
- * row-major, best of several runs. Prints GFLOP/s per shape and library.
+ * tandem links, tandem's own AVX-512 kernel (kern_sgemm.c), BLIS (serial) and,
+ * when present, oneDNN's sgemm, the last two loaded at run time so neither is
+ * a build dependency. One core, f32, row-major, best of several runs. Prints
+ * GFLOP/s per shape and library.
  *
  *   bench_gemm [reps]        (OPENBLAS_CORETYPE=Haswell stays set) */
 #include <cblas.h>
@@ -9,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "backend/cpu/cpu-kernels.h"
 #include "tandem/tandem.h"
 
 typedef void (*sgemm_fn)(int order, int ta, int tb, int m, int n, int k, float alpha,
@@ -49,7 +51,10 @@ static double best_gflops(int lib, void *fn, const shape *s, float *a, float *b,
     for (int r = 0; r < reps; r++) {
         uint64_t t0 = td_clock_ns();
         for (int i = 0; i < inner; i++) {
-            if (lib == 2)
+            if (lib == 3)
+                td__cpu_sgemm512(s->ta, s->tb, s->m, s->n, s->k, 1.0f, a, lda, b, ldb, 0.0f, c,
+                                 s->n);
+            else if (lib == 2)
                 ((dnnl_fn)fn)(s->ta ? 'T' : 'N', s->tb ? 'T' : 'N', s->m, s->n, s->k, 1.0f, a, lda,
                               b, ldb, 0.0f, c, s->n);
             else
@@ -70,8 +75,9 @@ int main(int argc, char **argv) {
     void *blis =
         dlopen("/usr/lib/x86_64-linux-gnu/blis-serial/libblis.so.4", RTLD_NOW | RTLD_LOCAL);
     void *dnnl = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
-    void *fns[3] = {(void *)cblas_sgemm, blis ? dlsym(blis, "cblas_sgemm") : NULL,
-                    dnnl ? dlsym(dnnl, "dnnl_sgemm") : NULL};
+    void *fns[4] = {(void *)cblas_sgemm, blis ? dlsym(blis, "cblas_sgemm") : NULL,
+                    dnnl ? dlsym(dnnl, "dnnl_sgemm") : NULL,
+                    td__cpu_simd() == TD_SIMD_AVX512 ? (void *)td__cpu_sgemm512 : NULL};
     size_t big = (size_t)4096 * 4096;
     float *a = malloc(big * sizeof *a), *b = malloc(big * sizeof *b), *c = malloc(big * sizeof *c);
     if (!a || !b || !c)
@@ -82,12 +88,13 @@ int main(int argc, char **argv) {
     }
     printf("one core, f32, GFLOP/s (best of %d)%s\n", reps,
            getenv("OPENBLAS_CORETYPE") ? "" : "  [OPENBLAS_CORETYPE is not set]");
-    printf("%-28s %7s %14s %12s %8s\n", "shape", "m,n,k", "OpenBLAS-ser", "BLIS-ser", "oneDNN");
+    printf("%-28s %14s %10s %10s %10s %10s\n", "shape", "m,n,k", "OpenBLAS", "BLIS", "oneDNN",
+           "tandem512");
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         char dims[32];
         snprintf(dims, sizeof dims, "%d,%d,%d", shapes[s].m, shapes[s].n, shapes[s].k);
         printf("%-28s %14s", shapes[s].what, dims);
-        for (int lib = 0; lib < 3; lib++) {
+        for (int lib = 0; lib < 4; lib++) {
             if (fns[lib])
                 printf(" %10.1f", best_gflops(lib, fns[lib], &shapes[s], a, b, c, reps));
             else

@@ -146,6 +146,7 @@ const char *td_optimizer_state_name(const td_optimizer *o, size_t i) {
 
 typedef struct opt_step_args {
     td_optimizer *o;
+    int want_norm; /* clipping or the caller needs the norm */
     double norm;
 } opt_step_args;
 
@@ -157,13 +158,13 @@ static td_status opt_step_task(td_device *dev, void *arg) {
     td_opt_args k;
     td_status st;
     double sum = 0;
-    for (size_t i = 0; i < m->nparams; i++) {
+    for (size_t i = 0; a->want_norm && i < m->nparams; i++) {
         double s;
         if ((st = td__op_sumsq(m->grads[i], &s)) != TD_OK)
             return st;
         sum += s;
     }
-    a->norm = sqrt(sum);
+    a->norm = a->want_norm ? sqrt(sum) : 0.0;
     memset(&k, 0, sizeof k);
     k.lr = lr_at(c, o->steps);
     k.grad_mul = 1.0;
@@ -192,10 +193,11 @@ static td_status opt_step_task(td_device *dev, void *arg) {
 }
 
 td_status td_optimizer_step(td_optimizer *o, double *grad_norm) {
-    opt_step_args a = {o, 0};
+    opt_step_args a = {o, 1, 0};
     td_status st;
     if (!o)
         return td__error(TD_ERR_INVALID_ARG, "td_optimizer_step: optimizer is NULL");
+    a.want_norm = grad_norm != NULL || o->cfg.clip_norm > 0;
     st = td_device_run(o->m->dev, opt_step_task, &a);
     if (grad_norm)
         *grad_norm = a.norm;

@@ -13,8 +13,18 @@ static inline void td__part_range(size_t total, int part, int nparts, size_t *be
 }
 
 /* Scratch memory of at least n bytes owned by the calling thread, kept and
- * reused between calls (freed when the thread ends). NULL when out of memory. */
-void *td__cpu_scratch(size_t n);
+ * reused between calls (freed when the thread ends). NULL when out of memory.
+ * Slot 0 is for kernels; slot 1 belongs to GEMM, which kernels call while
+ * holding slot 0. */
+void *td__cpu_scratch_slot(int slot, size_t n);
+static inline void *td__cpu_scratch(size_t n) {
+    return td__cpu_scratch_slot(0, n);
+}
+
+/* The AVX-512 SGEMM (kern_sgemm.c) on the calling thread; 0 when it could not
+ * run (no memory, or not built for this CPU), and the caller uses BLAS. */
+int td__cpu_sgemm512(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                     int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 
 /* Serial GEMM on the calling thread (cblas), row-major. */
 void td__cpu_gemm_serial(td_dtype dt, int ta, int tb, int64_t m, int64_t n, int64_t k, double alpha,

@@ -11,9 +11,11 @@
 
 /* Per-thread scratch ------------------------------------------------------- */
 
+#define SCRATCH_SLOTS 2
+
 typedef struct scratch {
-    void *p;
-    size_t n;
+    void *p[SCRATCH_SLOTS];
+    size_t n[SCRATCH_SLOTS];
 } scratch;
 
 static pthread_key_t scratch_key;
@@ -22,7 +24,8 @@ static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
 static void scratch_free(void *p) {
     scratch *s = p;
     if (s) {
-        free(s->p);
+        for (int i = 0; i < SCRATCH_SLOTS; i++)
+            free(s->p[i]);
         free(s);
     }
 }
@@ -31,7 +34,7 @@ static void scratch_init(void) {
     (void)pthread_key_create(&scratch_key, scratch_free);
 }
 
-void *td__cpu_scratch(size_t n) {
+void *td__cpu_scratch_slot(int slot, size_t n) {
     scratch *s;
     pthread_once(&scratch_once, scratch_init);
     s = pthread_getspecific(scratch_key);
@@ -43,16 +46,16 @@ void *td__cpu_scratch(size_t n) {
             return NULL;
         }
     }
-    if (s->n < n) {
+    if (s->n[slot] < n) {
         void *p = NULL;
         size_t want = (n + 4095) & ~(size_t)4095;
         if (posix_memalign(&p, 64, want) != 0)
             return NULL;
-        free(s->p);
-        s->p = p;
-        s->n = want;
+        free(s->p[slot]);
+        s->p[slot] = p;
+        s->n[slot] = want;
     }
-    return s->p;
+    return s->p[slot];
 }
 
 /* GEMM ---------------------------------------------------------------------- */
@@ -76,6 +79,11 @@ void td__cpu_gemm_serial(td_dtype dt, int ta, int tb, int64_t m, int64_t n, int6
             }
         return;
     }
+    /* OpenBLAS is held to its AVX2 kernels (OPENBLAS_CORETYPE=Haswell); on
+     * AVX-512 CPUs tandem's own kernel is faster for all but tiny products. */
+    if (dt == TD_F32 && m >= 32 && n >= 16 && k >= 16 && td__cpu_simd() == TD_SIMD_AVX512 &&
+        td__cpu_sgemm512(ta, tb, m, n, k, (float)alpha, a, lda, b, ldb, (float)beta, c, ldc))
+        return;
     if (dt == TD_F32)
         cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                     (blasint)m, (blasint)n, (blasint)k, (float)alpha, a, (blasint)lda, b,
