@@ -1,5 +1,5 @@
-/* GEMM at the shapes tandem's example models use: the serial OpenBLAS that
- * tandem links, tandem's own AVX-512 kernel (kern_sgemm.c), BLIS (serial) and,
+/* GEMM at the shapes tandem's example models use: the OpenBLAS that tandem
+ * links (held to one thread), tandem's own AVX-512 kernel (kern_sgemm.c), BLIS (serial) and,
  * when present, oneDNN's sgemm, the last two loaded at run time so neither is
  * a build dependency. One core, f32, row-major, best of several runs. Prints
  * GFLOP/s per shape and library.
@@ -70,6 +70,8 @@ static double best_gflops(int lib, void *fn, const shape *s, float *a, float *b,
     return best;
 }
 
+void openblas_set_num_threads(int n);
+
 int main(int argc, char **argv) {
     int reps = argc > 1 ? atoi(argv[1]) : 5;
     void *blis =
@@ -82,6 +84,7 @@ int main(int argc, char **argv) {
     float *a = malloc(big * sizeof *a), *b = malloc(big * sizeof *b), *c = malloc(big * sizeof *c);
     if (!a || !b || !c)
         return 1;
+    openblas_set_num_threads(1); /* one core, as each of tandem's threads */
     for (size_t i = 0; i < big; i++) {
         a[i] = (float)td_rng_uniform(1, i) - 0.5f;
         b[i] = (float)td_rng_uniform(2, i) - 0.5f;
