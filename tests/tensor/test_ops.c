@@ -669,6 +669,128 @@ static void row_kernels_match_formulas(void **state) {
     }
 }
 
+/* Attention ------------------------------------------------------------------------------ */
+
+typedef struct attn_case {
+    td_tensor *qkv, *p, *y, *dy, *dqkv, *s, *ps, *ys, *dys;
+    int64_t b, t, c, h;
+    td_status st;
+} attn_case;
+
+static td_status attn_body(void *arg) {
+    attn_case *a = arg;
+    double scale = 1.0 / sqrt((double)(a->c / a->h));
+    if ((a->st = td__op_attention_fwd(a->h, scale, a->qkv, a->p, a->y)) != TD_OK)
+        return a->st;
+    return a->st = td__op_attention_bwd(a->h, scale, a->qkv, a->p, a->dy, a->dqkv);
+}
+
+/* The fused kernels against the attention formulas, forward and backward
+ * (the backward against central differences of <dy, y> in f64 is in
+ * tests/nn/test_grad.c; here the f32 paths meet an f64 reference). */
+static void attention_matches_formulas(void **state) {
+    for (int dti = 0; dti < 2; dti++) {
+        td_dtype dt = dti ? TD_F64 : TD_F32;
+        attn_case a;
+        int64_t qs[3], ps[4], ys[3];
+        double *qkv, *dy, *y, *dq, *ry, *rdq;
+        int64_t b, t, c, h, d;
+        memset(&a, 0, sizeof a);
+        a.b = b = 3;
+        a.t = t = 19;
+        a.c = c = 24;
+        a.h = h = 3;
+        d = c / h;
+        qs[0] = b, qs[1] = t, qs[2] = 3 * c;
+        ps[0] = b, ps[1] = h, ps[2] = t, ps[3] = t;
+        ys[0] = b, ys[1] = t, ys[2] = c;
+        a.qkv = make_rand(dt, 3, qs, 71);
+        a.dy = make_rand(dt, 3, ys, 72);
+        a.p = make(dt, 4, ps);
+        a.y = make(dt, 3, ys);
+        a.dqkv = make(dt, 3, qs);
+        qkv = host(a.qkv);
+        dy = host(a.dy);
+        (void)on_device(attn_body, &a);
+        TD_ASSERT_OK(a.st);
+        y = host(a.y);
+        dq = host(a.dqkv);
+        ry = calloc((size_t)(b * t * c), sizeof(double));
+        rdq = calloc((size_t)(b * t * 3 * c), sizeof(double));
+        for (int64_t n = 0; n < b; n++)
+            for (int64_t hh = 0; hh < h; hh++) {
+                double *pm = calloc((size_t)(t * t), sizeof(double));
+                double *dp = calloc((size_t)(t * t), sizeof(double));
+#define Q(i, j)  qkv[(n * t + (i)) * 3 * c + hh * d + (j)]
+#define K(i, j)  qkv[(n * t + (i)) * 3 * c + c + hh * d + (j)]
+#define V(i, j)  qkv[(n * t + (i)) * 3 * c + 2 * c + hh * d + (j)]
+#define DY(i, j) dy[(n * t + (i)) * c + hh * d + (j)]
+#define DQ(i, j) rdq[(n * t + (i)) * 3 * c + hh * d + (j)]
+#define DK(i, j) rdq[(n * t + (i)) * 3 * c + c + hh * d + (j)]
+#define DV(i, j) rdq[(n * t + (i)) * 3 * c + 2 * c + hh * d + (j)]
+                for (int64_t i = 0; i < t; i++) {
+                    double mx = -INFINITY, z = 0;
+                    for (int64_t j = 0; j <= i; j++) {
+                        double sc = 0;
+                        for (int64_t e = 0; e < d; e++)
+                            sc += Q(i, e) * K(j, e);
+                        pm[i * t + j] = sc / sqrt((double)d);
+                        mx = fmax(mx, pm[i * t + j]);
+                    }
+                    for (int64_t j = 0; j <= i; j++)
+                        z += (pm[i * t + j] = exp(pm[i * t + j] - mx));
+                    for (int64_t j = 0; j <= i; j++)
+                        pm[i * t + j] /= z;
+                    for (int64_t e = 0; e < d; e++) {
+                        double acc = 0;
+                        for (int64_t j = 0; j <= i; j++)
+                            acc += pm[i * t + j] * V(j, e);
+                        ry[(n * t + i) * c + hh * d + e] = acc;
+                    }
+                }
+                for (int64_t i = 0; i < t; i++) {
+                    double dot = 0;
+                    for (int64_t j = 0; j <= i; j++) {
+                        for (int64_t e = 0; e < d; e++) {
+                            dp[i * t + j] += DY(i, e) * V(j, e);
+                            DV(j, e) += pm[i * t + j] * DY(i, e);
+                        }
+                        dot += pm[i * t + j] * dp[i * t + j];
+                    }
+                    for (int64_t j = 0; j <= i; j++) {
+                        double ds = pm[i * t + j] * (dp[i * t + j] - dot) / sqrt((double)d);
+                        for (int64_t e = 0; e < d; e++) {
+                            DQ(i, e) += ds * K(j, e);
+                            DK(j, e) += ds * Q(i, e);
+                        }
+                    }
+                }
+#undef Q
+#undef K
+#undef V
+#undef DY
+#undef DQ
+#undef DK
+#undef DV
+                free(pm);
+                free(dp);
+            }
+        expect_close("attention forward", y, ry, (size_t)(b * t * c), tol_for(dt) * 10);
+        expect_close("attention backward", dq, rdq, (size_t)(b * t * 3 * c), tol_for(dt) * 20);
+        free(qkv);
+        free(dy);
+        free(y);
+        free(dq);
+        free(ry);
+        free(rdq);
+        td_tensor_destroy(a.qkv);
+        td_tensor_destroy(a.dy);
+        td_tensor_destroy(a.p);
+        td_tensor_destroy(a.y);
+        td_tensor_destroy(a.dqkv);
+    }
+}
+
 /* The SIMD levels ---------------------------------------------------------------------- */
 
 static int run_suite(void) {
@@ -681,6 +803,7 @@ static int run_suite(void) {
         cmocka_unit_test(optimizer_kernels_match_reference),
         cmocka_unit_test(conv_and_pool_match_direct_loops),
         cmocka_unit_test(row_kernels_match_formulas),
+        cmocka_unit_test(attention_matches_formulas),
     };
     static const char *const names[] = {"scalar", "avx2", "avx512"};
     int rc;

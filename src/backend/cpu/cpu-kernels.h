@@ -45,6 +45,8 @@ td_status td__cpu_conv2d_bwd(void *ctx, td_dtype dt, const td_conv_desc *d, cons
                              const void *w, const void *dy, void *dx, void *dw, void *db, int acc);
 
 /* kern_elem.c: SIMD elementwise ops and reductions */
+/* row[0:n] = softmax(scale * row) in place, at the CPU's SIMD level. */
+void td__cpu_softmax_row_f32(float *row, size_t n, float scale);
 td_status td__cpu_bias_add(void *ctx, td_dtype dt, void *y, const void *bias, int64_t outer,
                            int64_t c, int64_t inner);
 td_status td__cpu_bias_grad(void *ctx, td_dtype dt, void *db, const void *dy, int64_t outer,

@@ -16,24 +16,26 @@ typedef struct attn_args {
     int failed;
 } attn_args;
 
-/* Row i of p (t, t) = softmax over j <= i of p's raw scores, zeros after. */
-#define DEFINE_ATTN_ROWS(T, sfx, EXP)                                                              \
-    static void softmax_rows_##sfx(T *p, int64_t t) {                                              \
-        for (int64_t i = 0; i < t; i++) {                                                          \
-            T *row = p + i * t, mx = row[0], sum = 0, inv;                                         \
-            for (int64_t j = 1; j <= i; j++)                                                       \
-                mx = row[j] > mx ? row[j] : mx;                                                    \
-            for (int64_t j = 0; j <= i; j++) {                                                     \
-                row[j] = EXP(row[j] - mx);                                                         \
-                sum += row[j];                                                                     \
-            }                                                                                      \
-            inv = (T)1 / sum;                                                                      \
-            for (int64_t j = 0; j <= i; j++)                                                       \
-                row[j] *= inv;                                                                     \
-            for (int64_t j = i + 1; j < t; j++)                                                    \
-                row[j] = 0;                                                                        \
-        }                                                                                          \
-    }                                                                                              \
+/* Row i of p (t, t) = softmax over j <= i of p's raw scores, zeros after
+ * (f64; f32 rows go through td__cpu_softmax_row_f32, vectorised). */
+static void softmax_rows_f64(double *p, int64_t t) {
+    for (int64_t i = 0; i < t; i++) {
+        double *row = p + i * t, mx = row[0], sum = 0, inv;
+        for (int64_t j = 1; j <= i; j++)
+            mx = row[j] > mx ? row[j] : mx;
+        for (int64_t j = 0; j <= i; j++) {
+            row[j] = exp(row[j] - mx);
+            sum += row[j];
+        }
+        inv = 1.0 / sum;
+        for (int64_t j = 0; j <= i; j++)
+            row[j] *= inv;
+        for (int64_t j = i + 1; j < t; j++)
+            row[j] = 0;
+    }
+}
+
+#define DEFINE_ATTN_BACK(T, sfx)                                                                   \
     /* dp (t, t) becomes scale * p * (dp - rowsum(p dp)). */                                       \
     static void softmax_back_rows_##sfx(const T *p, T *dp, int64_t t, T scale) {                   \
         for (int64_t i = 0; i < t; i++) {                                                          \
@@ -48,8 +50,8 @@ typedef struct attn_args {
         }                                                                                          \
     }
 
-DEFINE_ATTN_ROWS(float, f32, expf)
-DEFINE_ATTN_ROWS(double, f64, exp)
+DEFINE_ATTN_BACK(float, f32)
+DEFINE_ATTN_BACK(double, f64)
 
 static void attn_fwd_part(void *arg, int part, int nparts) {
     attn_args *a = arg;
@@ -64,10 +66,15 @@ static void attn_fwd_part(void *arg, int part, int nparts) {
         char *y = a->y + (size_t)(bi * t * c + hi * d) * es;
         /* p (t, t) = scale q (t, d) k^T, then the causal softmax in place */
         td__cpu_gemm_serial(a->dt, 0, 1, t, t, d, a->scale, q, 3 * c, k, 3 * c, 0.0, p, t);
-        if (a->dt == TD_F32)
-            softmax_rows_f32((float *)p, t);
-        else
+        if (a->dt == TD_F32) {
+            for (int64_t i = 0; i < t; i++) {
+                float *row = (float *)p + i * t;
+                td__cpu_softmax_row_f32(row, (size_t)(i + 1), 1.0f);
+                memset(row + i + 1, 0, sizeof(float) * (size_t)(t - i - 1));
+            }
+        } else {
             softmax_rows_f64((double *)p, t);
+        }
         /* y (t, d) = p v */
         td__cpu_gemm_serial(a->dt, 0, 0, t, d, t, 1.0, p, t, v, 3 * c, 0.0, y, c);
     }

@@ -140,6 +140,12 @@ TD_TARGET_BEGIN_AVX2
 #define VPOW2I(n)                                                                                  \
     _mm256_castsi256_ps(                                                                           \
         _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23))
+static inline float hmax_avx2(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
 static inline float hsum_avx2(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -147,6 +153,7 @@ static inline float hsum_avx2(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 #define VHSUM hsum_avx2
+#define VHMAX hmax_avx2
 #include "backend/cpu/kern_simd_body.h"
 #undef SFX
 #undef V
@@ -169,6 +176,7 @@ static inline float hsum_avx2(__m256 v) {
 #undef VSELNEG
 #undef VPOW2I
 #undef VHSUM
+#undef VHMAX
 TD_TARGET_END
 
 TD_TARGET_BEGIN_AVX512
@@ -199,10 +207,42 @@ TD_TARGET_BEGIN_AVX512
     _mm512_castsi512_ps(                                                                           \
         _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23))
 #define VHSUM _mm512_reduce_add_ps
+#define VHMAX _mm512_reduce_max_ps
 #include "backend/cpu/kern_simd_body.h"
 TD_TARGET_END
 
 #endif
+
+/* Row softmax ------------------------------------------------------------------ */
+
+void td__cpu_softmax_row_f32(float *row, size_t n, float scale) {
+    float mx, sum = 0, inv;
+    if (n == 0)
+        return;
+#ifdef TD_X86_SIMD
+    {
+        int simd = td__cpu_simd();
+        if (simd == TD_SIMD_AVX512) {
+            softmax_row_avx512(n, row, scale, NULL);
+            return;
+        }
+        if (simd == TD_SIMD_AVX2) {
+            softmax_row_avx2(n, row, scale, NULL);
+            return;
+        }
+    }
+#endif
+    mx = row[0];
+    for (size_t i = 1; i < n; i++)
+        mx = row[i] > mx ? row[i] : mx;
+    for (size_t i = 0; i < n; i++) {
+        row[i] = expf(scale * (row[i] - mx));
+        sum += row[i];
+    }
+    inv = 1.0f / sum;
+    for (size_t i = 0; i < n; i++)
+        row[i] *= inv;
+}
 
 /* Dispatch ------------------------------------------------------------------ */
 

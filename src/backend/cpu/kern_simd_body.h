@@ -176,6 +176,37 @@ static size_t FN(sgd)(size_t n, float *w, const float *g, float *buf, const td_o
     return i;
 }
 
+/* row[0:n] = softmax(scale * row) in place: max, exp and sum, scale. */
+static size_t FN(softmax_row)(size_t n, float *row, float scale, double *sum_out) {
+    size_t i = 0;
+    float mx = row[0], sum = 0, inv;
+    V vmx = VSET1(row[0]), vsum = VSET1(0.0f), vs = VSET1(scale), vneg;
+    for (; i + W <= n; i += W)
+        vmx = VMAX(vmx, VLOAD(row + i));
+    mx = VHMAX(vmx);
+    for (; i < n; i++)
+        mx = row[i] > mx ? row[i] : mx;
+    vneg = VSET1(-mx * scale);
+    for (i = 0; i + W <= n; i += W) {
+        V e = FN(vexp)(VFMA(VLOAD(row + i), vs, vneg));
+        VSTORE(row + i, e);
+        vsum = VADD(vsum, e);
+    }
+    sum = VHSUM(vsum);
+    for (; i < n; i++) {
+        row[i] = expf(scale * (row[i] - mx));
+        sum += row[i];
+    }
+    inv = 1.0f / sum;
+    for (i = 0; i + W <= n; i += W)
+        VSTORE(row + i, VMUL(VLOAD(row + i), VSET1(inv)));
+    for (; i < n; i++)
+        row[i] *= inv;
+    if (sum_out)
+        *sum_out = sum;
+    return n;
+}
+
 #undef FN
 #undef TD_CAT
 #undef TD_CAT2
