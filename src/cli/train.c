@@ -161,8 +161,11 @@ static void draw_bar(progress *p, const td_train_event *ev) {
     for (int i = 0; i < 30; i++)
         bar[i] = i < filled ? '#' : '.';
     bar[30] = '\0';
-    fprintf(stderr, "\r\033[Kepoch %lld [%s] %lld/%lld  loss %.4f  %.0f samples/s",
-            (long long)ev->epoch + 1, bar, (long long)ev->batch_in_epoch, (long long)total,
+    char of[32] = "";
+    if (p->epochs > 0)
+        snprintf(of, sizeof of, "/%lld", (long long)p->epochs);
+    fprintf(stderr, "\r\033[Kepoch %lld%s [%s] %lld/%lld  loss %.4f  %.0f samples/s",
+            (long long)ev->epoch + 1, of, bar, (long long)ev->batch_in_epoch, (long long)total,
             ev->loss, ev->samples_per_s);
     fflush(stderr);
 }
