@@ -231,9 +231,10 @@ static void valid_cols(const td_conv_desc *d, int64_t kj, int64_t *lo, int64_t *
                         }                                                                          \
                         for (int64_t oj = 0; oj < lo; oj++)                                        \
                             out[oj] = 0;                                                           \
+                        /* plain loops: rows are short, a memcpy call costs more */                \
                         if (d->stride == 1)                                                        \
-                            memcpy(out + lo, in + (lo + kj - d->pad),                              \
-                                   sizeof(T) * (size_t)(hi - lo));                                 \
+                            for (int64_t oj = lo; oj < hi; oj++)                                   \
+                                out[oj] = in[oj + (kj - d->pad)];                                  \
                         else                                                                       \
                             for (int64_t oj = lo; oj < hi; oj++)                                   \
                                 out[oj] = in[oj * d->stride + kj - d->pad];                        \
@@ -374,15 +375,28 @@ static void conv_bwd_part(void *p, int part, int nparts) {
         }
         /* dw (oc, ckk) += dy_i (oc, ohw) col^T (ohw, ckk) */
         td__cpu_gemm_serial(a->dt, 0, 1, d->oc, ckk, ohw, 1.0, dyi, ohw, src, ohw, 1.0, dw, ckk);
+        /* db (oc) += the sums of dy_i's planes, eight partial sums per plane
+         * so the loop vectorises */
         for (int64_t o = 0; o < d->oc; o++) {
-            double s = 0;
-            for (int64_t j = 0; j < ohw; j++)
-                s += a->dt == TD_F32 ? ((const float *)dyi)[o * ohw + j]
-                                     : ((const double *)dyi)[o * ohw + j];
-            if (a->dt == TD_F32)
-                ((float *)dw)[d->oc * ckk + o] += (float)s;
-            else
+            if (a->dt == TD_F32) {
+                const float *pl = (const float *)dyi + o * ohw;
+                float psum[8] = {0, 0, 0, 0, 0, 0, 0, 0}, s = 0;
+                int64_t j = 0;
+                for (; j + 8 <= ohw; j += 8)
+                    for (int q = 0; q < 8; q++)
+                        psum[q] += pl[j + q];
+                for (; j < ohw; j++)
+                    s += pl[j];
+                for (int q = 0; q < 8; q++)
+                    s += psum[q];
+                ((float *)dw)[d->oc * ckk + o] += s;
+            } else {
+                const double *pl = (const double *)dyi + o * ohw;
+                double s = 0;
+                for (int64_t j = 0; j < ohw; j++)
+                    s += pl[j];
                 ((double *)dw)[d->oc * ckk + o] += s;
+            }
         }
         if (a->dx) {
             char *dxi = a->dx + i * (size_t)(d->c * d->h * d->w) * es;
