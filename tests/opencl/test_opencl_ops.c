@@ -175,6 +175,11 @@ static void gemm_matches(void **state) {
             gemm_case g = {ta, tb, 37, 29, 53, 0.7, ta ? 0.0 : 0.3};
             compare("gemm", gemm_build, gemm_run, &g, outs);
         }
+    {
+        /* big enough for CLBlast's indirect kernels (padding, transposes) */
+        gemm_case g = {1, 0, 401, 389, 397, -1.1, 0.5};
+        compare("gemm large", gemm_build, gemm_run, &g, outs);
+    }
 }
 
 /* Batched, with padded leading dimensions and a stride between matrices. */
