@@ -443,13 +443,16 @@ static td_status conv_body(void *p) {
 }
 
 static void conv_and_pool_match_direct_loops(void **state) {
-    static const int64_t cfg[][7] = {/* n, c, h, w, oc, k, stride, (pad = k / 2 for odd rows) */
+    static const int64_t cfg[][7] = {/* n, c, h, w, oc, k, stride; pad = k / 2 on even rows */
                                      {2, 3, 9, 7, 4, 3, 1},
                                      {3, 2, 8, 8, 5, 3, 2},
                                      {1, 1, 28, 28, 6, 5, 1},
-                                     {4, 3, 5, 6, 2, 1, 1}};
+                                     {4, 3, 5, 6, 2, 1, 1},
+                                     {2, 3, 7, 6, 4, 3, 1},
+                                     /* 2x2 windows, stride 2, no padding */
+                                     {3, 4, 10, 12, 2, 2, 2}};
     for (int dti = 0; dti < 2; dti++)
-        for (size_t i = 0; i < 4; i++) {
+        for (size_t i = 0; i < sizeof cfg / sizeof *cfg; i++) {
             conv_case c;
             td_conv_desc *d = &c.d;
             td_dtype dt = dti ? TD_F64 : TD_F32;
@@ -529,6 +532,13 @@ static void conv_and_pool_match_direct_loops(void **state) {
             expect_close("conv2d", y, ry, td_tensor_numel(c.y), tol_for(dt) * 10);
             expect_close("avgpool", ya, rya, td_tensor_numel(c.ya), tol_for(dt));
             expect_close("maxpool", ym, rym, td_tensor_numel(c.ym), 0);
+            /* each arg-max points at its window's maximum (CPU memory is host memory) */
+            for (size_t o = 0; o < td_tensor_numel(c.ym); o++) {
+                size_t plane = o / (size_t)(d->oh * d->ow);
+                int32_t at = ((const int32_t *)c.argmax->ptr)[o];
+                assert_true(at >= 0 && at < d->h * d->w);
+                assert_true(x[plane * (size_t)(d->h * d->w) + (size_t)at] == ym[o]);
+            }
             free(x);
             free(w);
             free(b);

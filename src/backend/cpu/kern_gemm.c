@@ -223,8 +223,8 @@ static void valid_cols(const td_conv_desc *d, int64_t kj, int64_t *lo, int64_t *
                     valid_cols(d, kj, &lo, &hi);                                                   \
                     for (int64_t oi = 0; oi < d->oh; oi++) {                                       \
                         int64_t ii = oi * d->stride - d->pad + ki;                                 \
-                        T *out = row + oi * d->ow;                                                 \
-                        const T *in = plane + ii * d->w;                                           \
+                        T *restrict out = row + oi * d->ow;                                        \
+                        const T *restrict in = plane + ii * d->w;                                  \
                         if (ii < 0 || ii >= d->h) {                                                \
                             memset(out, 0, sizeof(T) * (size_t)d->ow);                             \
                             continue;                                                              \

@@ -486,10 +486,49 @@ typedef struct pool_args {
 DEFINE_POOL(float, f32)
 DEFINE_POOL(double, f64)
 
+/* The common 2x2 max-pool with stride 2 and no padding, f32. */
+static void maxpool2_planes_f32(pool_args *a, size_t p0, size_t p1) {
+    const td_conv_desc *d = a->d;
+    int64_t hw = d->h * d->w, ohw = d->oh * d->ow;
+    for (size_t pl = p0; pl < p1; pl++) {
+        const float *x = (const float *)a->x + (int64_t)pl * hw;
+        float *y = (float *)a->y + (int64_t)pl * ohw;
+        int32_t *am = a->argmax ? a->argmax + (int64_t)pl * ohw : NULL;
+        for (int64_t oi = 0; oi < d->oh; oi++) {
+            const float *r0 = x + 2 * oi * d->w, *r1 = r0 + d->w;
+            for (int64_t oj = 0; oj < d->ow; oj++) {
+                int64_t j = 2 * oj, at = 2 * oi * d->w + j;
+                float best = r0[j];
+                if (r0[j + 1] > best) {
+                    best = r0[j + 1];
+                    at = 2 * oi * d->w + j + 1;
+                }
+                if (r1[j] > best) {
+                    best = r1[j];
+                    at = (2 * oi + 1) * d->w + j;
+                }
+                if (r1[j + 1] > best) {
+                    best = r1[j + 1];
+                    at = (2 * oi + 1) * d->w + j + 1;
+                }
+                y[oi * d->ow + oj] = best;
+                if (am)
+                    am[oi * d->ow + oj] = (int32_t)at;
+            }
+        }
+    }
+}
+
 static void pool_fwd_part(void *p, int part, int nparts) {
     pool_args *a = p;
     size_t p0, p1;
+    const td_conv_desc *d = a->d;
     td__part_range((size_t)(a->d->n * a->d->c), part, nparts, &p0, &p1);
+    if (a->dt == TD_F32 && a->kind == TD_POOL_MAX && d->kh == 2 && d->kw == 2 && d->stride == 2 &&
+        d->pad == 0) {
+        maxpool2_planes_f32(a, p0, p1);
+        return;
+    }
     if (a->dt == TD_F32)
         pool_fwd_planes_f32(a, p0, p1);
     else
