@@ -479,7 +479,6 @@ static td_status add_uniform_param(td_model *m, td_layer *l, const char *name, i
 static td_status build_leaf(build_ctx *b, const char *type, td_layer *l, int in_ndim,
                             const int64_t *in) {
     td_model *m = b->m;
-    int64_t v;
     memcpy(l->out_shape, in, sizeof(int64_t) * (size_t)in_ndim);
     l->out_ndim = in_ndim;
     if (!strcmp(type, "linear")) {
@@ -634,7 +633,6 @@ static td_status build_leaf(build_ctx *b, const char *type, td_layer *l, int in_
         }
         return TD_OK;
     }
-    (void)v;
     return field_error(b, "type",
                        "unknown layer type (linear, conv2d, maxpool, avgpool, relu, gelu, tanh, "
                        "sigmoid, dropout, flatten, layernorm, embedding, attention, residual, "

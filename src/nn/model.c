@@ -322,6 +322,16 @@ static td_status parse_input(td_model *m, const char *file, json_t *in) {
     return td__error(TD_ERR_PARSE, "%s: input: expected \"shape\" or \"tokens\"", file);
 }
 
+/* "(2, 3)" for a per-sample shape. */
+static const char *shape_text(const int64_t *s, int n, char buf[64]) {
+    size_t used = (size_t)snprintf(buf, 64, "(");
+    for (int i = 0; i < n && used < 64; i++)
+        used += (size_t)snprintf(buf + used, 64 - used, "%s%lld", i ? ", " : "", (long long)s[i]);
+    if (used < 64)
+        snprintf(buf + used, 64 - used, ")");
+    return buf;
+}
+
 static td_status check_output(td_model *m, const char *file) {
     td_layer *root = m->root, *first = root->children[0];
     char s[64];
@@ -330,28 +340,19 @@ static td_status check_output(td_model *m, const char *file) {
             return td__error(TD_ERR_PARSE,
                              "%s: layers[0].type: a token model starts with an embedding", file);
         if (root->out_ndim != 2 || root->out_shape[0] != m->in_shape[0] ||
-            root->out_shape[1] != m->classes) {
-            td__shape_str(&(td_tensor){.ndim = root->out_ndim,
-                                       .shape = {root->out_shape[0], root->out_shape[1],
-                                                 root->out_shape[2], root->out_shape[3]}},
-                          s);
+            root->out_shape[1] != m->classes)
             return td__error(TD_ERR_PARSE,
                              "%s: layers: the last layer gives %s per sample; a token model "
                              "must end with (%lld, %lld) logits (tokens, vocab)",
-                             file, s, (long long)m->in_shape[0], (long long)m->classes);
-        }
+                             file, shape_text(root->out_shape, root->out_ndim, s),
+                             (long long)m->in_shape[0], (long long)m->classes);
         return TD_OK;
     }
-    if (root->out_ndim != 1) {
-        td__shape_str(&(td_tensor){.ndim = root->out_ndim,
-                                   .shape = {root->out_shape[0], root->out_shape[1],
-                                             root->out_shape[2], root->out_shape[3]}},
-                      s);
+    if (root->out_ndim != 1)
         return td__error(TD_ERR_PARSE,
                          "%s: layers: the last layer gives %s per sample; a classifier ends with "
                          "(classes) logits (add a flatten and a linear)",
-                         file, s);
-    }
+                         file, shape_text(root->out_shape, root->out_ndim, s));
     m->classes = root->out_shape[0];
     return TD_OK;
 }
