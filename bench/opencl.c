@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tandem/comm.h"
+#include "tandem/parallel.h"
 #include "tandem/tandem.h"
 #include "tensor/ops.h"
 
@@ -116,6 +118,46 @@ done:
     return out;
 }
 
+/* The same with the data strategy over a group spec (shares calibrated, then
+ * kept adjusting), median step time over `steps` steps. */
+static double group_samples_per_s(const char *spec, int steps) {
+    enum { BATCH = 128, WARM = 5 };
+    static float x[BATCH * 784];
+    static int32_t y[BATCH];
+    td_batch b = {BATCH, x, NULL, y};
+    td_group *g = NULL;
+    td_dp *dp = NULL;
+    td_dp_config cfg = TD_DP_CONFIG_INIT;
+    td_optimizer_config opt = TD_OPTIMIZER_CONFIG_INIT;
+    double *t = malloc((size_t)steps * sizeof *t), out = 0;
+    for (int i = 0; i < BATCH * 784; i++)
+        x[i] = (float)td_rng_uniform(3, (uint64_t)i);
+    for (int i = 0; i < BATCH; i++)
+        y[i] = i % 10;
+    opt.kind = TD_OPT_ADAMW;
+    opt.lr = 1e-3;
+    if (!t || td_group_create_spec(spec, NULL, &g) ||
+        td_dp_create(g, mlp_json, "mnist_mlp", TD_F32, 1, &opt, &cfg, &dp) ||
+        td_dp_calibrate(dp, &b))
+        goto done;
+    for (int s = 0; s < WARM + steps; s++) {
+        td_step_result r;
+        td_dp_stats st;
+        if (td_dp_step(dp, &b, (uint64_t)s, &r, &st))
+            goto done;
+        if (s >= WARM)
+            t[s - WARM] = st.step_s;
+    }
+    out = BATCH / median(t, steps);
+done:
+    if (out == 0)
+        fprintf(stderr, "training on %s: %s\n", spec, td_last_error());
+    td_dp_destroy(dp);
+    td_group_destroy(g);
+    free(t);
+    return out;
+}
+
 int main(int argc, char **argv) {
     int reps = argc > 1 ? atoi(argv[1]) : 7, steps = argc > 2 ? atoi(argv[2]) : 200;
     static const int64_t sizes[] = {256, 512, 1024};
@@ -157,6 +199,12 @@ int main(int argc, char **argv) {
         printf("%-12s %12.0f\n", "cpu", s1);
         printf("%-12s %12.0f   (%.2fx cpu:0, %.2fx cpu)\n", "opencl:0.0", so, s0 > 0 ? so / s0 : 0,
                s1 > 0 ? so / s1 : 0);
+        /* The group must not be slower than its fastest member alone. */
+        {
+            double sm = group_samples_per_s("cpu:0,opencl:0.0", steps);
+            printf("%-12s %12.0f   (%.2fx cpu:0 alone; data strategy, calibrated shares)\n",
+                   "cpu:0 + opencl:0.0", sm, s0 > 0 ? sm / s0 : 0);
+        }
     }
     td_device_list_destroy(list);
     return 0;

@@ -94,8 +94,10 @@ void td__ocl_arg_window(td_ocl_args *a, const td_conv_desc *d) {
     arg_raw(a, sizeof x, &x);
 }
 
-/* Kernels loop over their items, so the grid stays bounded; above one
- * group's worth it is a multiple of 64 so the runtime can pick whole groups. */
+/* One work-item per item up to 2^30 (kernels loop beyond that): on CPU
+ * devices a grid-stride loop over a small grid strides across pages, which
+ * made a million-element add 10x slower on PoCL. Above one group's worth
+ * the grid is a multiple of 64 so the runtime can pick whole groups. */
 td_status td__ocl_run(td_ocl_args *a, size_t items) {
     size_t global = items;
     if (a->st != TD_OK)
@@ -107,8 +109,8 @@ td_status td__ocl_run(td_ocl_args *a, size_t items) {
     }
     if (global == 0)
         return TD_OK;
-    if (global > 65536)
-        global = 65536;
+    if (global > ((size_t)1 << 30))
+        global = (size_t)1 << 30;
     else if (global > 64)
         global = (global + 63) / 64 * 64;
     {
