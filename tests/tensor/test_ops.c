@@ -558,6 +558,87 @@ static void conv_and_pool_match_direct_loops(void **state) {
         }
 }
 
+typedef struct conv_bwd_case {
+    td_conv_desc d;
+    td_tensor *x, *w, *dy, *dx, *dw, *db;
+    td_status st;
+} conv_bwd_case;
+
+static td_status conv_bwd_body(void *p) {
+    conv_bwd_case *c = p;
+    return c->st = td__op_conv2d_bwd(&c->d, c->x, c->w, c->dy, c->dx, c->dw, c->db, 0);
+}
+
+/* A batch big enough that each core works through several groups of images. */
+static void conv_backward_matches_direct_loops(void **state) {
+    for (int dti = 0; dti < 2; dti++) {
+        td_dtype dt = dti ? TD_F64 : TD_F32;
+        conv_bwd_case c;
+        td_conv_desc *d = &c.d;
+        int64_t xs[4], ws[4], ys[4];
+        double *x, *w, *dy, *dx, *dw, *db, *rdx, *rdw, *rdb;
+        memset(&c, 0, sizeof c);
+        d->n = 50, d->c = 3, d->h = 32, d->w = 32, d->oc = 8, d->kh = d->kw = 5;
+        d->stride = 1, d->pad = 2, d->oh = 32, d->ow = 32;
+        xs[0] = d->n, xs[1] = d->c, xs[2] = d->h, xs[3] = d->w;
+        ws[0] = d->oc, ws[1] = d->c, ws[2] = d->kh, ws[3] = d->kw;
+        ys[0] = d->n, ys[1] = d->oc, ys[2] = d->oh, ys[3] = d->ow;
+        c.x = make_rand(dt, 4, xs, 81);
+        c.w = make_rand(dt, 4, ws, 82);
+        c.dy = make_rand(dt, 4, ys, 83);
+        c.dx = make(dt, 4, xs);
+        c.dw = make(dt, 4, ws);
+        c.db = make(dt, 1, &d->oc);
+        x = host(c.x);
+        w = host(c.w);
+        dy = host(c.dy);
+        (void)on_device(conv_bwd_body, &c);
+        TD_ASSERT_OK(c.st);
+        dx = host(c.dx);
+        dw = host(c.dw);
+        db = host(c.db);
+        rdx = calloc(td_tensor_numel(c.dx), sizeof(double));
+        rdw = calloc(td_tensor_numel(c.dw), sizeof(double));
+        rdb = calloc((size_t)d->oc, sizeof(double));
+        for (int64_t n = 0; n < d->n; n++)
+            for (int64_t o = 0; o < d->oc; o++)
+                for (int64_t oi = 0; oi < d->oh; oi++)
+                    for (int64_t oj = 0; oj < d->ow; oj++) {
+                        double g = dy[((n * d->oc + o) * d->oh + oi) * d->ow + oj];
+                        rdb[o] += g;
+                        for (int64_t ci = 0; ci < d->c; ci++)
+                            for (int64_t ki = 0; ki < d->kh; ki++)
+                                for (int64_t kj = 0; kj < d->kw; kj++) {
+                                    int64_t ii = oi - d->pad + ki, jj = oj - d->pad + kj;
+                                    int64_t xi = ((n * d->c + ci) * d->h + ii) * d->w + jj;
+                                    int64_t wi = ((o * d->c + ci) * d->kh + ki) * d->kw + kj;
+                                    if (ii < 0 || jj < 0 || ii >= d->h || jj >= d->w)
+                                        continue;
+                                    rdw[wi] += g * x[xi];
+                                    rdx[xi] += g * w[wi];
+                                }
+                    }
+        expect_close("conv2d backward dx", dx, rdx, td_tensor_numel(c.dx), tol_for(dt) * 10);
+        expect_close("conv2d backward dw", dw, rdw, td_tensor_numel(c.dw), tol_for(dt) * 50);
+        expect_close("conv2d backward db", db, rdb, (size_t)d->oc, tol_for(dt) * 50);
+        free(x);
+        free(w);
+        free(dy);
+        free(dx);
+        free(dw);
+        free(db);
+        free(rdx);
+        free(rdw);
+        free(rdb);
+        td_tensor_destroy(c.x);
+        td_tensor_destroy(c.w);
+        td_tensor_destroy(c.dy);
+        td_tensor_destroy(c.dx);
+        td_tensor_destroy(c.dw);
+        td_tensor_destroy(c.db);
+    }
+}
+
 /* Row kernels ---------------------------------------------------------------------- */
 
 typedef struct row_case {
@@ -812,6 +893,7 @@ static int run_suite(void) {
         cmocka_unit_test(add_axpby_sumsq_match_reference),
         cmocka_unit_test(optimizer_kernels_match_reference),
         cmocka_unit_test(conv_and_pool_match_direct_loops),
+        cmocka_unit_test(conv_backward_matches_direct_loops),
         cmocka_unit_test(row_kernels_match_formulas),
         cmocka_unit_test(attention_matches_formulas),
     };

@@ -209,15 +209,13 @@ static void valid_cols(const td_conv_desc *d, int64_t kj, int64_t *lo, int64_t *
         *hi = *lo;
 }
 
-/* col (c*kh*kw, oh*ow) from one image x (c, h, w); the valid stretch of each
- * row is one copy when the stride is 1. */
+/* col (c*kh*kw, oh*ow), rows ld apart, from one image x (c, h, w). */
 #define DEFINE_IM2COL(T, sfx)                                                                      \
-    static void im2col_##sfx(const td_conv_desc *d, const T *x, T *col) {                          \
-        int64_t ohw = d->oh * d->ow;                                                               \
+    static void im2col_##sfx(const td_conv_desc *d, const T *x, T *col, int64_t ld) {              \
         for (int64_t ci = 0; ci < d->c; ci++)                                                      \
             for (int64_t ki = 0; ki < d->kh; ki++)                                                 \
                 for (int64_t kj = 0; kj < d->kw; kj++) {                                           \
-                    T *row = col + ((ci * d->kh + ki) * d->kw + kj) * ohw;                         \
+                    T *row = col + ((ci * d->kh + ki) * d->kw + kj) * ld;                          \
                     const T *plane = x + ci * d->h * d->w;                                         \
                     int64_t lo, hi;                                                                \
                     valid_cols(d, kj, &lo, &hi);                                                   \
@@ -244,13 +242,12 @@ static void valid_cols(const td_conv_desc *d, int64_t kj, int64_t *lo, int64_t *
                 }                                                                                  \
     }                                                                                              \
     /* dx (c, h, w) = the sum of col's entries back at their pixels (overwritten). */              \
-    static void col2im_##sfx(const td_conv_desc *d, const T *col, T *x) {                          \
-        int64_t ohw = d->oh * d->ow;                                                               \
+    static void col2im_##sfx(const td_conv_desc *d, const T *col, int64_t ld, T *x) {              \
         memset(x, 0, sizeof(T) * (size_t)(d->c * d->h * d->w));                                    \
         for (int64_t ci = 0; ci < d->c; ci++)                                                      \
             for (int64_t ki = 0; ki < d->kh; ki++)                                                 \
                 for (int64_t kj = 0; kj < d->kw; kj++) {                                           \
-                    const T *row = col + ((ci * d->kh + ki) * d->kw + kj) * ohw;                   \
+                    const T *row = col + ((ci * d->kh + ki) * d->kw + kj) * ld;                    \
                     T *plane = x + ci * d->h * d->w;                                               \
                     int64_t lo, hi;                                                                \
                     valid_cols(d, kj, &lo, &hi);                                                   \
@@ -282,46 +279,68 @@ typedef struct conv_args {
     int failed;
 } conv_args;
 
-static int conv_is_identity(const td_conv_desc *d) {
-    return d->kh == 1 && d->kw == 1 && d->stride == 1 && d->pad == 0;
+/* Images per GEMM: enough that the GEMMs are wide (k or n = g * oh * ow),
+ * few enough that the buffers, `per_image` bytes each, stay near 4 MiB. */
+static int64_t group_size(size_t per_image, size_t n) {
+    size_t g = per_image ? ((size_t)4 << 20) / per_image : n;
+    if (g < 1)
+        g = 1;
+    return (int64_t)(g < n ? g : n);
 }
 
+static void im2col_any(td_dtype dt, const td_conv_desc *d, const void *x, void *col, int64_t ld) {
+    if (dt == TD_F32)
+        im2col_f32(d, x, col, ld);
+    else
+        im2col_f64(d, x, col, ld);
+}
+
+/* dst rows (rows, n) with stride ldd = src rows with stride lds, plus bias[row]
+ * when bias is not NULL. */
+static void copy_rows(td_dtype dt, void *dst, int64_t ldd, const void *src, int64_t lds,
+                      int64_t rows, int64_t n, const void *bias) {
+    for (int64_t r = 0; r < rows; r++) {
+        if (dt == TD_F32) {
+            float *o = (float *)dst + r * ldd, b = bias ? ((const float *)bias)[r] : 0.0f;
+            const float *in = (const float *)src + r * lds;
+            for (int64_t j = 0; j < n; j++)
+                o[j] = in[j] + b;
+        } else {
+            double *o = (double *)dst + r * ldd, b = bias ? ((const double *)bias)[r] : 0.0;
+            const double *in = (const double *)src + r * lds;
+            for (int64_t j = 0; j < n; j++)
+                o[j] = in[j] + b;
+        }
+    }
+}
+
+/* Each part takes its images in groups of g: im2col of the group side by side
+ * (ckk, g ohw), one GEMM, then the outputs back to (n, oc, ohw) with the bias. */
 static void conv_fwd_part(void *p, int part, int nparts) {
     conv_args *a = p;
     const td_conv_desc *d = a->d;
     size_t es = td_dtype_size(a->dt), n0, n1;
-    int64_t ckk = d->c * d->kh * d->kw, ohw = d->oh * d->ow;
-    void *col = NULL;
+    int64_t ckk = d->c * d->kh * d->kw, ohw = d->oh * d->ow, g;
+    char *col, *tmp;
     td__part_range((size_t)d->n, part, nparts, &n0, &n1);
     if (n0 >= n1)
         return;
-    if (!conv_is_identity(d) && !(col = td__cpu_scratch((size_t)(ckk * ohw) * es))) {
+    g = group_size((size_t)((ckk + d->oc) * ohw) * es, n1 - n0);
+    if (!(col = td__cpu_scratch((size_t)((ckk + d->oc) * g * ohw) * es))) {
         a->failed = 1;
         return;
     }
-    for (size_t i = n0; i < n1; i++) {
-        const char *xi = a->x + i * (size_t)(d->c * d->h * d->w) * es;
-        char *yi = a->y + i * (size_t)(d->oc * ohw) * es;
-        const void *src = xi;
-        if (col) {
-            if (a->dt == TD_F32)
-                im2col_f32(d, (const float *)xi, col);
-            else
-                im2col_f64(d, (const double *)xi, col);
-            src = col;
-        }
-        /* y_i (oc, ohw) = w (oc, ckk) col (ckk, ohw) + bias */
-        if (a->bias) {
-            for (int64_t o = 0; o < d->oc; o++)
-                for (int64_t j = 0; j < ohw; j++) {
-                    if (a->dt == TD_F32)
-                        ((float *)yi)[o * ohw + j] = ((const float *)a->bias)[o];
-                    else
-                        ((double *)yi)[o * ohw + j] = ((const double *)a->bias)[o];
-                }
-        }
-        td__cpu_gemm_serial(a->dt, 0, 0, d->oc, ohw, ckk, 1.0, a->w, ckk, src, ohw,
-                            a->bias ? 1.0 : 0.0, yi, ohw);
+    tmp = col + (size_t)(ckk * g * ohw) * es;
+    for (size_t i0 = n0; i0 < n1; i0 += (size_t)g) {
+        int64_t gi = (int64_t)(n1 - i0) < g ? (int64_t)(n1 - i0) : g, ld = gi * ohw;
+        for (int64_t k = 0; k < gi; k++)
+            im2col_any(a->dt, d, a->x + (i0 + (size_t)k) * (size_t)(d->c * d->h * d->w) * es,
+                       col + (size_t)(k * ohw) * es, ld);
+        /* tmp (oc, gi ohw) = w (oc, ckk) col (ckk, gi ohw) */
+        td__cpu_gemm_serial(a->dt, 0, 0, d->oc, ld, ckk, 1.0, a->w, ckk, col, ld, 0.0, tmp, ld);
+        for (int64_t k = 0; k < gi; k++)
+            copy_rows(a->dt, a->y + (i0 + (size_t)k) * (size_t)(d->oc * ohw) * es, ohw,
+                      tmp + (size_t)(k * ohw) * es, ld, d->oc, ohw, a->bias);
     }
 }
 
@@ -341,74 +360,73 @@ td_status td__cpu_conv2d_fwd(void *ctx, td_dtype dt, const td_conv_desc *d, cons
     return TD_OK;
 }
 
+/* Groups of g images as in the forward: dy of the group side by side
+ * (oc, g ohw), dw += dy col^T and db += row sums into this part's partial
+ * sums, dcol = w^T dy back to the images' dx through col2im. */
 static void conv_bwd_part(void *p, int part, int nparts) {
     conv_args *a = p;
     const td_conv_desc *d = a->d;
     size_t es = td_dtype_size(a->dt), n0, n1;
-    int64_t ckk = d->c * d->kh * d->kw, ohw = d->oh * d->ow;
-    int identity = conv_is_identity(d);
-    size_t colsz = identity ? 0 : (size_t)(ckk * ohw) * es;
-    size_t dcolsz = a->dx && !identity ? colsz : 0;
+    int64_t ckk = d->c * d->kh * d->kw, ohw = d->oh * d->ow, g;
+    size_t per_image = (size_t)((ckk * (a->dx ? 2 : 1) + d->oc) * ohw) * es;
     size_t dwsz = (size_t)(d->oc * ckk + d->oc) * es;
-    char *buf, *col, *dcol, *dw;
+    char *buf, *col, *dyb, *dcol, *dw;
     td__part_range((size_t)d->n, part, nparts, &n0, &n1);
     a->partial[part] = NULL;
-    if (!(buf = td__cpu_scratch(colsz + dcolsz + dwsz))) {
+    g = group_size(per_image, n1 > n0 ? n1 - n0 : 1);
+    if (!(buf = td__cpu_scratch(per_image * (size_t)g + dwsz))) {
         a->failed = 1;
         return;
     }
     col = buf;
-    dcol = buf + colsz;
-    dw = buf + colsz + dcolsz;
+    dyb = col + (size_t)(ckk * g * ohw) * es;
+    dcol = dyb + (size_t)(d->oc * g * ohw) * es;
+    dw = buf + per_image * (size_t)g;
     memset(dw, 0, dwsz);
     a->partial[part] = dw;
-    for (size_t i = n0; i < n1; i++) {
-        const char *xi = a->x + i * (size_t)(d->c * d->h * d->w) * es;
-        const char *dyi = a->dy + i * (size_t)(d->oc * ohw) * es;
-        const void *src = xi;
-        if (!identity) {
-            if (a->dt == TD_F32)
-                im2col_f32(d, (const float *)xi, (float *)col);
-            else
-                im2col_f64(d, (const double *)xi, (double *)col);
-            src = col;
+    for (size_t i0 = n0; i0 < n1; i0 += (size_t)g) {
+        int64_t gi = (int64_t)(n1 - i0) < g ? (int64_t)(n1 - i0) : g, ld = gi * ohw;
+        for (int64_t k = 0; k < gi; k++) {
+            size_t i = i0 + (size_t)k;
+            im2col_any(a->dt, d, a->x + i * (size_t)(d->c * d->h * d->w) * es,
+                       col + (size_t)(k * ohw) * es, ld);
+            copy_rows(a->dt, dyb + (size_t)(k * ohw) * es, ld,
+                      a->dy + i * (size_t)(d->oc * ohw) * es, ohw, d->oc, ohw, NULL);
         }
-        /* dw (oc, ckk) += dy_i (oc, ohw) col^T (ohw, ckk) */
-        td__cpu_gemm_serial(a->dt, 0, 1, d->oc, ckk, ohw, 1.0, dyi, ohw, src, ohw, 1.0, dw, ckk);
-        /* db (oc) += the sums of dy_i's planes, eight partial sums per plane
-         * so the loop vectorises */
+        /* dw (oc, ckk) += dy (oc, gi ohw) col^T (gi ohw, ckk) */
+        td__cpu_gemm_serial(a->dt, 0, 1, d->oc, ckk, ld, 1.0, dyb, ld, col, ld, 1.0, dw, ckk);
+        /* db (oc) += row sums of dy, eight partial sums so the loop vectorises */
         for (int64_t o = 0; o < d->oc; o++) {
             if (a->dt == TD_F32) {
-                const float *pl = (const float *)dyi + o * ohw;
+                const float *pl = (const float *)dyb + o * ld;
                 float psum[8] = {0, 0, 0, 0, 0, 0, 0, 0}, s = 0;
                 int64_t j = 0;
-                for (; j + 8 <= ohw; j += 8)
+                for (; j + 8 <= ld; j += 8)
                     for (int q = 0; q < 8; q++)
                         psum[q] += pl[j + q];
-                for (; j < ohw; j++)
+                for (; j < ld; j++)
                     s += pl[j];
                 for (int q = 0; q < 8; q++)
                     s += psum[q];
                 ((float *)dw)[d->oc * ckk + o] += s;
             } else {
-                const double *pl = (const double *)dyi + o * ohw;
+                const double *pl = (const double *)dyb + o * ld;
                 double s = 0;
-                for (int64_t j = 0; j < ohw; j++)
+                for (int64_t j = 0; j < ld; j++)
                     s += pl[j];
                 ((double *)dw)[d->oc * ckk + o] += s;
             }
         }
-        if (a->dx) {
-            char *dxi = a->dx + i * (size_t)(d->c * d->h * d->w) * es;
-            /* dcol (ckk, ohw) = w^T (ckk, oc) dy_i (oc, ohw) */
-            td__cpu_gemm_serial(a->dt, 1, 0, ckk, ohw, d->oc, 1.0, a->w, ckk, dyi, ohw, 0.0,
-                                identity ? (void *)dxi : (void *)dcol, ohw);
-            if (!identity) {
-                if (a->dt == TD_F32)
-                    col2im_f32(d, (const float *)dcol, (float *)dxi);
-                else
-                    col2im_f64(d, (const double *)dcol, (double *)dxi);
-            }
+        if (!a->dx)
+            continue;
+        /* dcol (ckk, gi ohw) = w^T (ckk, oc) dy (oc, gi ohw) */
+        td__cpu_gemm_serial(a->dt, 1, 0, ckk, ld, d->oc, 1.0, a->w, ckk, dyb, ld, 0.0, dcol, ld);
+        for (int64_t k = 0; k < gi; k++) {
+            char *dxi = a->dx + (i0 + (size_t)k) * (size_t)(d->c * d->h * d->w) * es;
+            if (a->dt == TD_F32)
+                col2im_f32(d, (const float *)(dcol + (size_t)(k * ohw) * es), ld, (float *)dxi);
+            else
+                col2im_f64(d, (const double *)(dcol + (size_t)(k * ohw) * es), ld, (double *)dxi);
         }
     }
 }

@@ -497,20 +497,15 @@ static void maxpool2_planes_f32(pool_args *a, size_t p0, size_t p1) {
         for (int64_t oi = 0; oi < d->oh; oi++) {
             const float *r0 = x + 2 * oi * d->w, *r1 = r0 + d->w;
             for (int64_t oj = 0; oj < d->ow; oj++) {
-                int64_t j = 2 * oj, at = 2 * oi * d->w + j;
-                float best = r0[j];
-                if (r0[j + 1] > best) {
-                    best = r0[j + 1];
-                    at = 2 * oi * d->w + j + 1;
-                }
-                if (r1[j] > best) {
-                    best = r1[j];
-                    at = (2 * oi + 1) * d->w + j;
-                }
-                if (r1[j + 1] > best) {
-                    best = r1[j + 1];
-                    at = (2 * oi + 1) * d->w + j + 1;
-                }
+                /* selects rather than branches: on real data the winner is a coin toss */
+                int64_t j = 2 * oj, top = 2 * oi * d->w + j, bot = top + d->w;
+                float a0 = r0[j], a1 = r0[j + 1], a2 = r1[j], a3 = r1[j + 1];
+                int up = a1 > a0, dn = a3 > a2;
+                float mu = up ? a1 : a0, md = dn ? a3 : a2;
+                int64_t iu = top + up, id = bot + dn;
+                int lower = md > mu;
+                float best = lower ? md : mu;
+                int64_t at = lower ? id : iu;
                 y[oi * d->ow + oj] = best;
                 if (am)
                     am[oi * d->ow + oj] = (int32_t)at;
