@@ -62,11 +62,14 @@ typedef enum td_transport {
 } td_transport;
 
 /* Which algorithm a collective uses. AUTO takes the latency-optimised direct
- * exchange up to the switch size and the chunked pipelined ring above it. */
+ * exchange below the switch size; above it, the shared work queue for a local
+ * all-reduce and the chunked pipelined ring (or chain) for the rest. */
 typedef enum td_comm_algorithm {
     TD_ALGO_AUTO = 0,
     TD_ALGO_DIRECT = 1, /* every member reads every peer's contribution: one barrier */
     TD_ALGO_RING = 2,   /* chunked, pipelined ring (chain for broadcast and reduce) */
+    TD_ALGO_SHARED = 3, /* all-reduce: members pull chunks of the whole job from a shared
+                           counter; a descheduled member delays no one (local only) */
 } td_comm_algorithm;
 
 typedef enum td_collective_kind {

@@ -116,6 +116,10 @@ struct td_group {
     td__member *members; /* nlocal */
     td__slot *slots;     /* nlocal, cache-line aligned */
 
+    /* The shared all-reduce's work queue, by phase parity (local.c). */
+    _Alignas(TD_CACHE_LINE) atomic_uint_least64_t work_next[2];
+    _Alignas(TD_CACHE_LINE) atomic_uint_least64_t work_done[2];
+
     _Alignas(TD_CACHE_LINE) atomic_int aborted;
     _Alignas(TD_CACHE_LINE) pthread_mutex_t fail_lock;
     td_status fail_status;

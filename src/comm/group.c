@@ -180,12 +180,18 @@ static td_status group_create(td_device *const *devs, size_t n, const td_group_c
         return td__error(TD_ERR_INVALID_ARG, "td_group_create: no devices");
     if (n > 4096)
         return td__error(TD_ERR_INVALID_ARG, "td_group_create: %zu devices (4096 at most)", n);
-    g = td__calloc(sizeof *g, "a group");
+    g = td__aligned_alloc(sizeof *g, "a group");
+    if (g)
+        memset(g, 0, sizeof *g);
     if (!g)
         return TD_ERR_OUT_OF_MEMORY;
     pthread_mutex_init(&g->fail_lock, NULL);
     atomic_init(&g->aborted, 0);
     atomic_init(&g->running, 0);
+    for (int i = 0; i < 2; i++) {
+        atomic_init(&g->work_next[i], 0);
+        atomic_init(&g->work_done[i], 0);
+    }
     g->fail_rank = -1;
     g->mpi_parent = parent;
     g->cfg = cfg;

@@ -14,6 +14,11 @@
  * path.
  *
  * Algorithms:
+ *   shared  (large all-reduce) see shared_allreduce(): chunk jobs pulled from
+ *           a shared counter by whichever member is free. Chosen over the
+ *           ring for all-reduce because on shared memory there are no links
+ *           for a ring to respect, and members share cores with other work
+ *           (2 cores here): a ring stalls whenever one member is descheduled.
  *   direct  each member copies its contribution into its own small slot,
  *           posts, and computes its result from all slots in rank order:
  *           one barrier, so latency is one cache-line handoff. Slots are
@@ -423,6 +428,60 @@ static td_status chain_reduce(td__member *m, const td__op *o, int root, int divi
     return wait_units(m, right, ph, nchunks, o->seq);
 }
 
+/* Shared work queue --------------------------------------------------------- */
+
+/* All-reduce as a queue of chunk jobs that any member may take: job c reads
+ * chunk c of every member's input, reduces it in rank order, and writes it
+ * to every member's output. The memory traffic equals the ring's (each byte
+ * read once, each result written once per member) and, like the ring, every
+ * result is computed once, so members agree bit for bit; but a member that
+ * the OS deschedules (cores shared with other work, or members outnumbering
+ * cores) holds back at most the chunk it took, where a ring would stall at
+ * its next step. Counters are by phase parity; member 0 resets this phase's
+ * before it posts, when nobody can still be using them (see phase_post). */
+static td_status shared_allreduce(td__member *m, const td__op *o, int divide_by) {
+    td_group *g = m->g;
+    const int n = g->nlocal;
+    const size_t es = td_dtype_size(o->dtype);
+    const size_t ce = chunk_elems(g, o->dtype);
+    const uint64_t jobs = (o->count + ce - 1) / ce;
+    uint64_t ph, done_here = 0;
+    td_status st;
+    ph = phase_open(m, o->in, o->out, o->count, o->kind, o->dtype, o->op, o->root, o->seq);
+    if (m->local == 0) {
+        atomic_store_explicit(&g->work_next[ph & 1], 0, memory_order_relaxed);
+        atomic_store_explicit(&g->work_done[ph & 1], 0, memory_order_relaxed);
+    }
+    if ((st = phase_post(m, ph)) != TD_OK)
+        return st;
+    for (;;) {
+        uint64_t c = atomic_fetch_add_explicit(&g->work_next[ph & 1], 1, memory_order_relaxed);
+        size_t lo, hi, len;
+        char *dst;
+        if (c >= jobs)
+            break;
+        lo = (size_t)c * ce;
+        hi = lo + ce < o->count ? lo + ce : o->count;
+        len = hi - lo;
+        /* Into member 0's output first (in place is fine: element by element),
+         * then copied from there, still in cache, to the others. */
+        dst = AT(peer_pub(m, 0, ph)->out, lo);
+        td__reduce2(dst, CAT(peer_pub(m, 0, ph)->in, lo), CAT(peer_pub(m, 1, ph)->in, lo), len,
+                    o->dtype, o->op);
+        for (int k = 2; k < n; k++)
+            td__reduce2(dst, dst, CAT(peer_pub(m, k, ph)->in, lo), len, o->dtype, o->op);
+        if (divide_by > 1)
+            td__scale(dst, len, o->dtype, divide_by);
+        for (int k = 1; k < n; k++)
+            memcpy(AT(peer_pub(m, k, ph)->out, lo), dst, len * es);
+        done_here++;
+        atomic_fetch_add_explicit(&g->work_done[ph & 1], 1, memory_order_acq_rel);
+    }
+    (void)done_here;
+    /* Everyone's buffers are in use until every job is done. */
+    return td__comm_wait(m, &g->work_done[ph & 1], jobs, -1, o->seq);
+}
+
 /* Direct exchange ----------------------------------------------------------- */
 
 /* Bytes of one member's slot contribution for op. */
@@ -487,7 +546,7 @@ static int use_direct(const td_group *g, const td__op *o) {
         return 0;
     if (algo == TD_ALGO_DIRECT)
         return 1;
-    if (algo == TD_ALGO_RING)
+    if (algo == TD_ALGO_RING || algo == TD_ALGO_SHARED)
         return 0;
     return bytes < g->switch_bytes;
 }
@@ -509,7 +568,12 @@ td_status td__local_run(td__member *m, const td__op *o) {
     if (use_direct(g, o))
         return direct(m, o, root, divide);
     switch (o->kind) {
-    case TD_COLL_ALLREDUCE: return ring_reduce(m, o, 0, divide);
+    case TD_COLL_ALLREDUCE: {
+        td_comm_algorithm algo = o->algo != TD_ALGO_AUTO ? o->algo : g->algorithm;
+        if (algo == TD_ALGO_RING)
+            return ring_reduce(m, o, 0, divide);
+        return shared_allreduce(m, o, divide);
+    }
     case TD_COLL_REDUCE_SCATTER: return ring_reduce(m, o, 1, divide);
     case TD_COLL_ALLGATHER: return ring_allgather(m, o);
     case TD_COLL_BROADCAST: return chain_bcast(m, o, root, TD_COLL_BROADCAST);

@@ -1,8 +1,9 @@
 /* Every collective against a serial f64 reference: 1 to 4 local devices,
  * both dtypes, every op, sizes from 0 to past a million elements (primes,
  * counts that do not divide by the members), in place and out of place,
- * with the direct exchange, the ring with tiny chunks (many pipeline steps
- * and FIFO wrap-arounds), and the automatic choice. */
+ * with the direct exchange, the ring and the shared job queue with tiny
+ * chunks (many pipeline steps and FIFO wrap-arounds), and the automatic
+ * choice. */
 #include <stdatomic.h>
 
 #include "comm/common.h"
@@ -85,6 +86,13 @@ static void ring_with_tiny_chunks_matches_reference(void **state) {
     /* 24-byte chunks: every size runs many pipeline steps and wraps the FIFO. */
     for (int i = 0; i < 4; i++)
         run_sweep(specs[i], TD_ALGO_RING, 24, ring_counts,
+                  sizeof ring_counts / sizeof *ring_counts);
+}
+
+static void shared_queue_with_tiny_chunks_matches_reference(void **state) {
+    /* All-reduce through the shared job queue (the others take the ring). */
+    for (int i = 0; i < 4; i++)
+        run_sweep(specs[i], TD_ALGO_SHARED, 24, ring_counts,
                   sizeof ring_counts / sizeof *ring_counts);
 }
 
@@ -178,6 +186,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(direct_exchange_matches_reference),
         cmocka_unit_test(ring_with_tiny_chunks_matches_reference),
+        cmocka_unit_test(shared_queue_with_tiny_chunks_matches_reference),
         cmocka_unit_test(automatic_choice_matches_reference_at_large_sizes),
         cmocka_unit_test(tensors_reduce_and_broadcast_in_place),
         cmocka_unit_test(misuse_fails_the_group_instead_of_hanging),
