@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "tandem/nn.h"
+#include "tandem/parallel.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -186,12 +187,18 @@ typedef struct td_train_config {
     td_train_callback callback;
     void *callback_arg;
     int64_t eval_every; /* also evaluate every this many steps; 0: not */
+    /* How the devices share the work: NULL or "single" trains on the first
+     * device; "data" keeps a replica on every device (and, under mpirun, in
+     * every process) and splits each batch by measured speed. */
+    const char *strategy;
+    int deterministic;   /* data: bitwise the same weights for any device count */
+    size_t bucket_bytes; /* data: gradient bucket size; 0: the default */
 } td_train_config;
 
 #define TD_TRAIN_CONFIG_INIT                                                                       \
     {                                                                                              \
         NULL, NULL, NULL, TD_F32, 1, 0, 64, 1, TD_OPTIMIZER_CONFIG_INIT, 0.0, 0, 1, NULL, 0, NULL, \
-            NULL, NULL, NULL, 0                                                                    \
+            NULL, NULL, NULL, 0, NULL, 0, 0                                                        \
     }
 
 typedef struct td_train_summary {
@@ -205,8 +212,21 @@ typedef struct td_train_summary {
     double test_accuracy;
     int64_t test_samples;
     int stopped;       /* 1 when max_seconds or the callback ended the run early */
-    char device[32];   /* the device that trained ("cpu:0") */
-    int devices_named; /* devices --devices opened; only the first trains for now */
+    char device[32];   /* the device that trained ("cpu:0"), or the first of several */
+    int devices_named; /* devices --devices opened (in this process) */
+    /* The data strategy: every member's totals over the run. */
+    int members;        /* devices that trained, all processes; 1 for "single" */
+    int root;           /* 1 in the process that reports (MPI rank 0, or the only one) */
+    double hidden;      /* mean share of the gradient reduction hidden behind backward */
+    double ideal_ratio; /* mean step time over the ideal (work / sum of speeds) */
+    struct td_train_member {
+        char name[32];
+        int64_t samples;
+        double share;     /* of all samples */
+        double compute_s; /* forward and backward */
+        double comm_s;    /* waiting for reductions after backward (exposed) */
+        double wait_s;    /* idle until the slowest member finished */
+    } member[TD_DP_MAX_MEMBERS];
 } td_train_summary;
 
 /* Trains cfg->model_path on cfg->data_path: loads or resumes, runs the

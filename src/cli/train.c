@@ -33,7 +33,12 @@ static void usage(FILE *out) {
             "  --min-lr X          end of the cosine schedule (default 0)\n"
             "  --clip X            clip gradients to global norm X (default off)\n"
             "  --precision P       f32 (default) or f64\n"
-            "  --devices SPEC      devices; the first one trains for now (default cpu)\n"
+            "  --devices SPEC      devices (default cpu): 'cpu*2', 'cpu:0,cpu:1{slowdown=3}'\n"
+            "  --strategy S        single (default: the first device trains) or data (a\n"
+            "                      replica on every device, batches split by measured speed,\n"
+            "                      gradients all-reduced; under mpirun, across processes)\n"
+            "  --deterministic     data: bitwise the same weights for any number of devices\n"
+            "  --bucket-bytes N    data: gradient all-reduce bucket size (default 4 MiB)\n"
             "  --seed S            initialisation, data order and dropout (default 1)\n"
             "  --checkpoint PATH   save a checkpoint (safetensors) at each epoch's end and last\n"
             "  --checkpoint-every N  also every N steps\n"
@@ -65,6 +70,9 @@ enum {
     OPT_CLIP,
     OPT_PRECISION,
     OPT_DEVICES,
+    OPT_STRATEGY,
+    OPT_DETERMINISTIC,
+    OPT_BUCKET_BYTES,
     OPT_SEED,
     OPT_CHECKPOINT,
     OPT_CHECKPOINT_EVERY,
@@ -78,6 +86,18 @@ enum {
     OPT_QUIET,
     OPT_HELP,
 };
+
+/* The data strategy's table: each device's share and where its time went. */
+static void print_members(const td_train_summary *s) {
+    printf("\n%-14s %9s %7s %11s %10s %10s\n", "device", "samples", "share", "compute s", "comm s",
+           "wait s");
+    for (int r = 0; r < s->members && r < TD_DP_MAX_MEMBERS; r++)
+        printf("%-14s %9lld %6.1f%% %11.3f %10.3f %10.3f\n", s->member[r].name,
+               (long long)s->member[r].samples, 100 * s->member[r].share, s->member[r].compute_s,
+               s->member[r].comm_s, s->member[r].wait_s);
+    printf("gradient reduction hidden behind backward: %.0f%%; step time %.2fx the ideal\n\n",
+           100 * s->hidden, s->ideal_ratio);
+}
 
 static const struct option options[] = {
     {"model", required_argument, NULL, OPT_MODEL},
@@ -96,6 +116,9 @@ static const struct option options[] = {
     {"clip", required_argument, NULL, OPT_CLIP},
     {"precision", required_argument, NULL, OPT_PRECISION},
     {"devices", required_argument, NULL, OPT_DEVICES},
+    {"strategy", required_argument, NULL, OPT_STRATEGY},
+    {"deterministic", no_argument, NULL, OPT_DETERMINISTIC},
+    {"bucket-bytes", required_argument, NULL, OPT_BUCKET_BYTES},
     {"seed", required_argument, NULL, OPT_SEED},
     {"checkpoint", required_argument, NULL, OPT_CHECKPOINT},
     {"checkpoint-every", required_argument, NULL, OPT_CHECKPOINT_EVERY},
@@ -309,6 +332,19 @@ int td_cli_train(int argc, char **argv) {
             }
             break;
         case OPT_DEVICES: cfg.devices = optarg; break;
+        case OPT_STRATEGY:
+            if (strcmp(optarg, "single") && strcmp(optarg, "data")) {
+                fprintf(stderr, "tandem train: --strategy is single or data, not '%s'\n", optarg);
+                return 2;
+            }
+            cfg.strategy = optarg;
+            break;
+        case OPT_DETERMINISTIC: cfg.deterministic = 1; break;
+        case OPT_BUCKET_BYTES:
+            if (!parse_int("train", "bucket-bytes", optarg, 64, &iv))
+                return 2;
+            cfg.bucket_bytes = (size_t)iv;
+            break;
         case OPT_SEED:
             if (!parse_int("train", "seed", optarg, 0, &iv))
                 return 2;
@@ -373,13 +409,17 @@ int td_cli_train(int argc, char **argv) {
     signal(SIGINT, on_sigint);
     if ((st = td_train_run(&cfg, &sum)) != TD_OK)
         return td_cli_fail("train", st);
+    if (!sum.root)
+        return 0; /* under mpirun, rank 0's process reports */
     printf("final test accuracy: %.2f%% (%lld samples, loss %.4f)  %lld steps, %.0f samples/s, "
            "%.1f s training\n",
            100 * sum.test_accuracy, (long long)sum.test_samples, sum.test_loss,
            (long long)sum.steps, sum.samples_per_s, sum.train_seconds);
-    if (sum.devices_named > 1)
-        printf("trained on %s, the first of the %d devices --devices named (one device trains "
-               "for now)\n",
+    if (sum.members > 1)
+        print_members(&sum);
+    else if (sum.devices_named > 1)
+        printf("trained on %s, the first of the %d devices --devices named (--strategy data "
+               "trains on all)\n",
                sum.device, sum.devices_named);
     if (cfg.checkpoint)
         printf("checkpoint: %s\n", cfg.checkpoint);

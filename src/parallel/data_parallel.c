@@ -596,6 +596,7 @@ td_status td_dp_step(td_dp *dp, const td_batch *batch, uint64_t step, td_step_re
     int64_t counts[TD_DP_MAX_MEMBERS], offsets[TD_DP_MAX_MEMBERS];
     double all[TD_DP_MAX_MEMBERS * STAT_WORDS], seconds[TD_DP_MAX_MEMBERS];
     int64_t units, samples[TD_DP_MAX_MEMBERS];
+    char report[512] = "";
     uint64_t t0 = td_clock_ns();
     dp_work w;
     td_status st;
@@ -651,21 +652,14 @@ td_status td_dp_step(td_dp *dp, const td_batch *batch, uint64_t step, td_step_re
     for (int r = 0; r < dp->size; r++)
         seconds[r] = all[r * STAT_WORDS + 3];
     if (dp->cfg.rebalance) {
-        char report[512];
-        int64_t obs[TD_DP_MAX_MEMBERS];
-        for (int r = 0; r < dp->size; r++)
-            obs[r] = samples[r];
-        if (td_balancer_observe(dp->balancer, obs, seconds, report, sizeof report) > 0) {
+        /* The caller shows the report (stats) or the log does. */
+        if (td_balancer_observe(dp->balancer, samples, seconds, report, sizeof report) > 0 &&
+            !stats)
             TD_LOG_WARN("%s", report);
-            if (stats)
-                snprintf(stats->stragglers, sizeof stats->stragglers, "%s", report);
-        }
     }
     if (stats) {
-        char keep[sizeof stats->stragglers];
-        memcpy(keep, stats->stragglers, sizeof keep);
         fill_stats(dp, all, samples, (double)(td_clock_ns() - t0) * 1e-9, batch->n, stats);
-        memcpy(stats->stragglers, keep, sizeof keep);
+        snprintf(stats->stragglers, sizeof stats->stragglers, "%s", report);
     }
     return TD_OK;
 }

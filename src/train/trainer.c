@@ -1,11 +1,12 @@
-/* The training loop: data, model and optimizer on one device, evaluation,
- * metrics, checkpoints and resume.
+/* The training loop: data, model and optimizer, evaluation, metrics,
+ * checkpoints and resume.
  *
  * One step is: the loader's next host batch -> replica_step() on the
- * device's own thread (forward, backward, optimizer). A data-parallel
- * strategy runs replica_step on every device of a group with a share of
- * the batch and an all-reduce between backward and the optimizer; the loop
- * around it stays as it is. */
+ * device's own thread (forward, backward, optimizer), or with the data
+ * strategy td_dp_step() over a group of every device (src/parallel), which
+ * splits the batch by speed and all-reduces the gradients. The loop around
+ * it is the same; t->m and t->opt are then rank 0's replica, which
+ * evaluation and checkpoints use. */
 #include <errno.h>
 #include <libgen.h>
 #include <math.h>
@@ -29,6 +30,10 @@ typedef struct trainer {
     td_dataset_info info;
     td_loader *loader;
     td_train_state state;
+    td_group *group; /* the data strategy's, else NULL */
+    td_dp *dp;
+    int root;         /* this process reports and saves */
+    int64_t dp_steps; /* data-parallel steps in this process */
     FILE *metrics;
     uint64_t t0;          /* process start of the run */
     double train_seconds; /* in steps only */
@@ -111,7 +116,7 @@ static void metrics_line(trainer *t, const char *event, const td_train_event *ev
 }
 
 static td_status save(trainer *t) {
-    if (!t->cfg->checkpoint)
+    if (!t->cfg->checkpoint || !t->root)
         return TD_OK;
     td_loader_position(t->loader, &t->state.epoch, &t->state.sample);
     return td_checkpoint_save(t->cfg->checkpoint, t->m, t->opt, &t->state);
@@ -168,6 +173,130 @@ static void vocab_to_state(trainer *t) {
         memcpy(t->state.vocab, v, n);
 }
 
+/* Shares from each device's measured speed on a batch of the first samples
+ * (in order: the training order is left as it is). */
+static td_status calibrate(trainer *t) {
+    td_loader *l = NULL;
+    td_batch b;
+    td_status st;
+    int64_t n = t->state.batch < 256 ? t->state.batch : 256;
+    TD_TRY(td_loader_create(t->train, n, 0, 0, &l));
+    TD_TRY(td_loader_next(l, &b));
+    if (b.n > 0)
+        TD_TRY(td_dp_calibrate(t->dp, &b));
+    td_loader_destroy(l);
+    return TD_OK;
+fail:
+    td_loader_destroy(l);
+    return st;
+}
+
+/* A group over every device (every process's, under mpirun) with a
+ * replica on each. The single-device model and optimizer, already loaded or
+ * resumed, hand over to the replicas: rank 0's state is copied in and
+ * broadcast, so resuming needs the checkpoint in one place only. */
+static td_status setup_data_parallel(trainer *t) {
+    const td_train_config *c = t->cfg;
+    td_group_config gcfg = TD_GROUP_CONFIG_INIT;
+    td_dp_config dcfg = TD_DP_CONFIG_INIT;
+    const char *np = getenv("OMPI_COMM_WORLD_SIZE");
+    char *json = NULL;
+    td_model *r0;
+    td_optimizer *o0;
+    int rank0 = -1;
+    td_status st;
+    if (np && atoi(np) > 1)
+        gcfg.transport = TD_TRANSPORT_MPI;
+    dcfg.deterministic = c->deterministic;
+    if (c->bucket_bytes) {
+        dcfg.bucket_bytes = c->bucket_bytes;
+        dcfg.first_bucket_bytes = c->bucket_bytes / 16 ? c->bucket_bytes / 16 : 1;
+    }
+    if (!(json = strdup(td_model_json(t->m))))
+        return td__error(TD_ERR_OUT_OF_MEMORY, "out of host memory");
+    TD_TRY(td_group_create(t->devs, &gcfg, &t->group));
+    TD_TRY(td_dp_create(t->group, json, c->model_path ? c->model_path : c->resume,
+                        td_model_dtype(t->m), t->state.seed, &t->state.opt, &dcfg, &t->dp));
+    for (int r = 0; r < td_group_size(t->group) && rank0 < 0; r++)
+        if (td_group_device(t->group, r))
+            rank0 = r;
+    t->root = td_group_device(t->group, 0) != NULL;
+    /* Global rank 0 holds the state to start from; every other replica gets it. */
+    r0 = td_dp_model(t->dp, rank0);
+    o0 = td_dp_optimizer(t->dp, rank0);
+    if (t->root) {
+        for (size_t p = 0; p < td_model_param_count(t->m); p++)
+            TD_TRY(td_tensor_copy(td_model_param(r0, p), td_model_param(t->m, p)));
+        for (size_t i = 0; i < td_optimizer_state_count(t->opt); i++)
+            TD_TRY(td_tensor_copy(td_optimizer_state(o0, i), td_optimizer_state(t->opt, i)));
+    }
+    TD_TRY(td_dp_sync_replicas(t->dp));
+    for (int r = 0; r < td_group_size(t->group); r++)
+        if (td_dp_optimizer(t->dp, r))
+            td_optimizer_set_steps(td_dp_optimizer(t->dp, r), td_optimizer_steps(t->opt));
+    td_optimizer_destroy(t->opt);
+    td_model_destroy(t->m);
+    t->m = r0;
+    t->opt = o0;
+    t->dev = td_model_device(r0);
+    free(json);
+    return calibrate(t);
+fail:
+    free(json);
+    return st;
+}
+
+/* Per-member totals of a data-parallel run, and the per-step metrics line. */
+static void add_member_stats(trainer *t, const td_dp_stats *ds, td_train_summary *out) {
+    t->dp_steps++;
+    out->members = ds->members;
+    out->hidden += ds->hidden_fraction;
+    out->ideal_ratio += ds->ideal_s > 0 ? ds->step_s / ds->ideal_s : 0;
+    for (int r = 0; r < ds->members && r < TD_DP_MAX_MEMBERS; r++) {
+        struct td_train_member *m = &out->member[r];
+        td_device *dev = td_group_device(t->group, r);
+        snprintf(m->name, sizeof m->name, "%s", dev ? td_device_name(dev) : "(remote)");
+        m->samples += ds->m[r].samples;
+        m->compute_s += ds->m[r].compute_s;
+        m->comm_s += ds->m[r].comm_s;
+        m->wait_s += ds->m[r].wait_s;
+    }
+    if (t->metrics) {
+        fprintf(t->metrics,
+                "{\"event\":\"devices\",\"step\":%lld,\"step_s\":%.6f,"
+                "\"ideal_s\":%.6f,\"hidden\":%.4f,\"devices\":[",
+                (long long)t->state.step + 1, ds->step_s, ds->ideal_s, ds->hidden_fraction);
+        for (int r = 0; r < ds->members && r < TD_DP_MAX_MEMBERS; r++)
+            fprintf(t->metrics,
+                    "%s{\"name\":\"%s\",\"samples\":%lld,\"share\":%.4f,\"compute_s\":%.6f,"
+                    "\"comm_s\":%.6f,\"wait_s\":%.6f}",
+                    r ? "," : "", out->member[r].name, (long long)ds->m[r].samples, ds->m[r].share,
+                    ds->m[r].compute_s, ds->m[r].comm_s, ds->m[r].wait_s);
+        fputs("]}\n", t->metrics);
+    }
+    if (ds->stragglers[0] && t->root)
+        fprintf(stderr, "tandem: %s", ds->stragglers);
+}
+
+static void finish_member_stats(trainer *t, td_train_summary *out) {
+    int64_t total = 0;
+    int64_t steps = t->dp_steps > 0 ? t->dp_steps : 1;
+    if (!t->dp) {
+        out->members = 1;
+        snprintf(out->member[0].name, sizeof out->member[0].name, "%s", td_device_name(t->dev));
+        out->member[0].samples = t->samples;
+        out->member[0].share = 1.0;
+        out->member[0].compute_s = t->train_seconds;
+        return;
+    }
+    for (int r = 0; r < out->members; r++)
+        total += out->member[r].samples;
+    for (int r = 0; r < out->members; r++)
+        out->member[r].share = total ? (double)out->member[r].samples / (double)total : 0;
+    out->hidden /= (double)steps;
+    out->ideal_ratio /= (double)steps;
+}
+
 static td_status setup(trainer *t) {
     const td_train_config *c = t->cfg;
     td_train_state resumed;
@@ -213,6 +342,12 @@ static td_status setup(trainer *t) {
     TD_TRY(td_optimizer_create(t->m, &t->state.opt, &t->opt));
     if (c->resume)
         TD_TRY(td_checkpoint_load(c->resume, t->m, t->opt, NULL));
+    t->root = 1;
+    if (c->strategy && !strcmp(c->strategy, "data"))
+        TD_TRY(setup_data_parallel(t));
+    else if (c->strategy && strcmp(c->strategy, "single") != 0)
+        return td__error(TD_ERR_INVALID_ARG, "unknown strategy '%s' for training (single, data)",
+                         c->strategy);
     if (c->checkpoint) {
         /* Found out now, not after an epoch of training. */
         char dir[4096];
@@ -221,7 +356,7 @@ static td_status setup(trainer *t) {
             return td__error(TD_ERR_IO, "%s: cannot write a checkpoint there: %s", c->checkpoint,
                              strerror(errno));
     }
-    if (c->metrics && !(t->metrics = fopen(c->metrics, c->resume ? "a" : "w")))
+    if (c->metrics && t->root && !(t->metrics = fopen(c->metrics, c->resume ? "a" : "w")))
         return td__error(TD_ERR_IO, "%s: cannot open the metrics file for writing", c->metrics);
     return TD_OK;
 fail:
@@ -232,8 +367,14 @@ static void teardown(trainer *t) {
     if (t->metrics)
         fclose(t->metrics);
     td_loader_destroy(t->loader);
-    td_optimizer_destroy(t->opt);
-    td_model_destroy(t->m);
+    if (t->dp) {
+        /* The replicas own the model and optimizer then. */
+        td_dp_destroy(t->dp);
+    } else {
+        td_optimizer_destroy(t->opt);
+        td_model_destroy(t->m);
+    }
+    td_group_destroy(t->group);
     td_dataset_destroy(t->train);
     td_dataset_destroy(t->test);
     td_device_list_destroy(t->devs);
@@ -326,7 +467,13 @@ td_status td_train_run(const td_train_config *cfg, td_train_summary *out) {
             a.batch = &b;
             a.grad_scale = 1.0 / (double)count;
             a.dropout_step = (uint64_t)t.state.step;
-            TD_TRY(td_device_run(t.dev, replica_step, &a));
+            if (t.dp) {
+                td_dp_stats ds;
+                TD_TRY(td_dp_step(t.dp, &b, a.dropout_step, &a.result, &ds));
+                add_member_stats(&t, &ds, out);
+            } else {
+                TD_TRY(td_device_run(t.dev, replica_step, &a));
+            }
             dt = (double)(td_clock_ns() - s0) * 1e-9;
             t.state.step++;
             t.train_seconds += dt;
@@ -386,6 +533,8 @@ td_status td_train_run(const td_train_config *cfg, td_train_summary *out) {
     TD_TRY(save(&t));
     snprintf(out->device, sizeof out->device, "%s", td_device_name(t.dev));
     out->devices_named = (int)td_device_list_count(t.devs);
+    out->root = t.root;
+    finish_member_stats(&t, out);
     out->steps = t.state.step;
     out->epochs_done = epochs_done;
     out->samples = t.samples;
