@@ -239,6 +239,13 @@ TD_API td_status td_train_run(const td_train_config *cfg, td_train_summary *out)
 TD_API td_status td_evaluate(td_model *m, const td_dataset *ds, int64_t batch, int64_t max_samples,
                              td_step_result *out);
 
+/* The same with the `alternate` strategy: whole batches go round-robin,
+ * weighted by speed, across the replicas of dp; the result equals
+ * td_evaluate() on one of them exactly (the batches' sums are added in
+ * order). */
+TD_API td_status td_evaluate_alternate(td_dp *dp, const td_dataset *ds, int64_t batch,
+                                       int64_t max_samples, td_step_result *out);
+
 #ifdef __cplusplus
 }
 #endif

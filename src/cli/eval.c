@@ -19,7 +19,9 @@ static void usage(FILE *out) {
                  "  --split NAME       test (default) or train\n"
                  "  --batch B          samples per forward pass (default 1000; 64 for text)\n"
                  "  --samples N        the first N samples only\n"
-                 "  --devices SPEC     the device to run on; the first one named (default cpu)\n"
+                 "  --devices SPEC     devices (default cpu)\n"
+                 "  --strategy S       single (default: the first device) or alternate (whole\n"
+                 "                     batches round-robin over every device, weighted by speed)\n"
                  "  --json             print one JSON object\n"
                  "  --help             show this help\n");
 }
@@ -31,10 +33,40 @@ static const struct option options[] = {
     {"batch", required_argument, NULL, 'b'},
     {"samples", required_argument, NULL, 'n'},
     {"devices", required_argument, NULL, 'D'},
+    {"strategy", required_argument, NULL, 'S'},
     {"json", no_argument, NULL, 'j'},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
+
+/* A replica of m on every device, m's weights broadcast, shares from a
+ * calibration on the first training samples. */
+static td_status make_replicas(td_device_list *devs, td_model *m, const td_dataset *calib,
+                               td_group **group, td_dp **dp) {
+    td_optimizer_config opt = TD_OPTIMIZER_CONFIG_INIT;
+    td_loader *l = NULL;
+    td_batch b;
+    td_status st;
+    td_model *r0;
+    if ((st = td_group_create(devs, NULL, group)) != TD_OK)
+        return st;
+    if ((st = td_dp_create(*group, td_model_json(m), "checkpoint", td_model_dtype(m), 1, &opt, NULL,
+                           dp)) != TD_OK)
+        return st;
+    r0 = td_dp_model(*dp, 0);
+    for (size_t p = 0; p < td_model_param_count(m); p++)
+        if ((st = td_tensor_copy(td_model_param(r0, p), td_model_param(m, p))) != TD_OK)
+            return st;
+    if ((st = td_dp_sync_replicas(*dp)) != TD_OK)
+        return st;
+    if ((st = td_loader_create(calib, 64, 0, 0, &l)) != TD_OK)
+        return st;
+    st = td_loader_next(l, &b);
+    if (st == TD_OK && b.n > 0)
+        st = td_dp_calibrate(*dp, &b);
+    td_loader_destroy(l);
+    return st;
+}
 
 static int parse_count(const char *flag, const char *s, long long *out) {
     char *end;
@@ -48,7 +80,9 @@ static int parse_count(const char *flag, const char *s, long long *out) {
 }
 
 int td_cli_eval(int argc, char **argv) {
-    const char *ckpt = NULL, *data = NULL, *devices = "cpu", *split = "test";
+    const char *ckpt = NULL, *data = NULL, *devices = "cpu", *split = "test", *strategy = "single";
+    td_group *group = NULL;
+    td_dp *dp = NULL;
     long long batch = 0, samples = 0;
     int c, json = 0;
     td_device_list *devs = NULL;
@@ -68,6 +102,14 @@ int td_cli_eval(int argc, char **argv) {
         case 'd': data = optarg; break;
         case 's': split = optarg; break;
         case 'D': devices = optarg; break;
+        case 'S':
+            if (strcmp(optarg, "single") && strcmp(optarg, "alternate")) {
+                fprintf(stderr, "tandem eval: --strategy is single or alternate, not '%s'\n",
+                        optarg);
+                return 2;
+            }
+            strategy = optarg;
+            break;
         case 'j': json = 1; break;
         case 'b':
             if (!parse_count("batch", optarg, &batch))
@@ -139,9 +181,14 @@ int td_cli_eval(int argc, char **argv) {
         rc = td_cli_fail("eval", st);
         goto done;
     }
+    if (!strcmp(strategy, "alternate") && (st = make_replicas(devs, m, train, &group, &dp))) {
+        rc = td_cli_fail("eval", st);
+        goto done;
+    }
     t0 = td_clock_ns();
-    if ((st = td_evaluate(m, !strcmp(split, "train") ? train : test, batch, samples, &r)) !=
-        TD_OK) {
+    st = dp ? td_evaluate_alternate(dp, !strcmp(split, "train") ? train : test, batch, samples, &r)
+            : td_evaluate(m, !strcmp(split, "train") ? train : test, batch, samples, &r);
+    if (st != TD_OK) {
         rc = td_cli_fail("eval", st);
         goto done;
     }
@@ -158,6 +205,8 @@ int td_cli_eval(int argc, char **argv) {
                secs);
     rc = 0;
 done:
+    td_dp_destroy(dp);
+    td_group_destroy(group);
     td_dataset_destroy(train);
     td_dataset_destroy(test);
     td_model_destroy(m);

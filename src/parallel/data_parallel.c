@@ -673,8 +673,10 @@ static td_status evaluate_member(td_group *g, td_device *dev, int rank, int size
     for (size_t i = 0; i < w->nbatches; i++) {
         if (w->owner[i] != rank)
             continue;
+        uint64_t c0 = td_clock_ns();
         if ((st = td_model_evaluate(mb->model, &w->batches[i], &w->per_batch[i])) != TD_OK)
             return st;
+        td__device_throttle(dev, c0);
     }
     return TD_OK;
 }

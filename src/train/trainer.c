@@ -95,6 +95,102 @@ fail:
     return st;
 }
 
+/* Host copies of batches: the loader reuses its buffers, and every batch of
+ * an alternate evaluation must exist at once. */
+typedef struct batch_copy {
+    float *x;
+    int32_t *tokens, *labels;
+} batch_copy;
+
+static void free_copies(batch_copy *c, size_t n) {
+    for (size_t i = 0; c && i < n; i++) {
+        free(c[i].x);
+        free(c[i].tokens);
+        free(c[i].labels);
+    }
+    free(c);
+}
+
+td_status td_evaluate_alternate(td_dp *dp, const td_dataset *ds, int64_t batch, int64_t max_samples,
+                                td_step_result *out) {
+    td_loader *l = NULL;
+    td_dataset_info info;
+    td_batch b, *batches = NULL;
+    td_step_result *res = NULL;
+    batch_copy *copies = NULL;
+    size_t n = 0, cap = 0;
+    int64_t seen = 0;
+    td_status st;
+    if (!dp || !ds || !out)
+        return td__error(TD_ERR_INVALID_ARG, "td_evaluate_alternate: NULL argument");
+    memset(out, 0, sizeof *out);
+    td_dataset_get_info(ds, &info);
+    TD_TRY(td_loader_create(ds, batch, 0, 0, &l));
+    for (;;) {
+        size_t nx, nl;
+        TD_TRY(td_loader_next(l, &b));
+        if (b.n == 0)
+            break;
+        if (max_samples > 0 && seen + b.n > max_samples)
+            b.n = max_samples - seen;
+        if (n == cap) {
+            size_t c2 = cap ? 2 * cap : 16;
+            td_batch *nb = realloc(batches, c2 * sizeof *nb);
+            batch_copy *nc = realloc(copies, c2 * sizeof *nc);
+            if (nb)
+                batches = nb;
+            if (nc)
+                copies = nc;
+            if (!nb || !nc) {
+                st = td__error(TD_ERR_OUT_OF_MEMORY, "out of host memory holding batches");
+                goto fail;
+            }
+            memset(copies + cap, 0, (c2 - cap) * sizeof *copies);
+            cap = c2;
+        }
+        nx = (size_t)(b.n * info.features);
+        nl = (size_t)(b.n * info.labels_per_sample);
+        copies[n].labels = malloc(nl * sizeof(int32_t));
+        if (b.x)
+            copies[n].x = malloc(nx * sizeof(float));
+        if (b.tokens)
+            copies[n].tokens = malloc(nx * sizeof(int32_t));
+        if (!copies[n].labels || (b.x && !copies[n].x) || (b.tokens && !copies[n].tokens)) {
+            n++;
+            st = td__error(TD_ERR_OUT_OF_MEMORY, "out of host memory holding batches");
+            goto fail;
+        }
+        memcpy(copies[n].labels, b.labels, nl * sizeof(int32_t));
+        if (b.x)
+            memcpy(copies[n].x, b.x, nx * sizeof(float));
+        if (b.tokens)
+            memcpy(copies[n].tokens, b.tokens, nx * sizeof(int32_t));
+        batches[n] = (td_batch){b.n, copies[n].x, copies[n].tokens, copies[n].labels};
+        n++;
+        seen += b.n;
+        if (max_samples > 0 && seen >= max_samples)
+            break;
+    }
+    res = calloc(n ? n : 1, sizeof *res);
+    if (!res) {
+        st = td__error(TD_ERR_OUT_OF_MEMORY, "out of host memory");
+        goto fail;
+    }
+    TD_TRY(td_dp_evaluate(dp, batches, n, res));
+    for (size_t i = 0; i < n; i++) {
+        out->loss_sum += res[i].loss_sum;
+        out->correct += res[i].correct;
+        out->count += res[i].count;
+    }
+    st = TD_OK;
+fail:
+    free(res);
+    free(batches);
+    free_copies(copies, n);
+    td_loader_destroy(l);
+    return st;
+}
+
 static double now_s(const trainer *t) {
     return (double)(td_clock_ns() - t->t0) * 1e-9;
 }
