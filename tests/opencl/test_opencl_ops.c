@@ -146,6 +146,22 @@ static void compare(const char *what, build_fn build, op_fn op, const void *p, c
     }
 }
 
+/* Every slot the CPU backend fills, OpenCL fills too: a slot added to
+ * src/device/kernels.h without an OpenCL kernel fails here. */
+static void every_slot_is_implemented(void **state) {
+    typedef void (*slot_fn)(void);
+    const unsigned char *cpu = (const void *)td__cpu_backend.kernels;
+    const unsigned char *ocl = (const void *)&td__opencl_kernels;
+    assert_int_equal(sizeof(td_kernels) % sizeof(slot_fn), 0);
+    for (size_t i = 0; i < sizeof(td_kernels) / sizeof(slot_fn); i++) {
+        slot_fn c, o;
+        memcpy(&c, cpu + i * sizeof c, sizeof c);
+        memcpy(&o, ocl + i * sizeof o, sizeof o);
+        if (c && !o)
+            fail_msg("slot %zu of td_kernels has a CPU kernel but no OpenCL one", i);
+    }
+}
+
 /* GEMM ----------------------------------------------------------------------- */
 
 typedef struct gemm_case {
@@ -825,6 +841,7 @@ static void f64_is_refused_without_fp64(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(every_slot_is_implemented),
         cmocka_unit_test(gemm_matches),
         cmocka_unit_test(gemm_batched_matches),
         cmocka_unit_test(plain_gemm_kernel_matches),
