@@ -587,8 +587,10 @@ static void fill_stats(td_dp *dp, const double *all, const int64_t *counts, doub
         m->wait_s = fmax(0.0, step_s - m->compute_s - m->comm_s);
         exposed = fmax(exposed, m->comm_s);
     }
-    stats->hidden_fraction =
-        dp->sync_comm_s > 0 ? fmin(1.0, fmax(0.0, 1.0 - exposed / dp->sync_comm_s)) : 0.0;
+    /* Deterministic mode reduces after backward, in a chain: nothing is hidden. */
+    stats->hidden_fraction = dp->sync_comm_s > 0 && !dp->cfg.deterministic
+                                 ? fmin(1.0, fmax(0.0, 1.0 - exposed / dp->sync_comm_s))
+                                 : 0.0;
 }
 
 td_status td_dp_step(td_dp *dp, const td_batch *batch, uint64_t step, td_step_result *res,

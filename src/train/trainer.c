@@ -351,7 +351,10 @@ static void add_member_stats(trainer *t, const td_dp_stats *ds, td_train_summary
     for (int r = 0; r < ds->members && r < TD_DP_MAX_MEMBERS; r++) {
         struct td_train_member *m = &out->member[r];
         td_device *dev = td_group_device(t->group, r);
-        snprintf(m->name, sizeof m->name, "%s", dev ? td_device_name(dev) : "(remote)");
+        if (dev)
+            snprintf(m->name, sizeof m->name, "%s", td_device_name(dev));
+        else
+            snprintf(m->name, sizeof m->name, "rank %d", r); /* in another process */
         m->samples += ds->m[r].samples;
         m->compute_s += ds->m[r].compute_s;
         m->comm_s += ds->m[r].comm_s;

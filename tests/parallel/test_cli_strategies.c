@@ -1,0 +1,190 @@
+/* The strategies through `tandem train` and `tandem eval`, as users run
+ * them: checkpoints of data-parallel runs against one device, deterministic
+ * runs byte for byte across device counts, resume, alternate evaluation. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "support/support.h"
+#include "tandem/checkpoint.h"
+
+static char dir[256];
+
+static void train(const char *devices, const char *extra, const char *ckpt) {
+    char cmd[2048], *out = NULL, *err = NULL;
+    int rc;
+    snprintf(cmd, sizeof cmd,
+             "%s train --model %s/examples/mnist_mlp.json --data %s/data/mnist --batch 64 "
+             "--lr 0.05 --eval-samples 200 --no-epoch-eval --quiet --devices '%s' %s "
+             "--checkpoint %s/%s",
+             TD_TANDEM_EXE, TD_SOURCE_DIR, TD_SOURCE_DIR, devices, extra, dir, ckpt);
+    rc = td_test_run_command(cmd, &out, &err);
+    if (rc != 0)
+        fail_msg("'%s' exited %d: %s", cmd, rc, err ? err : "");
+    free(out);
+    free(err);
+}
+
+/* The tensors' bytes of two checkpoints: what follows the safetensors header
+ * (the header's metadata may differ: the resumed run's options, say). */
+static int same_weights(const char *a, const char *b) {
+    char pa[512], pb[512];
+    char *da = NULL, *db = NULL;
+    long na = 0, nb = 0;
+    int same = 0;
+    FILE *fa, *fb;
+    snprintf(pa, sizeof pa, "%s/%s", dir, a);
+    snprintf(pb, sizeof pb, "%s/%s", dir, b);
+    fa = fopen(pa, "rb");
+    fb = fopen(pb, "rb");
+    if (fa && fb) {
+        unsigned char ha[8], hb[8];
+        uint64_t la = 0, lb = 0;
+        if (fread(ha, 1, 8, fa) == 8 && fread(hb, 1, 8, fb) == 8) {
+            for (int i = 7; i >= 0; i--) {
+                la = la << 8 | ha[i];
+                lb = lb << 8 | hb[i];
+            }
+            fseek(fa, 0, SEEK_END);
+            fseek(fb, 0, SEEK_END);
+            na = ftell(fa) - 8 - (long)la;
+            nb = ftell(fb) - 8 - (long)lb;
+            da = malloc((size_t)na + 1);
+            db = malloc((size_t)nb + 1);
+            fseek(fa, 8 + (long)la, SEEK_SET);
+            fseek(fb, 8 + (long)lb, SEEK_SET);
+            same = na == nb && na > 0 && fread(da, 1, (size_t)na, fa) == (size_t)na &&
+                   fread(db, 1, (size_t)nb, fb) == (size_t)nb && !memcmp(da, db, (size_t)na);
+        }
+    }
+    if (fa)
+        fclose(fa);
+    if (fb)
+        fclose(fb);
+    free(da);
+    free(db);
+    return same;
+}
+
+/* Largest |a - b| / max |b| over the weights of two checkpoints. */
+static double checkpoint_diff(const char *a, const char *b) {
+    td_device_list *l = NULL;
+    td_model *ma = NULL, *mb = NULL;
+    char pa[512], pb[512];
+    double worst = 0;
+    snprintf(pa, sizeof pa, "%s/%s", dir, a);
+    snprintf(pb, sizeof pb, "%s/%s", dir, b);
+    TD_ASSERT_OK(td_devices_open("cpu:0", &l));
+    TD_ASSERT_OK(td_checkpoint_load_model(pa, td_device_list_get(l, 0), &ma, NULL));
+    TD_ASSERT_OK(td_checkpoint_load_model(pb, td_device_list_get(l, 0), &mb, NULL));
+    for (size_t p = 0; p < td_model_param_count(ma); p++) {
+        size_t n = td_tensor_numel(td_model_param(ma, p));
+        double *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y), d = 0, s = 0;
+        TD_ASSERT_OK(td_tensor_read_f64(td_model_param(ma, p), x, n));
+        TD_ASSERT_OK(td_tensor_read_f64(td_model_param(mb, p), y, n));
+        for (size_t i = 0; i < n; i++) {
+            d = fmax(d, fabs(x[i] - y[i]));
+            s = fmax(s, fabs(y[i]));
+        }
+        worst = fmax(worst, d / s);
+        free(x);
+        free(y);
+    }
+    td_model_destroy(ma);
+    td_model_destroy(mb);
+    td_device_list_destroy(l);
+    return worst;
+}
+
+static void data_strategy_matches_one_device(void **state) {
+    double d;
+    train("cpu:0", "--steps 15 --precision f64", "one64.safetensors");
+    train("cpu*2", "--steps 15 --precision f64 --strategy data", "two64.safetensors");
+    d = checkpoint_diff("two64.safetensors", "one64.safetensors");
+    if (d > 1e-12)
+        fail_msg("f64: 2 devices differ from 1 by %g", d);
+    train("cpu:0", "--steps 15", "one32.safetensors");
+    train("cpu:0,cpu:1{slowdown=2}", "--steps 15 --strategy data", "two32.safetensors");
+    d = checkpoint_diff("two32.safetensors", "one32.safetensors");
+    if (d > 1e-5)
+        fail_msg("f32: 2 devices differ from 1 by %g", d);
+}
+
+static void deterministic_runs_are_byte_identical_for_1_2_3_devices(void **state) {
+    train("cpu:0", "--steps 12 --strategy data --deterministic", "d1.safetensors");
+    train("cpu*2", "--steps 12 --strategy data --deterministic", "d2.safetensors");
+    train("cpu*3", "--steps 12 --strategy data --deterministic", "d3.safetensors");
+    assert_true(same_weights("d1.safetensors", "d2.safetensors"));
+    assert_true(same_weights("d1.safetensors", "d3.safetensors"));
+}
+
+static void resuming_a_data_parallel_run_equals_never_stopping(void **state) {
+    char extra[512];
+    train("cpu*2", "--steps 24 --strategy data --deterministic", "whole.safetensors");
+    train("cpu*2", "--steps 10 --strategy data --deterministic", "half.safetensors");
+    snprintf(extra, sizeof extra, "--steps 24 --strategy data --deterministic --resume %s/%s", dir,
+             "half.safetensors");
+    train("cpu*2", extra, "resumed.safetensors");
+    assert_true(same_weights("whole.safetensors", "resumed.safetensors"));
+}
+
+static char *eval_json(const char *devices, const char *strategy) {
+    char cmd[1024], *out = NULL, *err = NULL, *loss;
+    snprintf(cmd, sizeof cmd,
+             "%s eval --checkpoint %s/one32.safetensors --data %s/data/mnist --json "
+             "--devices '%s' --strategy %s",
+             TD_TANDEM_EXE, dir, TD_SOURCE_DIR, devices, strategy);
+    if (td_test_run_command(cmd, &out, &err) != 0)
+        fail_msg("'%s' failed: %s", cmd, err ? err : "");
+    free(err);
+    loss = strstr(out, "\"loss\"");
+    assert_non_null(loss);
+    /* Compare from the loss on, without the timing at the end. */
+    *strstr(loss, ",\"seconds\"") = '\0';
+    memmove(out, loss, strlen(loss) + 1);
+    return out;
+}
+
+static void alternate_evaluation_equals_one_device(void **state) {
+    char *one = eval_json("cpu:0", "single");
+    char *three = eval_json("cpu*3", "alternate");
+    char *slow = eval_json("cpu:0,cpu:1{slowdown=3}", "alternate");
+    assert_string_equal(one, three);
+    assert_string_equal(one, slow);
+    free(one);
+    free(three);
+    free(slow);
+}
+
+static void bad_strategies_are_refused(void **state) {
+    char cmd[1024], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "%s train --model x --data y --strategy tiles", TD_TANDEM_EXE);
+    assert_int_equal(td_test_run_command(cmd, &out, &err), 2);
+    assert_non_null(strstr(err, "--strategy is single or data"));
+    free(out);
+    free(err);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(data_strategy_matches_one_device),
+        cmocka_unit_test(deterministic_runs_are_byte_identical_for_1_2_3_devices),
+        cmocka_unit_test(resuming_a_data_parallel_run_equals_never_stopping),
+        cmocka_unit_test(alternate_evaluation_equals_one_device),
+        cmocka_unit_test(bad_strategies_are_refused),
+    };
+    int rc;
+    snprintf(dir, sizeof dir, "/tmp/td_strategies_XXXXXX");
+    if (!mkdtemp(dir))
+        return 1;
+    rc = cmocka_run_group_tests(tests, NULL, NULL);
+    {
+        char cmd[512];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        if (system(cmd) != 0)
+            rc = rc ? rc : 1;
+    }
+    return rc;
+}

@@ -1,0 +1,71 @@
+/* `mpirun -np 2 tandem train --strategy data`: one model trained across two
+ * processes (Open MPI), against one device. Skipped where tandem was built
+ * without MPI or mpirun is missing. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "support/support.h"
+
+static char dir[256];
+
+/* Runs `tandem train` (under mpirun when np > 0) and fails the test if it fails. */
+static char *train(int np, const char *devices, const char *extra, const char *ckpt) {
+    char cmd[2048], *out = NULL, *err = NULL;
+    int rc, n = 0;
+    if (np > 0)
+        /* Open MPI as root needs these; its plugins' own allocations are not ours to leak-check. */
+        n = snprintf(cmd, sizeof cmd,
+                     "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+                     "ASAN_OPTIONS=detect_leaks=0 mpirun --oversubscribe --mca btl self,vader "
+                     "-np %d ",
+                     np);
+    snprintf(cmd + n, sizeof cmd - (size_t)n,
+             "%s train --model %s/examples/mnist_mlp.json --data %s/data/mnist --batch 64 "
+             "--lr 0.05 --eval-samples 200 --no-epoch-eval --quiet --devices '%s' %s "
+             "--checkpoint %s/%s",
+             TD_TANDEM_EXE, TD_SOURCE_DIR, TD_SOURCE_DIR, devices, extra, dir, ckpt);
+    rc = td_test_run_command(cmd, &out, &err);
+    if (rc != 0)
+        fail_msg("'%s' exited %d: %s", cmd, rc, err ? err : "");
+    free(err);
+    return out;
+}
+
+static void two_processes_train_one_model(void **state) {
+    char cmp[1024], *out;
+    /* Deterministic mode: two processes give exactly one device's weights. */
+    free(train(0, "cpu:0", "--steps 12 --strategy data --deterministic", "one.safetensors"));
+    out = train(2, "cpu", "--steps 12 --strategy data --deterministic", "mpi.safetensors");
+    /* Rank 0 alone reports: one summary table, two members. */
+    assert_non_null(strstr(out, "rank 1"));
+    assert_null(strstr(strstr(out, "final test accuracy") + 1, "final test accuracy"));
+    free(out);
+    snprintf(cmp, sizeof cmp, "cmp -s %s/one.safetensors %s/mpi.safetensors", dir, dir);
+    if (system(cmp) != 0)
+        fail_msg("the 2-process checkpoint differs from the one-device checkpoint");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(two_processes_train_one_model),
+    };
+    int rc;
+#ifndef TD_HAVE_MPI
+    td_test_skip("tandem was built without MPI");
+#endif
+    if (system("command -v mpirun >/dev/null 2>&1") != 0)
+        td_test_skip("no mpirun on this machine");
+    snprintf(dir, sizeof dir, "/tmp/td_mpi_data_XXXXXX");
+    if (!mkdtemp(dir))
+        return 1;
+    rc = cmocka_run_group_tests(tests, NULL, NULL);
+    {
+        char cmd[512];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        if (system(cmd) != 0)
+            rc = rc ? rc : 1;
+    }
+    return rc;
+}
