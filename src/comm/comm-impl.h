@@ -93,6 +93,7 @@ typedef struct td__member {
     atomic_uint_least64_t async_issued, async_done;
     void *small[2]; /* direct-exchange slots, double buffered by phase */
     void *fifo;     /* TD_COMM_FIFO ring slots of chunk_bytes */
+    void *temp;     /* chunk_bytes: the shared all-reduce's result, kept in cache */
     td_buffer *small_buf, *fifo_buf;
     td__record_entry record[TD_COMM_RECORD];
 } td__member;
@@ -189,6 +190,15 @@ td_status td__comm_wait(td__member *m, atomic_uint_least64_t *p, uint64_t want, 
 /* Element-wise kernels over host memory. */
 void td__reduce2(void *dst, const void *a, const void *b, size_t n, td_dtype dt, td_reduce_op op);
 void td__scale(void *x, size_t n, td_dtype dt, double divisor);
+/* memcpy with non-temporal stores where that pays (large, aligned); returns
+ * 1 when it used them, and then td__stream_fence() must come before anyone
+ * is told the data is there (a release store does not order them). */
+int td__stream_copy(void *dst, const void *src, size_t n);
+void td__stream_fence(void);
+/* outs[k] = a op b for k < nout in one pass with non-temporal stores; 0 when
+ * it cannot (then nothing was written). Needs td__stream_fence() after. */
+int td__reduce2_stream(void *const *outs, int nout, const void *a, const void *b, size_t n,
+                       td_dtype dt, td_reduce_op op);
 
 #ifdef TD_HAVE_MPI
 /* This process's rank in MPI_COMM_WORLD (0 when MPI is not initialised). */

@@ -127,6 +127,8 @@ static td_status member_init(td_group *g, td__member *m) {
             return TD_ERR_OUT_OF_MEMORY;
     }
     m->small[1] = (char *)m->small[0] + g->small_bytes;
+    if (!(m->temp = td__aligned_alloc(g->chunk_bytes, "a collective's chunk")))
+        return TD_ERR_OUT_OF_MEMORY;
     return TD_OK;
 }
 
@@ -141,6 +143,7 @@ static void member_deinit(td__member *m) {
         free(m->small[0]);
         free(m->fifo);
     }
+    free(m->temp);
 }
 
 void td_group_destroy(td_group *g) {

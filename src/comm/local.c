@@ -447,6 +447,7 @@ static td_status shared_allreduce(td__member *m, const td__op *o, int divide_by)
     const uint64_t jobs = (o->count + ce - 1) / ce;
     uint64_t ph, done_here = 0;
     td_status st;
+    int streamed = 0;
     ph = phase_open(m, o->in, o->out, o->count, o->kind, o->dtype, o->op, o->root, o->seq);
     if (m->local == 0) {
         atomic_store_explicit(&g->work_next[ph & 1], 0, memory_order_relaxed);
@@ -457,23 +458,36 @@ static td_status shared_allreduce(td__member *m, const td__op *o, int divide_by)
     for (;;) {
         uint64_t c = atomic_fetch_add_explicit(&g->work_next[ph & 1], 1, memory_order_relaxed);
         size_t lo, hi, len;
-        char *dst;
+        void *dst;
         if (c >= jobs)
             break;
         lo = (size_t)c * ce;
         hi = lo + ce < o->count ? lo + ce : o->count;
         len = hi - lo;
-        /* Into member 0's output first (in place is fine: element by element),
-         * then copied from there, still in cache, to the others. */
-        dst = AT(peer_pub(m, 0, ph)->out, lo);
+        if (n == 2 && divide_by <= 1) {
+            /* Two members: one pass from both inputs to both outputs. */
+            void *outs[2] = {AT(peer_pub(m, 0, ph)->out, lo), AT(peer_pub(m, 1, ph)->out, lo)};
+            if (td__reduce2_stream(outs, 2, CAT(peer_pub(m, 0, ph)->in, lo),
+                                   CAT(peer_pub(m, 1, ph)->in, lo), len, o->dtype, o->op)) {
+                td__stream_fence();
+                done_here++;
+                atomic_fetch_add_explicit(&g->work_done[ph & 1], 1, memory_order_acq_rel);
+                continue;
+            }
+        }
+        /* Reduced into this member's chunk buffer, which stays in cache,
+         * then streamed to every output. */
+        dst = m->temp;
         td__reduce2(dst, CAT(peer_pub(m, 0, ph)->in, lo), CAT(peer_pub(m, 1, ph)->in, lo), len,
                     o->dtype, o->op);
         for (int k = 2; k < n; k++)
             td__reduce2(dst, dst, CAT(peer_pub(m, k, ph)->in, lo), len, o->dtype, o->op);
         if (divide_by > 1)
             td__scale(dst, len, o->dtype, divide_by);
-        for (int k = 1; k < n; k++)
-            memcpy(AT(peer_pub(m, k, ph)->out, lo), dst, len * es);
+        for (int k = 0; k < n; k++)
+            streamed |= td__stream_copy(AT(peer_pub(m, k, ph)->out, lo), dst, len * es);
+        if (streamed)
+            td__stream_fence();
         done_here++;
         atomic_fetch_add_explicit(&g->work_done[ph & 1], 1, memory_order_acq_rel);
     }

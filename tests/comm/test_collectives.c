@@ -98,7 +98,7 @@ static void shared_queue_with_tiny_chunks_matches_reference(void **state) {
 
 static void automatic_choice_matches_reference_at_large_sizes(void **state) {
     /* Past the switch point, several default-size chunks per segment. */
-    static const size_t big[] = {65537, 262144 + 3};
+    static const size_t big[] = {65537, 67039, 262144 + 3};
     for (int i = 1; i < 3; i++)
         run_sweep(specs[i], TD_ALGO_AUTO, 0, big, sizeof big / sizeof *big);
 }
