@@ -151,10 +151,11 @@ TD_API td_status td_group_shrink(td_group *g, const int *exclude, size_t n_exclu
  * The same text is logged when a collective times out. */
 TD_API const char *td_group_record(td_group *g, char *buf, size_t n);
 
-/* Measures the direct and ring all-reduce on this group over sizes 64 B to
- * 1 MiB and sets the group's switch point to the smallest size from which
- * the ring is faster; *switch_bytes (may be NULL) receives it. Not from
- * inside td_group_run; every process calls it for an MPI group. */
+/* Measures the direct exchange and the large-message all-reduce (the shared
+ * queue locally, the ring otherwise) on this group over sizes 64 B to 1 MiB
+ * and sets the group's switch point to the smallest size from which the
+ * large-message algorithm is faster at every size; *switch_bytes (may be NULL) receives it. Not
+ * from inside td_group_run; every process calls it for an MPI group. */
 TD_API td_status td_group_calibrate(td_group *g, size_t *switch_bytes);
 /* The switch point in use. */
 TD_API size_t td_group_switch_bytes(const td_group *g);

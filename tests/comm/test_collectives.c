@@ -182,6 +182,23 @@ static void misuse_fails_the_group_instead_of_hanging(void **state) {
     td_group_destroy(g);
 }
 
+static void the_switch_point_is_tunable_and_measured(void **state) {
+    td_group *g = NULL;
+    td_group_config cfg = TD_GROUP_CONFIG_INIT;
+    size_t sw = 0;
+    cfg.fault = "";
+    setenv("TANDEM_ALLREDUCE_SWITCH_BYTES", "3K", 1);
+    TD_ASSERT_OK(td_group_create_spec("cpu*2", &cfg, &g));
+    unsetenv("TANDEM_ALLREDUCE_SWITCH_BYTES");
+    assert_int_equal(td_group_switch_bytes(g), 3072);
+    TD_ASSERT_OK(td_group_calibrate(g, &sw));
+    /* Whatever the machine measured: a size it tried, and now in use. */
+    assert_int_equal(td_group_switch_bytes(g), sw);
+    assert_true(sw >= 64 && sw <= (2u << 20));
+    assert_int_equal(sw & (sw - 1), 0);
+    td_group_destroy(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(direct_exchange_matches_reference),
@@ -190,6 +207,7 @@ int main(void) {
         cmocka_unit_test(automatic_choice_matches_reference_at_large_sizes),
         cmocka_unit_test(tensors_reduce_and_broadcast_in_place),
         cmocka_unit_test(misuse_fails_the_group_instead_of_hanging),
+        cmocka_unit_test(the_switch_point_is_tunable_and_measured),
     };
     if (getenv("TD_TEST_FILTER"))
         cmocka_set_test_filter(getenv("TD_TEST_FILTER"));
