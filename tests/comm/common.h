@@ -32,7 +32,7 @@ static inline double comm_combine(td_reduce_op op, const double *v, int n) {
 /* Element i of what rank `rank` must hold after c in a group of n. NAN when
  * the result is not defined there. */
 static inline double comm_expected(const td_collective *c, int n, int rank, size_t i) {
-    double v[64];
+    double v[64] = {0};
     switch (c->kind) {
     case TD_COLL_ALLREDUCE:
     case TD_COLL_REDUCE:

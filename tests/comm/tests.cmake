@@ -1,11 +1,18 @@
 # The MPI transport's test runs under mpirun with 2 and 3 processes.
 if(TD_HAVE_MPI AND MPIEXEC_EXECUTABLE)
-  add_executable(comm_mpi_collectives ${CMAKE_CURRENT_LIST_DIR}/mpi_collectives.c)
-  target_include_directories(comm_mpi_collectives PRIVATE ${CMAKE_SOURCE_DIR}/src
-    ${CMAKE_CURRENT_SOURCE_DIR})
-  target_compile_definitions(comm_mpi_collectives PRIVATE _GNU_SOURCE TD_HAVE_MPI)
-  target_compile_options(comm_mpi_collectives PRIVATE ${TD_WARN} -Wno-missing-prototypes)
-  target_link_libraries(comm_mpi_collectives PRIVATE tandem_static PkgConfig::CMOCKA)
+  foreach(prog mpi_collectives mpi_faults)
+    add_executable(comm_${prog} ${CMAKE_CURRENT_LIST_DIR}/${prog}.c)
+    target_include_directories(comm_${prog} PRIVATE ${CMAKE_SOURCE_DIR}/src
+      ${CMAKE_CURRENT_SOURCE_DIR})
+    target_compile_definitions(comm_${prog} PRIVATE _GNU_SOURCE TD_HAVE_MPI)
+    target_compile_options(comm_${prog} PRIVATE ${TD_WARN} -Wno-missing-prototypes)
+    target_link_libraries(comm_${prog} PRIVATE tandem_static PkgConfig::CMOCKA)
+  endforeach()
+  add_test(NAME comm/mpi_faults_np2
+    COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe -np 2
+            $<TARGET_FILE:comm_mpi_faults>)
+  set_tests_properties(comm/mpi_faults_np2 PROPERTIES LABELS comm TIMEOUT 120
+    ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0:abort_on_error=0;OMPI_MCA_btl=self,vader")
   foreach(np 2 3)
     add_test(NAME comm/mpi_np${np}
       COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe -np ${np}

@@ -1,0 +1,69 @@
+/* Failure across processes under mpirun: a device in process 1 fails at its
+ * third all-reduce; every process's run must end with TD_ERR_DEVICE_LOST
+ * within the timeout (process 0 finds out by timing out in MPI), and the
+ * survivors shrink to a group that works. Run with -np 2 by tests.cmake. */
+#include <mpi.h>
+
+#include "comm/common.h"
+
+static td_status fn(td_group *g, td_device *dev, int rank, int n, void *arg) {
+    td_status st = TD_OK;
+    for (int i = 0; i < 5 && st == TD_OK; i++) {
+        td_collective c = {TD_COLL_ALLREDUCE, NULL, 0, NULL, 0, 1000, TD_F32, TD_REDUCE_SUM, 0};
+        char err[512];
+        st = comm_check(g, dev, rank, n, c, 0, err, sizeof err);
+        if (st == TD_ERR_CORRUPT)
+            fprintf(stderr, "%s\n", err);
+    }
+    return st;
+}
+
+int main(void) {
+    td_group_config cfg = TD_GROUP_CONFIG_INIT;
+    td_group *g = NULL, *s = NULL;
+    int process = 0;
+    td_status st;
+    uint64_t t0;
+    cfg.transport = TD_TRANSPORT_MPI;
+    cfg.timeout_ms = 2000;
+    cfg.fault = "p1/cpu@allreduce:3:error";
+    if ((st = td_group_create_spec("cpu", &cfg, &g)) != TD_OK) {
+        fprintf(stderr, "td_group_create_spec: %s: %s\n", td_status_name(st), td_last_error());
+        return 1;
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &process);
+    t0 = td_clock_ns();
+    st = td_group_run(g, fn, NULL);
+    if (st != TD_ERR_DEVICE_LOST) {
+        fprintf(stderr, "process %d: the run returned %s, expected TD_ERR_DEVICE_LOST: %s\n",
+                process, td_status_name(st), td_last_error());
+        return 1;
+    }
+    if (td_clock_ns() - t0 > 20ull * 1000000000ull) {
+        fprintf(stderr, "process %d: the failure took more than 20 s to reach\n", process);
+        return 1;
+    }
+    printf("process %d: %s\n", process, td_last_error());
+    st = td_group_shrink(g, NULL, 0, &s);
+    if (process == 1) {
+        if (st != TD_ERR_DEVICE_LOST || s) {
+            fprintf(stderr, "process 1: shrink returned %s, expected no survivor here\n",
+                    td_status_name(st));
+            return 1;
+        }
+    } else {
+        if (st != TD_OK || td_group_size(s) != 1) {
+            fprintf(stderr, "process 0: shrink: %s: %s\n", td_status_name(st), td_last_error());
+            return 1;
+        }
+        if ((st = td_group_run(s, fn, NULL)) != TD_OK) {
+            fprintf(stderr, "process 0: the shrunk group: %s: %s\n", td_status_name(st),
+                    td_last_error());
+            return 1;
+        }
+        printf("process 0: the survivor's group works\n");
+    }
+    td_group_destroy(s);
+    td_group_destroy(g);
+    return 0;
+}
