@@ -34,7 +34,7 @@ MODELS = [
          lr=0.05, quick_steps=300, full_epochs=3, speed_floor=1.2,
          metric="test accuracy", floor=0.988),
     dict(name="gpt_tiny", file="examples/gpt_tiny.json", data=TEXT, batch=32, opt="adamw",
-         lr=1e-3, quick_steps=20, full_steps=5000, warmup=100, clip=1.0, speed_floor=1.0,
+         lr=1e-3, quick_steps=20, full_steps=3000, warmup=100, clip=1.0, speed_floor=1.0,
          metric="validation loss", floor=1.8),
 ]
 
