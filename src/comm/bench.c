@@ -60,8 +60,8 @@ static int reps_for(size_t bytes) {
     if (bytes <= (4u << 20))
         return 40;
     if (bytes <= (16u << 20))
-        return 9;
-    return 7;
+        return 11;
+    return 15;
 }
 
 static double median(double *t, int n) {
