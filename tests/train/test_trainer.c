@@ -233,6 +233,60 @@ static void a_text_model_learns(void **state) {
     assert_true(s.test_loss < 3.3);
 }
 
+static void a_character_vocabulary_is_kept_in_the_checkpoint(void **state) {
+    static const char json[] =
+        "{\"name\":\"gpt_chars\",\"input\":{\"tokens\":8,\"vocab\":65},\"layers\":["
+        "{\"type\":\"embedding\",\"vocab\":65,\"dim\":16,\"positions\":true},"
+        "{\"type\":\"residual\",\"layers\":[{\"type\":\"layernorm\"},"
+        "{\"type\":\"attention\",\"heads\":2}]},"
+        "{\"type\":\"layernorm\"},{\"type\":\"linear\",\"out\":65}]}";
+    td_train_config c = TD_TRAIN_CONFIG_INIT;
+    td_train_summary s;
+    td_safetensors *sf;
+    const char *vocab;
+    static char model[512], ckpt[512], other[512];
+    FILE *f;
+    snprintf(model, sizeof model, "%s", tmp("gpt_chars.json"));
+    snprintf(ckpt, sizeof ckpt, "%s", tmp("chars.st"));
+    snprintf(other, sizeof other, "%s", tmp("other.txt"));
+    assert_non_null(f = fopen(model, "w"));
+    fputs(json, f);
+    fclose(f);
+    c.model_path = model;
+    c.data_path = TEXT;
+    c.epochs = 0;
+    c.steps = 3;
+    c.batch = 4;
+    c.opt.kind = TD_OPT_ADAMW;
+    c.opt.lr = 1e-3;
+    c.eval_samples = 8;
+    c.checkpoint = ckpt;
+    TD_ASSERT_OK(td_train_run(&c, &s));
+    TD_ASSERT_OK(td_safetensors_load(ckpt, &sf));
+    vocab = td_safetensors_meta(sf, "tandem.vocab");
+    assert_non_null(vocab);
+    /* 65 characters in byte order: newline, space, '!', ... 'z'. */
+    assert_int_equal(strlen(vocab), 2 * 65);
+    assert_memory_equal(vocab, "0a2021", 6);
+    assert_memory_equal(vocab + 2 * 64, "7a", 2);
+    td_safetensors_destroy(sf);
+    /* Resuming on a text with other characters would scramble the tokens. */
+    assert_non_null(f = fopen(other, "w"));
+    for (int i = 0; i < 200; i++)
+        fputs("abcdefgh\n", f);
+    fclose(f);
+    c.model_path = NULL;
+    c.resume = ckpt;
+    c.data_path = other;
+    c.steps = 5;
+    c.checkpoint = NULL;
+    TD_ASSERT_STATUS(td_train_run(&c, &s), TD_ERR_INVALID_ARG);
+    td_test_assert_message_contains("characters differ");
+    c.data_path = TEXT;
+    TD_ASSERT_OK(td_train_run(&c, &s));
+    assert_int_equal(s.steps, 5);
+}
+
 static void mnist_mlp_reaches_its_floor_in_three_epochs(void **state) {
     td_train_config c = TD_TRAIN_CONFIG_INIT;
     td_train_summary s;
@@ -289,6 +343,7 @@ int main(void) {
         cmocka_unit_test(resuming_mnist_repeats_the_run_bit_for_bit),
         cmocka_unit_test(resuming_a_text_model_repeats_the_run_bit_for_bit),
         cmocka_unit_test(a_text_model_learns),
+        cmocka_unit_test(a_character_vocabulary_is_kept_in_the_checkpoint),
         cmocka_unit_test(mnist_mlp_reaches_its_floor_in_three_epochs),
         cmocka_unit_test(bad_configurations_are_errors),
     };
