@@ -131,7 +131,9 @@ typedef td_status (*td_group_fn)(td_group *g, td_device *dev, int rank, int size
  * ...". A member whose fn fails puts the group into its error state, so its
  * peers stop waiting for it. Call it from a thread that is no member's host
  * thread; one td_group_run at a time per group. Members that stop answering
- * are waited for no longer than the timeout after the group failed. */
+ * are waited for no longer than the timeout after the group failed; such a
+ * member's task is left running (its device's queue stays blocked behind
+ * it), so neither the group nor fn's arg may be freed before it returns. */
 TD_API td_status td_group_run(td_group *g, td_group_fn fn, void *arg);
 
 /* TD_OK while the group works; once it failed, the status its collectives

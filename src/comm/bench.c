@@ -43,7 +43,7 @@ typedef struct bench_run {
     size_t sizes[MAX_SIZES];
     int nsizes;
     double ns[TD_COMM_KINDS][MAX_SIZES]; /* median per op, 0: not run */
-    int raw_mpi;                         /* time MPI_Allreduce itself instead (MPI section) */
+    int mpi; /* the MPI section: fewer repetitions at big sizes (MPI is slow here) */
 } bench_run;
 
 static int cmp_double(const void *a, const void *b) {
@@ -51,8 +51,10 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Fewer repetitions for big sizes keep a default run near a minute. */
-static int reps_for(size_t bytes) {
+/* Fewer repetitions for big sizes keep a default run under a minute. */
+static int reps_for(size_t bytes, int mpi) {
+    if (mpi && bytes >= (16u << 20))
+        return 3;
     if (bytes <= 64)
         return 3000;
     if (bytes <= (64u << 10))
@@ -98,7 +100,7 @@ static td_status bench_fn(td_group *g, td_device *dev, int rank, int n, void *ar
             continue;
         for (int s = 0; s < r->nsizes; s++) {
             size_t count;
-            int reps = reps_for(r->sizes[s]);
+            int reps = reps_for(r->sizes[s], r->mpi);
             td_collective c = {
                 (td_collective_kind)kind, send, 0, recv, 0, 0, TD_F32, TD_REDUCE_SUM, 0};
             elements(c.kind, r->sizes[s], n, &count);
@@ -124,7 +126,7 @@ fail:
 }
 
 static double memcpy_ns(size_t bytes, char *a, char *b) {
-    int reps = reps_for(bytes);
+    int reps = reps_for(bytes, 0);
     double t[4000];
     for (int i = -2; i < reps; i++) {
         uint64_t t0 = td_clock_ns();
@@ -286,6 +288,7 @@ static int run_mpi_child(const bench_opts *o) {
     if (!r)
         return 1;
     r->o = &mo;
+    r->mpi = 1;
     r->nsizes = make_sizes(o, o->mpi_max_bytes, r->sizes);
     {
         /* tandem initialises MPI with the group; the spec needs the rank first. */
@@ -309,7 +312,7 @@ static int run_mpi_child(const bench_opts *o) {
     if (!buf)
         goto done;
     for (int s = 0; s < r->nsizes; s++) {
-        int reps = reps_for(r->sizes[s]);
+        int reps = reps_for(r->sizes[s], 1);
         double t[4000];
         if (reps > 1000)
             reps = 1000;
@@ -382,7 +385,7 @@ int td__comm_bench(int argc, char **argv, const char *respawn) {
     o.devices = "cpu*2";
     o.min_bytes = 8;
     o.max_bytes = 256u << 20;
-    o.mpi_max_bytes = 64u << 20;
+    o.mpi_max_bytes = 256u << 20;
     o.kinds_mask = (1 << TD_COMM_KINDS) - 1;
     o.np = 2;
     o.respawn = respawn ? respawn : "";

@@ -1,6 +1,7 @@
 /* Groups: creation over a device list, td_group_run (one task per member on
  * its own host thread), the error state, and shrinking to the survivors. */
 #include <errno.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -213,6 +214,10 @@ static td_status group_create(td_device *const *devs, size_t n, const td_group_c
          * give its core away soon, since the peer it waits for may be
          * queued behind it. */
         long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        cpu_set_t set;
+        /* The CPUs this process may use (mpirun binds each process to one). */
+        if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+            cpus = CPU_COUNT(&set);
         g->spin_rounds = (long)n > cpus ? 2 : 4096;
     }
     TD_TRY(td__fault_parse(g, cfg.fault ? cfg.fault : getenv("TANDEM_FAULT")));

@@ -36,6 +36,7 @@ typedef struct mpi_state {
     int world_rank;
     int *counts;  /* members per process */
     int *offsets; /* global rank of each process's first member */
+    int counted;  /* counted in live_groups */
 } mpi_state;
 
 static int tandem_owns_mpi;
@@ -133,6 +134,7 @@ td_status td__mpi_group_init(td_group *g) {
     }
     g->rank0 = s->offsets[s->process];
     atomic_fetch_add(&live_groups, 1);
+    s->counted = 1;
     return TD_OK;
 fail:
     return st;
@@ -144,11 +146,12 @@ void td__mpi_group_deinit(td_group *g) {
     if (!s)
         return;
     MPI_Finalized(&fin);
-    if (!fin && s->comm != MPI_COMM_NULL) {
+    if (!fin && s->ctl != MPI_COMM_NULL)
         MPI_Comm_free(&s->ctl);
+    if (!fin && s->comm != MPI_COMM_NULL)
         MPI_Comm_free(&s->comm);
+    if (s->counted)
         atomic_fetch_sub(&live_groups, 1);
-    }
     free(s->counts);
     free(s->offsets);
     free(s);
