@@ -171,7 +171,6 @@ td_status td__mpi_agree_failed(td_group *g, unsigned char *failed) {
 static td_status mpi_wait(td__member *m, MPI_Request *req, const td__op *o) {
     td_group *g = m->g;
     uint64_t start = td_clock_ns(), limit = (uint64_t)g->timeout_ms * 1000000u;
-    unsigned rounds = 0;
     for (;;) {
         int done = 0;
         int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
@@ -193,9 +192,10 @@ static td_status mpi_wait(td__member *m, MPI_Request *req, const td__op *o) {
             }
             return td__group_lost(g);
         }
-        if (++rounds > 64) {
-            /* Processes may outnumber cores: let the others run. */
-            if (rounds < 20000) {
+        /* MPI progresses only inside MPI_Test: poll without pause for 2 ms,
+         * then yield (processes may outnumber cores), then sleep a little. */
+        if (td_clock_ns() - start > 2000000u) {
+            if (td_clock_ns() - start < 100000000u) {
                 sched_yield();
             } else {
                 struct timespec ts = {0, 50000};
@@ -241,6 +241,24 @@ td_status td__mpi_run(td__member *m, const td__op *o) {
         return td__local_run(m, o);
     switch (o->kind) {
     case TD_COLL_ALLREDUCE:
+        if (g->nlocal == 1) {
+            /* Alone in this process: straight to MPI, out of place as asked. */
+            for (size_t done = 0; done < o->count && st == TD_OK; done += MAX_PIECE) {
+                size_t n = o->count - done < MAX_PIECE ? o->count - done : MAX_PIECE;
+                const void *src = o->in == o->out ? MPI_IN_PLACE : (const char *)o->in + done * es;
+                rc = MPI_Iallreduce(src, (char *)o->out + done * es, (int)n, type, mpi_op(o->op),
+                                    s->comm, &req);
+                if (rc != MPI_SUCCESS)
+                    break;
+                st = mpi_wait(m, &req, o);
+            }
+            if (rc != MPI_SUCCESS)
+                goto mpi_fail;
+            TD_TRY(st);
+            if (divide > 1)
+                td__scale(o->out, o->count, o->dtype, divide);
+            break;
+        }
         TD_TRY(td__local_reduce(m, o->in, leader ? o->out : NULL, o->count, o->dtype,
                                 local_op(o->op), 0, 1));
         if (leader) {
