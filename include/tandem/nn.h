@@ -25,17 +25,17 @@ typedef enum td_input_kind {
 
 /* A batch in host memory. The model copies it to its device. */
 typedef struct td_batch {
-    int64_t n;              /* samples */
-    const float *x;         /* (n, input shape...) for TD_INPUT_FEATURES, else NULL */
-    const int32_t *tokens;  /* (n, T) for TD_INPUT_TOKENS, else NULL */
-    const int32_t *labels;  /* (n) classes, or (n, T) next tokens for a GPT */
+    int64_t n;             /* samples */
+    const float *x;        /* (n, input shape...) for TD_INPUT_FEATURES, else NULL */
+    const int32_t *tokens; /* (n, T) for TD_INPUT_TOKENS, else NULL */
+    const int32_t *labels; /* (n) classes, or (n, T) next tokens for a GPT */
 } td_batch;
 
 /* Sums over the batch, so that slices from several devices add up. */
 typedef struct td_step_result {
-    double loss_sum;  /* sum of per-label cross-entropy losses, in nats */
-    int64_t correct;  /* labels whose arg-max prediction was right */
-    int64_t count;    /* labels counted: n, or n * T for a GPT */
+    double loss_sum; /* sum of per-label cross-entropy losses, in nats */
+    int64_t correct; /* labels whose arg-max prediction was right */
+    int64_t count;   /* labels counted: n, or n * T for a GPT */
 } td_step_result;
 
 /* Loads the model described by the JSON file at path and creates its
@@ -89,7 +89,7 @@ TD_API void td_model_set_grad_hook(td_model *m, td_grad_ready_fn fn, void *arg);
 /* Optimizers ---------------------------------------------------------------- */
 
 typedef enum td_optimizer_kind {
-    TD_OPT_SGD = 0,   /* with momentum and optional Nesterov */
+    TD_OPT_SGD = 0, /* with momentum and optional Nesterov */
     TD_OPT_ADAMW = 1,
 } td_optimizer_kind;
 
@@ -101,12 +101,12 @@ typedef enum td_lr_schedule {
 typedef struct td_optimizer_config {
     td_optimizer_kind kind;
     double lr;
-    double momentum;      /* SGD */
-    int nesterov;         /* SGD */
-    double beta1, beta2;  /* AdamW */
-    double eps;           /* AdamW */
-    double weight_decay;  /* decoupled for AdamW, L2 for SGD */
-    double clip_norm;     /* clip gradients to this global L2 norm; 0: off */
+    double momentum;     /* SGD */
+    int nesterov;        /* SGD */
+    double beta1, beta2; /* AdamW */
+    double eps;          /* AdamW */
+    double weight_decay; /* decoupled for AdamW, L2 for SGD */
+    double clip_norm;    /* clip gradients to this global L2 norm; 0: off */
     td_lr_schedule schedule;
     int64_t warmup_steps; /* linear warm-up from 0 */
     int64_t total_steps;  /* for the cosine schedule */
@@ -114,7 +114,7 @@ typedef struct td_optimizer_config {
 } td_optimizer_config;
 
 #define TD_OPTIMIZER_CONFIG_INIT                                                                   \
-    {TD_OPT_SGD, 0.01, 0.9, 0, 0.9, 0.999, 1e-8, 0.0, 0.0, TD_LR_CONSTANT, 0, 0, 0.0}
+    { TD_OPT_SGD, 0.01, 0.9, 0, 0.9, 0.999, 1e-8, 0.0, 0.0, TD_LR_CONSTANT, 0, 0, 0.0 }
 
 /* Creates an optimizer over every parameter of m, state on m's device. */
 TD_API td_status td_optimizer_create(td_model *m, const td_optimizer_config *cfg,
