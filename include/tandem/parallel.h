@@ -87,13 +87,14 @@ typedef struct td_dp_config {
     int64_t chunk_samples;     /* micro-chunk size in deterministic mode (16) */
     size_t first_bucket_bytes; /* 256 KiB */
     size_t bucket_bytes;       /* 4 MiB */
-    int overlap;               /* start buckets during backward (1); 0: all after */
+    int overlap;               /* start buckets during backward: 1 on, 0 off, -1 (default)
+                                  on unless every member is a local CPU device */
     int rebalance;             /* keep adjusting shares from step times (1) */
     td_balancer_config balancer;
 } td_dp_config;
 
 #define TD_DP_CONFIG_INIT                                                                          \
-    { 0, 16, 256u << 10, 4u << 20, 1, 1, TD_BALANCER_CONFIG_INIT }
+    { 0, 16, 256u << 10, 4u << 20, -1, 1, TD_BALANCER_CONFIG_INIT }
 
 /* One member's part of a step. */
 typedef struct td_dp_member_stats {

@@ -500,15 +500,20 @@ double td__device_slowdown(const td_device *dev) {
 
 void td__device_throttle(td_device *dev, uint64_t start_ns) {
     double f = td__device_slowdown(dev);
-    uint64_t spent = td_clock_ns() - start_ns;
-    double extra = (f - 1.0) * (double)spent;
-    struct timespec ts;
-    if (f <= 1.0 || extra < 1000.0)
+    uint64_t now = td_clock_ns(), spent = now - start_ns;
+    uint64_t deadline;
+    if (f <= 1.0)
         return;
-    ts.tv_sec = (time_t)(extra / 1e9);
-    ts.tv_nsec = (long)(extra - (double)ts.tv_sec * 1e9);
-    while (nanosleep(&ts, &ts) != 0)
-        ; /* interrupted: sleep the rest */
+    deadline = now + (uint64_t)((f - 1.0) * (double)spent);
+    /* nanosleep overshoots by tens of microseconds; sleep most of the way and
+     * spin the rest, so a slowed device is slowed by the factor asked. */
+    while (deadline > td_clock_ns() + 150000) {
+        uint64_t left = deadline - td_clock_ns() - 100000;
+        struct timespec ts = {(time_t)(left / 1000000000u), (long)(left % 1000000000u)};
+        nanosleep(&ts, NULL);
+    }
+    while (td_clock_ns() < deadline)
+        ;
 }
 
 /* Memory ------------------------------------------------------------------- */

@@ -170,6 +170,22 @@ static td_status finish_reductions(dp_member *mb) {
 
 /* Creation ------------------------------------------------------------------- */
 
+/* Overlapping pays when something other than the compute cores moves the
+ * bytes: a GPU's copy engines, a network. CPU devices of one process reduce
+ * with their own cores, so a reduction started during backward only competes
+ * with backward for them (measured on 2 cores: slower, and the shares drift);
+ * there the reduction waits for backward's end. */
+static int default_overlap(const td_dp *dp) {
+    if (dp->nlocal != dp->size)
+        return 1;
+    for (int i = 0; i < dp->nlocal; i++) {
+        td_device_info info;
+        if (td_device_get_info(dp->members[i].dev, &info) != TD_OK || strcmp(info.backend, "cpu"))
+            return 1;
+    }
+    return 0;
+}
+
 static td_status create_member(td_group *g, td_device *dev, int rank, int size, void *arg) {
     dp_work *w = arg;
     td_dp *dp = w->dp;
@@ -252,6 +268,8 @@ td_status td_dp_create(td_group *g, const char *model_json, const char *name, td
         dp->members[dp->nlocal].g = g;
         dp->nlocal++;
     }
+    if (dp->cfg.overlap < 0)
+        dp->cfg.overlap = default_overlap(dp);
     TD_TRY(td_balancer_create(dp->size, names, &dp->cfg.balancer, &dp->balancer));
     memset(&w, 0, sizeof w);
     w.dp = dp;
@@ -587,8 +605,8 @@ static void fill_stats(td_dp *dp, const double *all, const int64_t *counts, doub
         m->wait_s = fmax(0.0, step_s - m->compute_s - m->comm_s);
         exposed = fmax(exposed, m->comm_s);
     }
-    /* Deterministic mode reduces after backward, in a chain: nothing is hidden. */
-    stats->hidden_fraction = dp->sync_comm_s > 0 && !dp->cfg.deterministic
+    /* Without overlap (and in deterministic mode's chain) nothing is hidden. */
+    stats->hidden_fraction = dp->sync_comm_s > 0 && !dp->cfg.deterministic && dp->cfg.overlap
                                  ? fmin(1.0, fmax(0.0, 1.0 - exposed / dp->sync_comm_s))
                                  : 0.0;
 }
