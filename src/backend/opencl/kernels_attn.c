@@ -48,6 +48,7 @@ static td_status gemm_pairs(ocl_device *od, td_dtype dt, int ta, int tb, int64_t
             offs[count + i] = b.off + (size_t)(bi * b.sb + hi * b.sh);
             offs[2 * count + i] = c.off + (size_t)(bi * c.sb + hi * c.sh);
         }
+    pthread_mutex_lock(&td__clblast_lock);
     if (dt == TD_F32) {
         float *al = (float *)scal, *be = al + count;
         for (i = 0; i < count; i++) {
@@ -67,6 +68,7 @@ static td_status gemm_pairs(ocl_device *od, td_dtype dt, int ta, int tb, int64_t
                                 scal + count, c.mem, offs + 2 * count, (size_t)c.ld, count,
                                 &od->queue, NULL);
     }
+    pthread_mutex_unlock(&td__clblast_lock);
     if (s != CLBlastSuccess)
         st = td__error(s == CLBlastTempBufferAllocFailure ? TD_ERR_OUT_OF_MEMORY : TD_ERR_DEVICE,
                        "%s: CLBlast%cgemmBatched failed: %s (%d)", od->name,

@@ -43,6 +43,8 @@ static td_status mat_scale(ocl_device *od, td_dtype dt, int64_t m, int64_t n, cl
 }
 
 #ifdef TD_HAVE_CLBLAST
+pthread_mutex_t td__clblast_lock = PTHREAD_MUTEX_INITIALIZER;
+
 static const char *clblast_name(CLBlastStatusCode s) {
     switch (s) {
     case CLBlastNotImplemented: return "CLBlastNotImplemented";
@@ -132,6 +134,7 @@ td_status td__ocl_gemm_mem(ocl_device *od, td_dtype dt, int ta, int tb, int64_t 
         CLBlastStatusCode s;
         const char *call;
         TRY(td__ocl_kernel(od, dt, TD_OCL_K_MAT_SCALE, &(cl_kernel){NULL})); /* the fp64 check */
+        pthread_mutex_lock(&td__clblast_lock);
         if (batch == 1 && dt == TD_F32) {
             call = "CLBlastSgemm";
             s = CLBlastSgemm(CLBlastLayoutRowMajor, ota, otb, (size_t)m, (size_t)n, (size_t)k,
@@ -156,6 +159,7 @@ td_status td__ocl_gemm_mem(ocl_device *od, td_dtype dt, int ta, int tb, int64_t 
                 (size_t)lda, (size_t)stride_a, b, b_off, (size_t)ldb, (size_t)stride_b, beta, c,
                 c_off, (size_t)ldc, (size_t)stride_c, (size_t)batch, &od->queue, NULL);
         }
+        pthread_mutex_unlock(&td__clblast_lock);
         if (s != CLBlastSuccess)
             return clblast_status(od, s, call);
         return TD_OK;

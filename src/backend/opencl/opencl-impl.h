@@ -7,6 +7,7 @@
 #define TD_BACKEND_OPENCL_IMPL_H
 
 #include <CL/cl.h>
+#include <pthread.h>
 
 #include "device/device-impl.h"
 
@@ -186,5 +187,11 @@ td_status td__ocl_attention_bwd(void *ctx, td_dtype dt, int64_t b, int64_t t, in
 
 extern const char td__ocl_source[];
 extern const td_kernels td__opencl_kernels;
+
+/* CLBlast 1.5 builds its tuning database on a routine's first call without a
+ * lock; two devices' threads calling it at once corrupt it (AddressSanitizer
+ * showed a use after free). Every CLBlast call holds this lock; the calls
+ * only enqueue work, so holding it is short. */
+extern pthread_mutex_t td__clblast_lock;
 
 #endif
