@@ -6,14 +6,8 @@
 
 #include "support/support.h"
 
-static td_device_list *open_ok(const char *spec) {
-    td_device_list *list = NULL;
-    TD_ASSERT_OK(td_devices_open(spec, &list));
-    return list;
-}
-
 static void info_reports_a_real_gpu(void **state) {
-    td_device_list *list = open_ok("cuda:0");
+    td_device_list *list = td_test_open("cuda:0");
     td_device_info info;
     TD_ASSERT_OK(td_device_get_info(td_device_list_get(list, 0), &info));
     assert_string_equal(info.backend, "cuda");
@@ -25,7 +19,7 @@ static void info_reports_a_real_gpu(void **state) {
 
 static void copies_between_cpu_gpu_and_logical_gpus(void **state) {
     static const size_t sizes[] = {0, 1, 4093, (16 << 20) + 3};
-    td_device_list *list = open_ok("cpu:0,cuda:0{split=2}");
+    td_device_list *list = td_test_open("cpu:0,cuda:0{split=2}");
     assert_int_equal(td_device_list_count(list), 3);
     assert_string_equal(td_device_name(td_device_list_get(list, 2)), "cuda:0/1");
     for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
@@ -51,7 +45,7 @@ static void copies_between_cpu_gpu_and_logical_gpus(void **state) {
 }
 
 static void out_of_memory_is_a_status(void **state) {
-    td_device_list *list = open_ok("cuda:0");
+    td_device_list *list = td_test_open("cuda:0");
     td_buffer *b = NULL;
     TD_ASSERT_STATUS(td_buffer_alloc(td_device_list_get(list, 0), (size_t)1 << 50, &b),
                      TD_ERR_OUT_OF_MEMORY);
@@ -63,7 +57,7 @@ static void out_of_memory_is_a_status(void **state) {
 }
 
 static void rng_and_fill_match_the_cpu(void **state) {
-    td_device_list *list = open_ok("cpu:0,cuda:0");
+    td_device_list *list = td_test_open("cpu:0,cuda:0");
     const int64_t n = 1000003;
     for (int dt = 0; dt < 2; dt++) {
         td_tensor *c = NULL, *g = NULL;

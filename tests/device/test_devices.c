@@ -8,16 +8,9 @@
 #include "device/device-impl.h"
 #include "support/support.h"
 
-static td_device_list *open_ok(const char *spec) {
-    td_device_list *list = NULL;
-    TD_ASSERT_OK(td_devices_open(spec, &list));
-    assert_non_null(list);
-    return list;
-}
-
 static void cpu_specs_give_the_devices_they_name(void **state) {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    td_device_list *list = open_ok("cpu*2");
+    td_device_list *list = td_test_open("cpu*2");
     td_device_info info;
     assert_int_equal(td_device_list_count(list), 2);
     assert_string_equal(td_device_name(td_device_list_get(list, 0)), "cpu:0");
@@ -30,18 +23,18 @@ static void cpu_specs_give_the_devices_they_name(void **state) {
     assert_null(td_device_list_get(list, 2));
     td_device_list_destroy(list);
 
-    list = open_ok("cpu");
+    list = td_test_open("cpu");
     assert_int_equal(td_device_list_count(list), 1);
     TD_ASSERT_OK(td_device_get_info(td_device_list_get(list, 0), &info));
     /* One device owns every core this process may use. */
     assert_true(info.compute_units >= 1 && info.compute_units <= ncpu);
     td_device_list_destroy(list);
 
-    list = open_ok("cpu*4"); /* more devices than cores: they share */
+    list = td_test_open("cpu*4"); /* more devices than cores: they share */
     assert_int_equal(td_device_list_count(list), 4);
     td_device_list_destroy(list);
 
-    list = open_ok("all");
+    list = td_test_open("all");
     assert_true(td_device_list_count(list) >= 1);
     td_device_list_destroy(list);
 }
@@ -81,7 +74,7 @@ static td_status record_order(td_device *dev, void *arg) {
 }
 
 static void tasks_run_in_order_on_the_device_thread(void **state) {
-    td_device_list *list = open_ok("cpu:0");
+    td_device_list *list = td_test_open("cpu:0");
     td_device *dev = td_device_list_get(list, 0);
     order_state s;
     order_task tasks[64];
@@ -110,7 +103,7 @@ static void tasks_run_in_order_on_the_device_thread(void **state) {
 }
 
 static void budgets_make_out_of_memory_real(void **state) {
-    td_device_list *list = open_ok("cpu:0{mem=1M}");
+    td_device_list *list = td_test_open("cpu:0{mem=1M}");
     td_device *dev = td_device_list_get(list, 0);
     td_buffer *a = NULL, *b = NULL, *c = NULL;
     td_device_info info;
@@ -136,7 +129,7 @@ static void budgets_make_out_of_memory_real(void **state) {
 }
 
 static void a_huge_allocation_fails_cleanly_without_a_budget(void **state) {
-    td_device_list *list = open_ok("cpu:0");
+    td_device_list *list = td_test_open("cpu:0");
     td_buffer *b = NULL;
     /* 2^62 bytes: no machine has it; the failure is a status, not a crash. */
     TD_ASSERT_STATUS(td_buffer_alloc(td_device_list_get(list, 0), (size_t)1 << 62, &b),
@@ -149,7 +142,7 @@ static void a_huge_allocation_fails_cleanly_without_a_budget(void **state) {
 
 static void copies_between_devices_keep_every_byte(void **state) {
     static const size_t sizes[] = {0, 1, 7, 4093, 1 << 20, (64 << 20) + 5};
-    td_device_list *list = open_ok("cpu*3");
+    td_device_list *list = td_test_open("cpu*3");
     for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
         size_t n = sizes[k];
         unsigned char *src = malloc(n + 1), *dst = malloc(n + 1);
@@ -181,7 +174,7 @@ static void copies_between_devices_keep_every_byte(void **state) {
 }
 
 static void out_of_range_transfers_are_refused(void **state) {
-    td_device_list *list = open_ok("cpu:0");
+    td_device_list *list = td_test_open("cpu:0");
     td_buffer *b;
     char host[16];
     TD_ASSERT_OK(td_buffer_alloc(td_device_list_get(list, 0), 8, &b));
@@ -195,7 +188,7 @@ static void out_of_range_transfers_are_refused(void **state) {
 }
 
 static void slowdown_stretches_a_phase_of_work(void **state) {
-    td_device_list *list = open_ok("cpu:0{slowdown=3},cpu:1");
+    td_device_list *list = td_test_open("cpu:0{slowdown=3},cpu:1");
     td_device *slow = td_device_list_get(list, 0);
     uint64_t start = td_clock_ns(), busy_end;
     td_device_info info;

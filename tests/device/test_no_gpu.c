@@ -2,12 +2,6 @@
  * to the CPU. On a machine with one, this test does not apply and says so. */
 #include "support/support.h"
 
-static td_device_list *open_ok(const char *spec) {
-    td_device_list *list = NULL;
-    TD_ASSERT_OK(td_devices_open(spec, &list));
-    return list;
-}
-
 static void without_a_gpu_cuda_specs_fail_clearly(void **state) {
     td_device_list *list = NULL;
     td_status st = td_devices_open("cuda:0", &list);
@@ -15,7 +9,7 @@ static void without_a_gpu_cuda_specs_fail_clearly(void **state) {
     td_test_assert_message_contains("cuda:0");
     td_test_assert_message_contains("Devices here:");
     /* "auto" falls back to the CPU rather than failing. */
-    list = open_ok("auto");
+    list = td_test_open("auto");
     assert_string_equal(td_device_name(td_device_list_get(list, 0)), "cpu");
     td_device_list_destroy(list);
 }

@@ -9,14 +9,8 @@
 
 #include "support/support.h"
 
-static td_device_list *open_ok(const char *spec) {
-    td_device_list *list = NULL;
-    TD_ASSERT_OK(td_devices_open(spec, &list));
-    return list;
-}
-
 static void examples_load(void **state) {
-    td_device_list *list = open_ok("cpu:0");
+    td_device_list *list = td_test_open("cpu:0");
     td_device *dev = td_device_list_get(list, 0);
     td_model *m = NULL;
     int64_t shape[TD_MAX_DIMS];
@@ -118,7 +112,7 @@ static void bad_files_name_file_layer_and_field(void **state) {
          "\"optimizer\": 1}",
          TD_ERR_PARSE, "bad.json: optimizer: unknown field"},
     };
-    td_device_list *list = open_ok("cpu:0");
+    td_device_list *list = td_test_open("cpu:0");
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         td_model *m = (td_model *)0x1;
         td_status st = td_model_load_string(cases[i].json, "bad.json", td_device_list_get(list, 0),
@@ -147,7 +141,7 @@ static double *read_all(td_tensor *t) {
 }
 
 static void seed_gives_same_weights_on_every_device(void **state) {
-    td_device_list *list = open_ok("cpu*2");
+    td_device_list *list = td_test_open("cpu*2");
     td_model *a = NULL, *b = NULL, *c = NULL;
     TD_ASSERT_OK(td_model_load(TD_SOURCE_DIR "/examples/lenet5.json", td_device_list_get(list, 0),
                                TD_F32, 77, &a));
@@ -191,7 +185,7 @@ static void hook(void *arg, size_t first, size_t count) {
 }
 
 static void step_accumulates_hooks_and_repeats_bitwise(void **state) {
-    td_device_list *list = open_ok("cpu");
+    td_device_list *list = td_test_open("cpu");
     td_model *m = NULL, *m2 = NULL;
     int32_t tokens[2 * 128], labels[2 * 128];
     td_batch b = {2, NULL, tokens, labels};
@@ -242,7 +236,7 @@ static void step_accumulates_hooks_and_repeats_bitwise(void **state) {
 }
 
 static void optimizer_schedule_and_clipping(void **state) {
-    td_device_list *list = open_ok("cpu:0");
+    td_device_list *list = td_test_open("cpu:0");
     td_model *m = NULL;
     td_optimizer *o = NULL;
     td_optimizer_config cfg = TD_OPTIMIZER_CONFIG_INIT;

@@ -7,12 +7,6 @@
 
 #include "support/support.h"
 
-static td_device_list *open_ok(const char *spec) {
-    td_device_list *list = NULL;
-    TD_ASSERT_OK(td_devices_open(spec, &list));
-    return list;
-}
-
 /* n samples of dim features: class c is a fixed random prototype plus noise. */
 static void make_blobs(int64_t n, int64_t dim, int classes, uint64_t seed, float *x,
                        int32_t *labels) {
@@ -26,7 +20,7 @@ static void make_blobs(int64_t n, int64_t dim, int classes, uint64_t seed, float
 }
 
 static void run_mlp(td_optimizer_kind kind, const char *spec, td_dtype dt) {
-    td_device_list *list = open_ok(spec);
+    td_device_list *list = td_test_open(spec);
     td_model *m = NULL;
     td_optimizer *opt = NULL;
     td_optimizer_config cfg = TD_OPTIMIZER_CONFIG_INIT;
@@ -80,7 +74,7 @@ static void mlp_f64_loss_falls(void **state) {
 
 /* LeNet-5 on 28x28 blobs: a few steps of SGD with momentum. */
 static void lenet_loss_falls(void **state) {
-    td_device_list *list = open_ok("cpu");
+    td_device_list *list = td_test_open("cpu");
     td_model *m = NULL;
     td_optimizer *opt = NULL;
     td_optimizer_config cfg = TD_OPTIMIZER_CONFIG_INIT;
@@ -125,7 +119,7 @@ static const char *const small_gpt =
     "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 256}]}";
 
 static void gpt_loss_falls(void **state) {
-    td_device_list *list = open_ok("cpu");
+    td_device_list *list = td_test_open("cpu");
     td_model *m = NULL;
     td_optimizer *opt = NULL;
     td_optimizer_config cfg = TD_OPTIMIZER_CONFIG_INIT;

@@ -7,14 +7,9 @@
 
 #include "support/support.h"
 
-static td_device_list *open_ok(const char *spec) {
-    td_device_list *list = NULL;
-    TD_ASSERT_OK(td_devices_open(spec, &list));
-    return list;
-}
-
 static void split_gives_sub_devices_that_share_the_compute_units(void **state) {
-    td_device_list *whole = open_ok("opencl:0.0"), *parts = open_ok("opencl:0.0{split=2}");
+    td_device_list *whole = td_test_open("opencl:0.0"),
+                   *parts = td_test_open("opencl:0.0{split=2}");
     td_device_info a, b;
     TD_ASSERT_OK(td_device_get_info(td_device_list_get(whole, 0), &a));
     assert_int_equal(td_device_list_count(parts), 2);
@@ -29,7 +24,7 @@ static void split_gives_sub_devices_that_share_the_compute_units(void **state) {
 
 static void copies_cross_backends_and_sub_devices(void **state) {
     static const size_t sizes[] = {0, 1, 4093, 3 << 20};
-    td_device_list *list = open_ok("cpu:0,opencl:0.0{split=2}");
+    td_device_list *list = td_test_open("cpu:0,opencl:0.0{split=2}");
     for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
         size_t n = sizes[k];
         unsigned char *src = malloc(n + 1), *dst = malloc(n + 1);
@@ -58,7 +53,7 @@ static void copies_cross_backends_and_sub_devices(void **state) {
 }
 
 static void budgets_apply_to_opencl_devices(void **state) {
-    td_device_list *list = open_ok("opencl:0.0{mem=1M}");
+    td_device_list *list = td_test_open("opencl:0.0{mem=1M}");
     td_buffer *a = NULL, *b = NULL;
     TD_ASSERT_OK(td_buffer_alloc(td_device_list_get(list, 0), 1 << 20, &a));
     TD_ASSERT_STATUS(td_buffer_alloc(td_device_list_get(list, 0), 1, &b), TD_ERR_OUT_OF_MEMORY);
@@ -70,7 +65,7 @@ static void budgets_apply_to_opencl_devices(void **state) {
 /* fill and the RNG on OpenCL equal the CPU backend's: uniform bit for bit,
  * normal within the last bits (OpenCL's log/sin/cos may round differently). */
 static void kernels_match_the_cpu_backend(void **state) {
-    td_device_list *list = open_ok("cpu:0,opencl:0.0");
+    td_device_list *list = td_test_open("cpu:0,opencl:0.0");
     const int64_t n = 100003;
     for (int dt = 0; dt < 2; dt++) {
         td_tensor *c = NULL, *o = NULL;

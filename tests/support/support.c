@@ -6,6 +6,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+td_device_list *td_test_open(const char *spec) {
+    td_device_list *list = NULL;
+    TD_ASSERT_OK(td_devices_open(spec, &list));
+    assert_non_null(list);
+    return list;
+}
+
 void td_test_assert_message_contains(const char *needle) {
     const char *msg = td_last_error();
     if (!strstr(msg, needle))

@@ -29,6 +29,9 @@
                      td_status_name(want), td_last_error());                                       \
     } while (0)
 
+/* Opens the devices of spec or fails the test with tandem's message. */
+td_device_list *td_test_open(const char *spec);
+
 /* Fails unless td_last_error() contains needle. */
 void td_test_assert_message_contains(const char *needle);
 

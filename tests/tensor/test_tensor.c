@@ -6,12 +6,6 @@
 
 #include "support/support.h"
 
-static td_device_list *open_ok(const char *spec) {
-    td_device_list *list = NULL;
-    TD_ASSERT_OK(td_devices_open(spec, &list));
-    return list;
-}
-
 static td_tensor *make(td_device *dev, td_dtype dt, int ndim, const int64_t *shape) {
     td_tensor *t = NULL;
     TD_ASSERT_OK(td_tensor_create(dev, dt, ndim, shape, &t));
@@ -19,7 +13,7 @@ static td_tensor *make(td_device *dev, td_dtype dt, int ndim, const int64_t *sha
 }
 
 static void create_reports_shape_and_refuses_bad_ones(void **state) {
-    td_device_list *list = open_ok("cpu:0{mem=64K}");
+    td_device_list *list = td_test_open("cpu:0{mem=64K}");
     td_device *dev = td_device_list_get(list, 0);
     int64_t shape[4] = {2, 3, 4, 5}, bad[2] = {3, -1}, big[2] = {1024, 1024};
     td_tensor *t = make(dev, TD_F64, 4, shape), *u = (td_tensor *)0x1;
@@ -45,7 +39,7 @@ static void create_reports_shape_and_refuses_bad_ones(void **state) {
 }
 
 static void write_read_and_convert(void **state) {
-    td_device_list *list = open_ok("cpu:0");
+    td_device_list *list = td_test_open("cpu:0");
     int64_t n = 1001;
     td_tensor *t32 = make(td_device_list_get(list, 0), TD_F32, 1, &n);
     td_tensor *t64 = make(td_device_list_get(list, 0), TD_F64, 1, &n);
@@ -91,7 +85,7 @@ static void rng_is_the_same_on_every_device_and_device_count(void **state) {
     for (int dt = 0; dt < 2; dt++) {
         double *whole = NULL;
         for (size_t s = 0; s < 3; s++) {
-            td_device_list *list = open_ok(specs[s]);
+            td_device_list *list = td_test_open(specs[s]);
             size_t ndev = td_device_list_count(list);
             double *joined = malloc(sizeof(double) * (size_t)total);
             for (size_t d = 0; d < ndev; d++) {
@@ -119,7 +113,7 @@ static void rng_is_the_same_on_every_device_and_device_count(void **state) {
 }
 
 static void fill_copy_and_compare_across_devices(void **state) {
-    td_device_list *list = open_ok("cpu*2");
+    td_device_list *list = td_test_open("cpu*2");
     int64_t shape[2] = {37, 29};
     td_tensor *a = make(td_device_list_get(list, 0), TD_F64, 2, shape);
     td_tensor *b = make(td_device_list_get(list, 1), TD_F64, 2, shape);
