@@ -54,6 +54,20 @@ typedef struct td_backend_ops {
     td_status (*sync)(void *ctx);
 
     const td_kernels *kernels;
+
+    /* Optional, all four or none (NULL on cpu and opencl): recording the
+     * device work that the host thread queues between graph_begin and
+     * graph_end, and replaying it (CUDA graphs). While recording nothing
+     * runs; kernels that give results to the host hand them over at each
+     * replay instead (see td_kernels: the host pointers given while recording
+     * must outlive the graph). graph_end always ends the recording; on failure
+     * *graph is NULL and the message says why. graph_launch runs the graph
+     * and waits for it; results are final on return. graph_begin fails with
+     * TD_ERR_UNSUPPORTED when graphs are switched off. See src/device/graph.h. */
+    td_status (*graph_begin)(void *ctx);
+    td_status (*graph_end)(void *ctx, void **graph);
+    td_status (*graph_launch)(void *ctx, void *graph);
+    void (*graph_destroy)(void *ctx, void *graph); /* NULL-safe */
 } td_backend_ops;
 
 typedef struct td_task td_task;

@@ -7,6 +7,8 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/log.h"
+#include "device/graph.h"
 #include "nn/nn-impl.h"
 
 /* Parameters ------------------------------------------------------------------- */
@@ -215,16 +217,12 @@ static td_status load_batch(td_model *m, const td_batch *b) {
     return write_dev(m, m->labels.ptr, b->labels, nl * sizeof(int32_t));
 }
 
-static td_status step_task(td_device *dev, void *arg) {
-    step_args *a = arg;
-    td_model *m = a->m;
+/* Forward, loss and, when training, backward over the loaded batch. Only
+ * queues device work; *loss_sum and *correct are final on return, or, while a
+ * graph is being recorded, at each replay. */
+static td_status run_passes(td_model *m, const step_args *a, double *loss_sum, int64_t *correct) {
     td_status st;
     td_nn_run r;
-    td_step_result res = {0, 0, 0};
-    if ((st = prepare(m, a->batch->n)) != TD_OK)
-        return st;
-    if ((st = load_batch(m, a->batch)) != TD_OK)
-        return st;
     memset(&r, 0, sizeof r);
     r.model = m;
     r.train = a->train;
@@ -234,13 +232,124 @@ static td_status step_task(td_device *dev, void *arg) {
     if ((st = m->root->vt->forward(m->root, &m->input, &r)) != TD_OK)
         return st;
     if ((st = td__op_xent(&m->root->out, &m->labels, a->train ? &m->root->dout : NULL,
-                          a->grad_scale, &res.loss_sum, &res.correct)) != TD_OK)
+                          a->grad_scale, loss_sum, correct)) != TD_OK)
+        return st;
+    if (a->train)
+        return m->root->vt->backward(m->root, &m->input, NULL, &r);
+    return TD_OK;
+}
+
+/* The training step as a device graph -------------------------------------------
+ *
+ * On a backend that records graphs (CUDA), a training step whose batch size,
+ * gradient scale and accumulate flag are those of the step before is recorded
+ * once and then replayed: the batch is written into the same arena views as
+ * always and one launch runs forward, loss and backward, which for small
+ * models saves most of the time spent launching kernels. Everything a graph
+ * holds is fixed at recording, so models whose step reads a value that changes
+ * from step to step stay eager: a dropout layer (its seed), a gradient hook
+ * (the data strategy reduces from it). The optimizer is not part of the graph:
+ * its learning rate and bias corrections are per-step arguments. A recording
+ * that fails is said once in the log and the model trains eagerly from then
+ * on. TANDEM_CUDA_GRAPHS=0 switches graphs off. */
+
+static int has_dropout(const td_layer *l) {
+    if (!strcmp(l->vt->type, "dropout") && l->p > 0)
+        return 1;
+    for (int i = 0; i < l->nchildren; i++)
+        if (has_dropout(l->children[i]))
+            return 1;
+    return 0;
+}
+
+static void graph_drop(td_model *m) {
+    td__graph_destroy(m->graph);
+    m->graph = NULL;
+}
+
+/* Runs the step by replaying (recording first if needed) and sets *done, or
+ * leaves *done 0 for the eager path. A failure of a replay is the step's. */
+static td_status graph_step(td_model *m, const step_args *a, td_step_result *res, int *done) {
+    td_status st;
+    td_graph *g = NULL;
+    *done = 0;
+    if (!a->train || m->graph_off || m->hook)
+        return TD_OK;
+    if (!m->graph_checked) {
+        m->graph_checked = 1;
+        m->graph_off = !td__device_has_graphs(m->dev) || has_dropout(m->root);
+        if (m->graph_off)
+            return TD_OK;
+    }
+    if (!m->graph || m->graph_n != a->batch->n || m->graph_cap != m->cap_n ||
+        m->graph_scale != a->grad_scale || m->graph_acc != a->accumulate) {
+        int again = m->graph_n == a->batch->n && m->graph_cap == m->cap_n &&
+                    m->graph_scale == a->grad_scale && m->graph_acc == a->accumulate;
+        graph_drop(m);
+        m->graph_n = a->batch->n;
+        m->graph_cap = m->cap_n;
+        m->graph_scale = a->grad_scale;
+        m->graph_acc = a->accumulate;
+        /* The first step of a shape runs eagerly: it grows the backend's
+         * scratch to what the step needs, which must not happen while
+         * recording, and a shape seen only once is not worth recording. */
+        if (!again)
+            return TD_OK;
+        if ((st = td__graph_begin(m->dev)) != TD_OK) {
+            if (st != TD_ERR_UNSUPPORTED)
+                TD_LOG_WARN("%s: cannot record the training step as a graph (%s); training "
+                            "eagerly",
+                            m->dev->name, td_last_error());
+            m->graph_off = 1;
+            return TD_OK;
+        }
+        st = run_passes(m, a, &m->graph_loss, &m->graph_correct);
+        if (st != TD_OK) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", td_last_error());
+            td__graph_end(m->dev, &g);
+            td__graph_destroy(g);
+            TD_LOG_WARN("%s: recording the training step as a graph failed (%s); training "
+                        "eagerly",
+                        m->dev->name, why);
+            m->graph_off = 1;
+            return TD_OK;
+        }
+        if ((st = td__graph_end(m->dev, &g)) != TD_OK) {
+            TD_LOG_WARN("%s: recording the training step as a graph failed (%s); training "
+                        "eagerly",
+                        m->dev->name, td_last_error());
+            m->graph_off = 1;
+            return TD_OK;
+        }
+        m->graph = g;
+        TD_LOG_INFO("%s: training step recorded as a graph (batch %lld)", m->dev->name,
+                    (long long)a->batch->n);
+    }
+    if ((st = td__graph_launch(m->graph)) != TD_OK)
+        return st;
+    m->graph_replays++;
+    res->loss_sum = m->graph_loss;
+    res->correct = m->graph_correct;
+    *done = 1;
+    return TD_OK;
+}
+
+static td_status step_task(td_device *dev, void *arg) {
+    step_args *a = arg;
+    td_model *m = a->m;
+    td_status st;
+    td_step_result res = {0, 0, 0};
+    int done = 0;
+    if ((st = prepare(m, a->batch->n)) != TD_OK)
+        return st;
+    if ((st = load_batch(m, a->batch)) != TD_OK)
+        return st;
+    if ((st = graph_step(m, a, &res, &done)) != TD_OK)
+        return st;
+    if (!done && (st = run_passes(m, a, &res.loss_sum, &res.correct)) != TD_OK)
         return st;
     res.count = (int64_t)((size_t)a->batch->n * labels_per_sample(m));
-    if (a->train) {
-        if ((st = m->root->vt->backward(m->root, &m->input, NULL, &r)) != TD_OK)
-            return st;
-    }
     if (a->out)
         *a->out = res;
     return TD_OK;
@@ -465,6 +574,7 @@ td_status td_model_load(const char *path, td_device *dev, td_dtype dtype, uint64
 void td_model_destroy(td_model *m) {
     if (!m)
         return;
+    graph_drop(m);
     td__layer_destroy(m->root);
     for (size_t i = 0; i < m->nparams; i++) {
         td_tensor_destroy(m->params[i]);

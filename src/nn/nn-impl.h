@@ -100,6 +100,20 @@ struct td_model {
     td_buffer labels;  /* (n) or (n, t) int32 view */
     void *host_tmp;    /* f64 conversion of inputs */
     size_t host_tmp_n;
+
+    /* The training step recorded as a device graph (model.c), replayed while
+     * the batch size, gradient scale, accumulate flag and arena stay those it
+     * was recorded with. graph_off: never (no backend support, a dropout
+     * layer, a failed recording). The replayed cross-entropy writes its sums
+     * to graph_loss and graph_correct. */
+    struct td_graph *graph;
+    int graph_off, graph_checked;
+    int64_t graph_n, graph_cap;
+    double graph_scale;
+    int graph_acc;
+    double graph_loss;
+    int64_t graph_correct;
+    uint64_t graph_replays; /* steps run by replaying (tests read it) */
 };
 
 /* The planner: a dry pass counts, a second carves views. */

@@ -7,7 +7,26 @@
 #include "backend/cuda/cuda-impl.h"
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "device/device-impl.h"
+
+/* Pinned staging per device unless TANDEM_CUDA_STAGING says otherwise: two
+ * halves of 4 MiB, large enough to keep a PCIe DMA engine busy. */
+#define STAGING_DEFAULT (8u << 20)
+#define STAGING_MIN     (8u << 10)
+/* What a recorded graph may hand to the host: results of 64 ops at most. */
+#define READBACK_BYTES 4096
+#define MAX_DEFERRED   64
+
+struct cuda_graph {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    unsigned char *readback; /* pinned, READBACK_BYTES: results copied here at each replay */
+    size_t readback_used;
+    cuda_deferred deferred[MAX_DEFERRED];
+    int ndeferred;
+    int failed; /* an op refused to be recorded */
+};
 
 td_status td__cuda_status(cudaError_t err, const char *call, const cuda_device *cd) {
     td_status st = TD_ERR_DEVICE;
@@ -33,11 +52,46 @@ td_status td__cublas_status(cublasStatus_t st, const char *call, const cuda_devi
                      "%s: %s failed: %s", cd ? cd->name : "cuda", call, cublasGetStatusString(st));
 }
 
+/* Keeps a scratch block that recorded graphs may still use until the last of
+ * them is destroyed. */
+static td_status retire_scratch(cuda_device *cd, void *p) {
+    if (cd->nretired == cd->cap_retired) {
+        int cap = cd->cap_retired ? 2 * cd->cap_retired : 4;
+        void **r = realloc(cd->retired, sizeof *r * (size_t)cap);
+        if (!r)
+            return td__error(TD_ERR_OUT_OF_MEMORY, "%s: out of host memory", cd->name);
+        cd->retired = r;
+        cd->cap_retired = cap;
+    }
+    cd->retired[cd->nretired++] = p;
+    return TD_OK;
+}
+
+static void free_retired(cuda_device *cd) {
+    for (int i = 0; i < cd->nretired; i++)
+        cudaFree(cd->retired[i]);
+    cd->nretired = 0;
+}
+
 td_status td__cuda_scratch(cuda_device *cd, size_t nbytes, void **out) {
     if (nbytes > cd->scratch_size) {
         size_t want = nbytes < 2 * cd->scratch_size ? 2 * cd->scratch_size : nbytes;
-        if (cd->scratch)
-            cudaFree(cd->scratch);
+        if (cd->capture) {
+            char a[32];
+            cd->capture->failed = 1;
+            return td__error(TD_ERR_UNSUPPORTED,
+                             "%s: scratch memory would grow to %s while recording a graph",
+                             cd->name, td__format_bytes((double)nbytes, a));
+        }
+        if (cd->scratch) {
+            if (cd->live_graphs > 0) {
+                td_status st = retire_scratch(cd, cd->scratch);
+                if (st != TD_OK)
+                    return st;
+            } else {
+                cudaFree(cd->scratch);
+            }
+        }
         cd->scratch = NULL;
         cd->scratch_size = 0;
         TD_CUDA_CHECK(cudaMalloc(&cd->scratch, want), cd);
@@ -128,33 +182,112 @@ static td_status cuda_open(const td_spec_item *item, td_device_sink *sink) {
     return TD_OK;
 }
 
-static td_status cuda_thread_init(void *ctx) {
-    cuda_device *cd = ctx;
+/* "8M", "65536": a size in bytes with an optional K, M or G; 0 when unreadable. */
+static size_t env_size(const char *name) {
+    const char *v = getenv(name);
+    char *end;
+    unsigned long long n;
+    if (!v || !*v)
+        return 0;
+    n = strtoull(v, &end, 10);
+    if (*end == 'K' || *end == 'k')
+        n <<= 10;
+    else if (*end == 'M' || *end == 'm')
+        n <<= 20;
+    else if (*end == 'G' || *end == 'g')
+        n <<= 30;
+    return (size_t)n;
+}
+
+static int env_off(const char *name) {
+    const char *v = getenv(name);
+    return v && (!strcmp(v, "0") || !strcmp(v, "off") || !strcmp(v, "no"));
+}
+
+static td_status thread_init(cuda_device *cd) {
+    int major = 0;
+    size_t staging = env_size("TANDEM_CUDA_STAGING");
     TD_CUDA_CHECK(cudaSetDevice(cd->ordinal), cd);
+    TD_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, cd->ordinal),
+                  cd);
     TD_CUDA_CHECK(cudaStreamCreateWithFlags(&cd->stream, cudaStreamNonBlocking), cd);
+    /* cuBLAS's own advice: 32 MiB of workspace from Hopper on, 4 MiB before. */
     {
+        size_t ws = major >= 9 ? (32u << 20) : (4u << 20);
         cublasStatus_t bs = cublasCreate(&cd->blas);
         if (bs != CUBLAS_STATUS_SUCCESS)
             return td__cublas_status(bs, "cublasCreate", cd);
         if ((bs = cublasSetStream(cd->blas, cd->stream)) != CUBLAS_STATUS_SUCCESS)
             return td__cublas_status(bs, "cublasSetStream", cd);
+        /* After cublasSetStream, which resets the workspace to cuBLAS's pool:
+         * an explicit workspace means recording a graph allocates nothing. */
+        TD_CUDA_CHECK(cudaMalloc(&cd->blas_ws, ws), cd);
+        if ((bs = cublasSetWorkspace(cd->blas, cd->blas_ws, ws)) != CUBLAS_STATUS_SUCCESS)
+            return td__cublas_status(bs, "cublasSetWorkspace", cd);
         /* TF32 only when asked for: full f32 precision by default. */
         cublasSetMathMode(cd->blas,
                           getenv("TANDEM_TF32") ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH);
     }
+    if (staging == 0)
+        staging = STAGING_DEFAULT;
+    if (staging < STAGING_MIN)
+        staging = STAGING_MIN;
+    cd->staging_size = staging / 128 * 128; /* two 64-byte aligned halves */
+    cd->graphs_off = env_off("TANDEM_CUDA_GRAPHS");
+    cd->peer_off = env_off("TANDEM_CUDA_PEER");
+    cd->fp64_off = env_off("TANDEM_CUDA_FP64");
     return TD_OK;
+}
+
+static void free_staging(cuda_device *cd) {
+    for (int i = 0; i < 2; i++)
+        if (cd->staged[i])
+            cudaEventDestroy(cd->staged[i]);
+    if (cd->staging)
+        cudaFreeHost(cd->staging);
+    cd->staged[0] = cd->staged[1] = NULL;
+    cd->staging = NULL;
+}
+
+static void cuda_thread_deinit(void *ctx);
+
+/* A failed start releases what it made: the device layer calls thread_deinit
+ * only after a successful thread_init. */
+static td_status cuda_thread_init(void *ctx) {
+    td_status st = thread_init(ctx);
+    if (st != TD_OK)
+        cuda_thread_deinit(ctx);
+    return st;
 }
 
 static void cuda_thread_deinit(void *ctx) {
     cuda_device *cd = ctx;
+    if (cd->capture) {
+        cudaGraph_t g = NULL;
+        if (cudaStreamEndCapture(cd->stream, &g) == cudaSuccess && g)
+            cudaGraphDestroy(g);
+        cudaFreeHost(cd->capture->readback);
+        free(cd->capture);
+        cd->capture = NULL;
+    }
+    if (cd->live_graphs > 0)
+        TD_LOG_WARN("%s: closed with %d CUDA graph%s not destroyed", cd->name, cd->live_graphs,
+                    cd->live_graphs == 1 ? "" : "s");
     if (cd->blas)
         cublasDestroy(cd->blas);
+    if (cd->blas_ws)
+        cudaFree(cd->blas_ws);
     if (cd->scratch)
         cudaFree(cd->scratch);
+    free_retired(cd);
+    free(cd->retired);
+    free_staging(cd);
     if (cd->stream)
         cudaStreamDestroy(cd->stream);
     cd->blas = NULL;
+    cd->blas_ws = NULL;
     cd->scratch = NULL;
+    cd->retired = NULL;
     cd->stream = NULL;
 }
 
@@ -183,6 +316,18 @@ static int pci_numa_node(int ordinal) {
     return node;
 }
 
+/* f64:f32 throughput by compute capability, for a runtime that does not
+ * report it (the CUDA C++ Programming Guide's arithmetic throughput table). */
+static double fp64_rate_by_cc(int major, int minor) {
+    if ((major == 6 || major == 7 || major == 8) && minor == 0)
+        return 0.5; /* P100, V100, A100 */
+    if (major == 9 || (major == 10 && minor == 0))
+        return 0.5; /* H100, H200, B200 */
+    if (major == 6 || major == 7)
+        return 1.0 / 32;
+    return 1.0 / 64; /* 8.6, 8.9, 12.x: GeForce and workstation parts */
+}
+
 static td_status cuda_info(void *ctx, td_device_info *out) {
     cuda_device *cd = ctx;
     struct cudaDeviceProp prop;
@@ -199,9 +344,12 @@ static td_status cuda_info(void *ctx, td_device_info *out) {
     out->clock_mhz = attr(cudaDevAttrClockRate, cd->ordinal) / 1000;
     out->mem_total = total_b;
     out->mem_free = free_b;
+    /* Every CUDA GPU does IEEE f64, at very different rates (1:2 on data
+     * centre parts, 1:64 on most GeForce). TANDEM_CUDA_FP64=0 presents the
+     * GPU as one without f64, which is how the refusal is tested on a GPU. */
     ratio = attr(cudaDevAttrSingleToDoublePrecisionPerfRatio, cd->ordinal);
-    out->fp64 = 1;
-    out->fp64_rate = ratio > 0 ? 1.0 / ratio : 0;
+    out->fp64 = !cd->fp64_off;
+    out->fp64_rate = ratio > 0 ? 1.0 / ratio : fp64_rate_by_cc(prop.major, prop.minor);
     out->cc_major = prop.major;
     out->cc_minor = prop.minor;
     out->numa_node = pci_numa_node(cd->ordinal);
@@ -240,41 +388,313 @@ static void cuda_free(void *ctx, void *ptr) {
         cudaFree(ptr);
 }
 
+/* Refuses a call that cannot be part of a graph while one is recorded. */
+static td_status not_while_recording(cuda_device *cd, const char *what) {
+    cd->capture->failed = 1;
+    return td__error(TD_ERR_UNSUPPORTED, "%s: %s while recording a graph", cd->name, what);
+}
+
+/* The pinned staging buffer, allocated at first use on the host thread. When
+ * pinning fails (a locked-memory limit) copies go from pageable memory; that
+ * is said once. */
+static void staging_get(cuda_device *cd) {
+    cudaError_t err;
+    char a[32];
+    if (cd->staging || cd->staging_failed)
+        return;
+    err = cudaHostAlloc((void **)&cd->staging, cd->staging_size, cudaHostAllocDefault);
+    for (int i = 0; i < 2 && err == cudaSuccess; i++)
+        err = cudaEventCreateWithFlags(&cd->staged[i], cudaEventDisableTiming);
+    if (err != cudaSuccess) {
+        cudaGetLastError(); /* not sticky: clear it */
+        free_staging(cd);
+        cd->staging_failed = 1;
+        TD_LOG_WARN("%s: cannot pin %s of host memory for staging copies (%s); copying from "
+                    "pageable memory",
+                    cd->name, td__format_bytes((double)cd->staging_size, a),
+                    cudaGetErrorString(err));
+    }
+}
+
+/* Host to device through the staging buffer, a half at a time: the CPU fills
+ * one half while the DMA engine empties the other. */
 static td_status cuda_write(void *ctx, void *dst, const void *src, size_t nbytes) {
     cuda_device *cd = ctx;
-    TD_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, cd->stream), cd);
+    size_t half;
+    if (cd->capture)
+        return not_while_recording(cd, "a copy from the host");
+    staging_get(cd);
+    if (!cd->staging) {
+        TD_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, cd->stream), cd);
+        TD_CUDA_CHECK(cudaStreamSynchronize(cd->stream), cd);
+        return TD_OK;
+    }
+    half = cd->staging_size / 2;
+    for (size_t done = 0, k = 0; done < nbytes; done += half, k ^= 1) {
+        size_t n = nbytes - done < half ? nbytes - done : half;
+        unsigned char *buf = cd->staging + k * half;
+        /* The DMA that last read this half must be over before it is refilled
+         * (an event never recorded counts as done). */
+        TD_CUDA_CHECK(cudaEventSynchronize(cd->staged[k]), cd);
+        memcpy(buf, (const char *)src + done, n);
+        TD_CUDA_CHECK(
+            cudaMemcpyAsync((char *)dst + done, buf, n, cudaMemcpyHostToDevice, cd->stream), cd);
+        TD_CUDA_CHECK(cudaEventRecord(cd->staged[k], cd->stream), cd);
+    }
     TD_CUDA_CHECK(cudaStreamSynchronize(cd->stream), cd);
     return TD_OK;
 }
 
+/* Device to host through the staging buffer: chunk i lands in half i % 2
+ * while the CPU copies chunk i - 1 out of the other half. */
 static td_status cuda_read(void *ctx, void *dst, const void *src, size_t nbytes) {
     cuda_device *cd = ctx;
-    TD_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, cd->stream), cd);
-    TD_CUDA_CHECK(cudaStreamSynchronize(cd->stream), cd);
+    size_t half, chunks;
+    if (cd->capture)
+        return not_while_recording(cd, "a copy to the host");
+    staging_get(cd);
+    if (!cd->staging) {
+        TD_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, cd->stream), cd);
+        TD_CUDA_CHECK(cudaStreamSynchronize(cd->stream), cd);
+        return TD_OK;
+    }
+    half = cd->staging_size / 2;
+    chunks = (nbytes + half - 1) / half;
+    for (size_t i = 0; i <= chunks; i++) {
+        if (i < chunks) {
+            /* Half i % 2 was emptied at step i - 1, when chunk i - 2 was copied out. */
+            size_t off = i * half, n = nbytes - off < half ? nbytes - off : half;
+            unsigned char *buf = cd->staging + (i & 1) * half;
+            TD_CUDA_CHECK(cudaMemcpyAsync(buf, (const char *)src + off, n, cudaMemcpyDeviceToHost,
+                                          cd->stream),
+                          cd);
+            TD_CUDA_CHECK(cudaEventRecord(cd->staged[i & 1], cd->stream), cd);
+        }
+        if (i > 0) {
+            size_t j = i - 1, off = j * half, n = nbytes - off < half ? nbytes - off : half;
+            TD_CUDA_CHECK(cudaEventSynchronize(cd->staged[j & 1]), cd);
+            memcpy((char *)dst + off, cd->staging + (j & 1) * half, n);
+        }
+    }
     return TD_OK;
 }
 
 static td_status cuda_copy(void *ctx, void *dst, const void *src, size_t nbytes) {
     cuda_device *cd = ctx;
+    if (cd->capture)
+        return not_while_recording(cd, "a synchronous copy");
     TD_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, cd->stream), cd);
     TD_CUDA_CHECK(cudaStreamSynchronize(cd->stream), cd);
     return TD_OK;
 }
 
-/* cudaMemcpyPeerAsync uses the peer path where the pair allows it and stages
- * through the host by itself where it does not. */
+/* 1 when this device's context may read GPU `peer` directly, enabling the
+ * access the first time (access is per context, so a logical device on the
+ * same GPU may have enabled it already). Remembered per peer. */
+static td_status peer_access(cuda_device *d, int peer, int *direct) {
+    int can = 0;
+    cudaError_t err;
+    *direct = 0;
+    if (peer < TD_CUDA_MAX_GPUS && d->peer[peer]) {
+        *direct = d->peer[peer] > 0;
+        return TD_OK;
+    }
+    TD_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, d->ordinal, peer), d);
+    if (can) {
+        err = cudaDeviceEnablePeerAccess(peer, 0);
+        if (err == cudaErrorPeerAccessAlreadyEnabled) {
+            cudaGetLastError();
+            err = cudaSuccess;
+        }
+        if (err != cudaSuccess) {
+            /* A limit on peer mappings: stage instead. */
+            cudaGetLastError();
+            TD_LOG_INFO("%s: peer access to cuda:%d not enabled (%s); copies are staged", d->name,
+                        peer, cudaGetErrorString(err));
+            can = 0;
+        }
+    }
+    if (peer < TD_CUDA_MAX_GPUS)
+        d->peer[peer] = can ? 1 : -1;
+    *direct = can;
+    return TD_OK;
+}
+
+/* Runs on the destination's host thread. The source's stream may still be
+ * computing what is copied, so it is waited for first (waiting on another
+ * device's stream is allowed from any thread; nothing is queued on it). Then:
+ * within one GPU (logical devices) a plain device copy; between GPUs with
+ * peer access cudaMemcpyPeerAsync; otherwise through this device's pinned
+ * staging buffer, each chunk read from the source and written here on this
+ * stream, the two halves alternating (stream order keeps a half from being
+ * refilled before its write is done). TANDEM_CUDA_PEER=0 forces staging, which
+ * is how the tests reach it on one GPU. */
 static td_status cuda_copy_peer(void *dst_ctx, void *dst, void *src_ctx, const void *src,
                                 size_t nbytes) {
     cuda_device *d = dst_ctx, *s = src_ctx;
-    TD_CUDA_CHECK(cudaMemcpyPeerAsync(dst, d->ordinal, src, s->ordinal, nbytes, d->stream), d);
+    int direct = 0;
+    size_t half;
+    td_status st;
+    if (d->capture)
+        return not_while_recording(d, "a copy between devices");
+    TD_CUDA_CHECK(cudaStreamSynchronize(s->stream), s);
+    if (!d->peer_off) {
+        if (d->ordinal == s->ordinal)
+            direct = 1;
+        else if ((st = peer_access(d, s->ordinal, &direct)) != TD_OK)
+            return st;
+    }
+    if (direct) {
+        if (d->ordinal == s->ordinal)
+            TD_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, d->stream),
+                          d);
+        else
+            TD_CUDA_CHECK(cudaMemcpyPeerAsync(dst, d->ordinal, src, s->ordinal, nbytes, d->stream),
+                          d);
+        TD_CUDA_CHECK(cudaStreamSynchronize(d->stream), d);
+        return TD_OK;
+    }
+    staging_get(d);
+    if (!d->staging) {
+        /* No pinned memory: the runtime stages the copy itself. */
+        TD_CUDA_CHECK(cudaMemcpyPeerAsync(dst, d->ordinal, src, s->ordinal, nbytes, d->stream), d);
+        TD_CUDA_CHECK(cudaStreamSynchronize(d->stream), d);
+        return TD_OK;
+    }
+    half = d->staging_size / 2;
+    for (size_t done = 0, k = 0; done < nbytes; done += half, k ^= 1) {
+        size_t n = nbytes - done < half ? nbytes - done : half;
+        unsigned char *buf = d->staging + k * half;
+        /* Unified addressing tells the runtime which GPU src lives on. */
+        TD_CUDA_CHECK(
+            cudaMemcpyAsync(buf, (const char *)src + done, n, cudaMemcpyDefault, d->stream), d);
+        TD_CUDA_CHECK(
+            cudaMemcpyAsync((char *)dst + done, buf, n, cudaMemcpyHostToDevice, d->stream), d);
+    }
     TD_CUDA_CHECK(cudaStreamSynchronize(d->stream), d);
     return TD_OK;
 }
 
 static td_status cuda_sync(void *ctx) {
     cuda_device *cd = ctx;
+    if (cd->capture)
+        return not_while_recording(cd, "waiting for the device");
     TD_CUDA_CHECK(cudaStreamSynchronize(cd->stream), cd);
     return TD_OK;
+}
+
+/* Graphs ------------------------------------------------------------------------- */
+
+static void graph_free(cuda_graph *g) {
+    if (!g)
+        return;
+    if (g->exec)
+        cudaGraphExecDestroy(g->exec);
+    if (g->graph)
+        cudaGraphDestroy(g->graph);
+    if (g->readback)
+        cudaFreeHost(g->readback);
+    free(g);
+}
+
+td_status td__cuda_defer(cuda_device *cd, const void *src, size_t nbytes, const cuda_deferred *d) {
+    cuda_graph *g = cd->capture;
+    size_t off;
+    if (!g)
+        return td__error(TD_ERR_INTERNAL, "%s: td__cuda_defer outside a recording", cd->name);
+    off = (g->readback_used + 15) / 16 * 16;
+    if (g->ndeferred == MAX_DEFERRED || off + nbytes > READBACK_BYTES) {
+        g->failed = 1;
+        return td__error(TD_ERR_UNSUPPORTED,
+                         "%s: more results for the host than a graph holds (%d)", cd->name,
+                         MAX_DEFERRED);
+    }
+    TD_CUDA_CHECK(
+        cudaMemcpyAsync(g->readback + off, src, nbytes, cudaMemcpyDeviceToHost, cd->stream), cd);
+    g->deferred[g->ndeferred] = *d;
+    g->deferred[g->ndeferred].offset = off;
+    g->ndeferred++;
+    g->readback_used = off + nbytes;
+    return TD_OK;
+}
+
+static td_status cuda_graph_begin(void *ctx) {
+    cuda_device *cd = ctx;
+    cuda_graph *g;
+    cudaError_t err;
+    if (cd->graphs_off)
+        return td__error(TD_ERR_UNSUPPORTED, "%s: CUDA graphs are off (TANDEM_CUDA_GRAPHS=0)",
+                         cd->name);
+    if (cd->capture)
+        return td__error(TD_ERR_INTERNAL, "%s: a graph is being recorded already", cd->name);
+    if (!(g = td__calloc(sizeof *g, "a CUDA graph")))
+        return TD_ERR_OUT_OF_MEMORY;
+    err = cudaHostAlloc((void **)&g->readback, READBACK_BYTES, cudaHostAllocDefault);
+    /* Thread-local mode: only this thread is barred from unsafe calls such as
+     * cudaMalloc, so the host threads of the other logical devices on this
+     * GPU go on as they were. */
+    if (err == cudaSuccess)
+        err = cudaStreamBeginCapture(cd->stream, cudaStreamCaptureModeThreadLocal);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        graph_free(g);
+        return td__cuda_status(err, "cudaStreamBeginCapture", cd);
+    }
+    cd->capture = g;
+    return TD_OK;
+}
+
+static td_status cuda_graph_end(void *ctx, void **out) {
+    cuda_device *cd = ctx;
+    cuda_graph *g = cd->capture;
+    cudaError_t err;
+    td_status st = TD_OK;
+    *out = NULL;
+    if (!g)
+        return td__error(TD_ERR_INTERNAL, "%s: no graph is being recorded", cd->name);
+    cd->capture = NULL;
+    err = cudaStreamEndCapture(cd->stream, &g->graph);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        st = td__cuda_status(err, "cudaStreamEndCapture", cd);
+    } else if (g->failed) {
+        st = td__error(TD_ERR_UNSUPPORTED, "%s: an op could not be recorded", cd->name);
+    } else if ((err = cudaGraphInstantiate(&g->exec, g->graph, 0)) != cudaSuccess) {
+        cudaGetLastError();
+        st = td__cuda_status(err, "cudaGraphInstantiate", cd);
+    }
+    if (st != TD_OK) {
+        graph_free(g);
+        return st;
+    }
+    cd->live_graphs++;
+    *out = g;
+    return TD_OK;
+}
+
+static td_status cuda_graph_launch(void *ctx, void *graph) {
+    cuda_device *cd = ctx;
+    cuda_graph *g = graph;
+    td_status st;
+    if (cd->capture)
+        return not_while_recording(cd, "launching a graph");
+    TD_CUDA_CHECK(cudaGraphLaunch(g->exec, cd->stream), cd);
+    TD_CUDA_CHECK(cudaStreamSynchronize(cd->stream), cd);
+    for (int i = 0; i < g->ndeferred; i++) {
+        const cuda_deferred *d = &g->deferred[i];
+        if ((st = d->finish(cd, d, g->readback + d->offset)) != TD_OK)
+            return st;
+    }
+    return TD_OK;
+}
+
+static void cuda_graph_destroy(void *ctx, void *graph) {
+    cuda_device *cd = ctx;
+    if (!graph)
+        return;
+    graph_free(graph);
+    if (--cd->live_graphs == 0)
+        free_retired(cd);
 }
 
 const td_backend_ops td__cuda_backend = {
@@ -295,4 +715,8 @@ const td_backend_ops td__cuda_backend = {
     .copy_peer = cuda_copy_peer,
     .sync = cuda_sync,
     .kernels = &td__cuda_kernels,
+    .graph_begin = cuda_graph_begin,
+    .graph_end = cuda_graph_end,
+    .graph_launch = cuda_graph_launch,
+    .graph_destroy = cuda_graph_destroy,
 };

@@ -4,6 +4,7 @@
 // and the device. Formulas follow the CPU backend's (src/backend/cpu), which
 // the GPU tests compare against. Each op is a template over the element type
 // (float, double) with a C entry point that picks it from td_dtype.
+#include <cstring>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -425,6 +426,24 @@ __global__ void xent_sum_k(int64_t rows, const double *row_loss, const int *row_
     *out = o;
 }
 
+td_status xent_result(const cuda_device *cd, const xent_out *o, int64_t classes, double *loss_sum,
+                      int64_t *correct) {
+    if (o->bad_row >= 0)
+        return td__error(TD_ERR_INVALID_ARG,
+                         "%s: cross-entropy: the label of row %lld is outside "
+                         "[0, %lld)",
+                         cd->name, o->bad_row, (long long)classes);
+    *loss_sum = o->loss;
+    *correct = o->correct;
+    return TD_OK;
+}
+
+td_status xent_finish(const cuda_device *cd, const cuda_deferred *d, const void *result) {
+    xent_out o;
+    memcpy(&o, result, sizeof o);
+    return xent_result(cd, &o, d->limit, (double *)d->out0, (int64_t *)d->out1);
+}
+
 td_status cuda_xent(void *ctx, td_dtype dt, int64_t rows, int64_t classes, const void *logits,
                     const int32_t *labels, void *dlogits, double grad_scale, double *loss_sum,
                     int64_t *correct) {
@@ -453,17 +472,17 @@ td_status cuda_xent(void *ctx, td_dtype dt, int64_t rows, int64_t classes, const
     if ((st = launched(cd, "cross-entropy kernel")) != TD_OK)
         return st;
     xent_sum_k<<<1, 1, 0, cd->stream>>>(rows, row_loss, row_hit, row_bad, out);
+    if (cd->capture) {
+        // Recorded: the sums reach loss_sum and correct at each replay.
+        cuda_deferred d = {xent_finish, 0, loss_sum, correct, classes};
+        if ((st = launched(cd, "cross-entropy sum kernel")) != TD_OK)
+            return st;
+        return td__cuda_defer(cd, out, sizeof *out, &d);
+    }
     TD_CUDA_CHECK(cudaMemcpyAsync(&host, out, sizeof host, cudaMemcpyDeviceToHost, cd->stream), cd);
     if ((st = synced(cd, "cross-entropy")) != TD_OK)
         return st;
-    if (host.bad_row >= 0)
-        return td__error(TD_ERR_INVALID_ARG,
-                         "%s: cross-entropy: the label of row %lld is outside "
-                         "[0, %lld)",
-                         cd->name, host.bad_row, (long long)classes);
-    *loss_sum = host.loss;
-    *correct = host.correct;
-    return TD_OK;
+    return xent_result(cd, &host, classes, loss_sum, correct);
 }
 
 // Layer norm ---------------------------------------------------------------------------
@@ -613,17 +632,35 @@ __global__ void embed_bwd_wpe_k(int64_t b, int64_t t, int64_t c, const T *dy, T 
     }
 }
 
+// No bad token: the first bad position is at most INT_MAX - 1 below this.
+constexpr int kNoBadToken = 0x7f7f7f7f;
+
+td_status embed_result(const cuda_device *cd, int first_bad, int64_t vocab) {
+    if (first_bad != kNoBadToken)
+        return td__error(TD_ERR_INVALID_ARG,
+                         "%s: embedding: the token at position %d is outside [0, %lld)", cd->name,
+                         first_bad, (long long)vocab);
+    return TD_OK;
+}
+
+td_status embed_finish(const cuda_device *cd, const cuda_deferred *d, const void *result) {
+    int first_bad;
+    memcpy(&first_bad, result, sizeof first_bad);
+    return embed_result(cd, first_bad, d->limit);
+}
+
 td_status cuda_embed_fwd(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t c, int64_t vocab,
                          const int32_t *tokens, const void *wte, const void *wpe, void *y) {
     cuda_device *cd = dev_of(ctx);
-    int *bad, host = 0x7fffffff;
+    int *bad, host = kNoBadToken;
     td_status st;
     size_t n = (size_t)(b * t * c);
     if (n == 0)
         return TD_OK;
     if ((st = td__cuda_scratch(cd, sizeof(int), (void **)&bad)) != TD_OK)
         return st;
-    TD_CUDA_CHECK(cudaMemcpyAsync(bad, &host, sizeof host, cudaMemcpyHostToDevice, cd->stream), cd);
+    // A memset, not a copy from the host, so that it can be recorded in a graph.
+    TD_CUDA_CHECK(cudaMemsetAsync(bad, 0x7f, sizeof *bad, cd->stream), cd);
     if (dt == TD_F32)
         embed_fwd_k<float><<<grid_for(n), kThreads, 0, cd->stream>>>(
             b, t, c, vocab, tokens, (const float *)wte, (const float *)wpe, (float *)y, bad);
@@ -632,14 +669,14 @@ td_status cuda_embed_fwd(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t c
             b, t, c, vocab, tokens, (const double *)wte, (const double *)wpe, (double *)y, bad);
     if ((st = launched(cd, "embedding kernel")) != TD_OK)
         return st;
+    if (cd->capture) {
+        cuda_deferred d = {embed_finish, 0, NULL, NULL, vocab};
+        return td__cuda_defer(cd, bad, sizeof *bad, &d);
+    }
     TD_CUDA_CHECK(cudaMemcpyAsync(&host, bad, sizeof host, cudaMemcpyDeviceToHost, cd->stream), cd);
     if ((st = synced(cd, "embedding")) != TD_OK)
         return st;
-    if (host != 0x7fffffff)
-        return td__error(TD_ERR_INVALID_ARG,
-                         "%s: embedding: the token at position %d is outside [0, %lld)", cd->name,
-                         host, (long long)vocab);
-    return TD_OK;
+    return embed_result(cd, host, vocab);
 }
 
 template <typename T>
@@ -946,6 +983,11 @@ template <typename T> __global__ void sumsq_k(size_t n, const T *x, double *out)
         *out = s;
 }
 
+td_status sumsq_finish(const cuda_device *, const cuda_deferred *d, const void *result) {
+    memcpy(d->out0, result, sizeof(double));
+    return TD_OK;
+}
+
 td_status cuda_sumsq(void *ctx, td_dtype dt, size_t n, const void *x, double *out) {
     cuda_device *cd = dev_of(ctx);
     double *dev_out;
@@ -962,6 +1004,10 @@ td_status cuda_sumsq(void *ctx, td_dtype dt, size_t n, const void *x, double *ou
         sumsq_k<double><<<1, kThreads, 0, cd->stream>>>(n, (const double *)x, dev_out);
     if ((st = launched(cd, "sum-of-squares kernel")) != TD_OK)
         return st;
+    if (cd->capture) {
+        cuda_deferred d = {sumsq_finish, 0, out, NULL, 0};
+        return td__cuda_defer(cd, dev_out, sizeof *dev_out, &d);
+    }
     TD_CUDA_CHECK(cudaMemcpyAsync(out, dev_out, sizeof *out, cudaMemcpyDeviceToHost, cd->stream),
                   cd);
     return synced(cd, "sum of squares");
