@@ -58,7 +58,7 @@ typedef struct td_device_info {
  *   auto           every GPU when there is one, else `cpu`
  *   all            every device of every backend (for listings)
  *
- * and options in braces after an item: {cores=N, mem=512M, slowdown=3,
+ * and options in braces after an item: {cores=N, mem=512M, slowdown=3, latency=2,
  * split=2}. On failure *out is NULL and the message names the item and lists
  * the devices that exist. The caller destroys the list, which closes the
  * devices; every buffer must be freed before. */

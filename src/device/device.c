@@ -500,11 +500,12 @@ double td__device_slowdown(const td_device *dev) {
 
 void td__device_throttle(td_device *dev, uint64_t start_ns) {
     double f = td__device_slowdown(dev);
+    double extra_ms = dev && dev->opts.has_latency ? dev->opts.latency_ms : 0.0;
     uint64_t now = td_clock_ns(), spent = now - start_ns;
     uint64_t deadline;
-    if (f <= 1.0)
+    if (f <= 1.0 && extra_ms <= 0)
         return;
-    deadline = now + (uint64_t)((f - 1.0) * (double)spent);
+    deadline = now + (uint64_t)((f - 1.0) * (double)spent + extra_ms * 1e6);
     /* nanosleep overshoots by tens of microseconds; sleep most of the way and
      * spin the rest, so a slowed device is slowed by the factor asked. */
     while (deadline > td_clock_ns() + 150000) {

@@ -112,6 +112,18 @@ static td_status parse_option(const cursor *c, const char *key, const char *valu
                              c->spec, value);
         o->has_slowdown = 1;
         o->slowdown = v;
+    } else if (!strcmp(key, "latency")) {
+        double v = strtod(value, &end);
+        if (o->has_latency)
+            return td__error(TD_ERR_PARSE, "device spec '%s': option 'latency' given twice",
+                             c->spec);
+        if (*end || end == value || !(v >= 0.0 && v <= 10000.0))
+            return td__error(TD_ERR_PARSE,
+                             "device spec '%s': latency=%s is not a time in milliseconds from 0 to "
+                             "10000",
+                             c->spec, value);
+        o->has_latency = 1;
+        o->latency_ms = v;
     } else if (!strcmp(key, "split")) {
         long v = strtol(value, &end, 10);
         if (o->has_split)
@@ -124,8 +136,8 @@ static td_status parse_option(const cursor *c, const char *key, const char *valu
     } else {
         return td__error(
             TD_ERR_PARSE,
-            "device spec '%s': unknown option '%s' (known: cores, mem, slowdown, split)", c->spec,
-            key);
+            "device spec '%s': unknown option '%s' (known: cores, mem, slowdown, latency, split)",
+            c->spec, key);
     }
     return TD_OK;
 }

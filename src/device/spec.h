@@ -14,6 +14,8 @@ typedef struct td_device_options {
     uint64_t mem;
     int has_slowdown; /* slowdown=3: every kernel takes 3x as long */
     double slowdown;
+    int has_latency; /* latency=2: every phase of work takes 2 ms more */
+    double latency_ms;
     int has_split, split; /* split=2: one device presented as 2 */
 } td_device_options;
 

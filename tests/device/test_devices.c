@@ -204,6 +204,15 @@ static void slowdown_stretches_a_phase_of_work(void **state) {
     td_device_list_destroy(list);
 }
 
+/* {latency=MS} adds a fixed cost to every phase, however short. */
+static void latency_adds_a_fixed_cost_to_a_phase(void **state) {
+    td_device_list *list = td_test_open("cpu:0{latency=15}");
+    uint64_t start = td_clock_ns();
+    td__device_throttle(td_device_list_get(list, 0), start);
+    assert_true(td_clock_ns() - start >= 15000000ull);
+    td_device_list_destroy(list);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(cpu_specs_give_the_devices_they_name),
@@ -214,6 +223,7 @@ int main(void) {
         cmocka_unit_test(copies_between_devices_keep_every_byte),
         cmocka_unit_test(out_of_range_transfers_are_refused),
         cmocka_unit_test(slowdown_stretches_a_phase_of_work),
+        cmocka_unit_test(latency_adds_a_fixed_cost_to_a_phase),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

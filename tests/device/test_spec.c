@@ -102,6 +102,8 @@ static void malformed_specs_are_refused_with_a_reason(void **state) {
     parse_fails("cpu{mem=lots}", TD_ERR_PARSE, "mem=lots");
     parse_fails("cpu{colour=red}", TD_ERR_PARSE, "unknown option 'colour'");
     parse_fails("cpu{slowdown=0.5}", TD_ERR_PARSE, "slowdown=0.5");
+    parse_fails("cpu{latency=-1}", TD_ERR_PARSE, "latency=-1");
+    parse_fails("cpu{latency=2ms}", TD_ERR_PARSE, "time in milliseconds");
     parse_fails("cpu:0.1", TD_ERR_PARSE, "only opencl");
     parse_fails("auto:0", TD_ERR_PARSE, "takes no index");
     parse_fails("cpu:0 junk", TD_ERR_PARSE, "unexpected character");
