@@ -16,47 +16,68 @@ extern "C" {
 
 typedef struct td_balancer td_balancer;
 
+#define TD_BALANCER_MAX_DEVICES 256
+
 typedef struct td_balancer_config {
-    double min_share;       /* no device gets less than this fraction of a batch (0.02) */
-    double smoothing;       /* weight of a new speed measurement in the running estimate (0.3) */
-    double straggler_ratio; /* a device is named when its time per sample exceeds its
+    double min_share;       /* a device that takes part gets at least this fraction of a
+                               batch (0.02) */
+    double smoothing;       /* weight of a new measurement in the running estimate (0.3) */
+    double straggler_ratio; /* a device is named when its time for its share exceeds its
                                long-run average by this factor (1.5) */
+    int park;               /* leave out devices whose fixed cost exceeds the step (1) */
 } td_balancer_config;
 
 #define TD_BALANCER_CONFIG_INIT                                                                    \
-    { 0.02, 0.3, 1.5 }
+    { 0.02, 0.3, 1.5, 1 }
 
-/* A balancer over n devices, equal shares until told speeds. names[i] (may be
- * NULL) name the devices in straggler reports; they are copied. */
+/* A balancer over n devices (at most TD_BALANCER_MAX_DEVICES), equal shares
+ * until told costs. names[i] (may be NULL) name the devices in reports; they
+ * are copied. */
 TD_API td_status td_balancer_create(int n, const char *const *names, const td_balancer_config *cfg,
                                     td_balancer **out);
 TD_API void td_balancer_destroy(td_balancer *b);
 
-/* Sets the speed estimates (samples per second, > 0), as a calibration run
- * measured them; shares follow. */
+/* Sets each device's cost model, as a calibration measured it: n samples take
+ * fixed_s[i] + per_sample_s[i] * n seconds (fixed >= 0, per sample > 0). The
+ * fixed part is what a pass costs whatever its size: kernel launches,
+ * packing the weights, a driver's overhead per call. Forgets earlier
+ * observations and parking. */
+TD_API td_status td_balancer_set_costs(td_balancer *b, const double *fixed_s,
+                                       const double *per_sample_s);
+/* The same with no fixed part: speeds in samples per second (> 0). */
 TD_API td_status td_balancer_set_speeds(td_balancer *b, const double *samples_per_second);
 
 /* Splits a batch of `total` samples into counts[0..n) that add up to total,
- * in proportion to the shares, each at least the minimum share (when the
- * batch has room for it); largest remainders take the leftover samples, ties
- * to the lower index, so the split is a pure function of the shares. */
-TD_API void td_balancer_split(const td_balancer *b, int64_t total, int64_t *counts);
+ * so that the devices finish together by the current costs (water filling:
+ * devices join in order of fixed cost while their fixed cost is below the
+ * step time the others reach). A device taking part gets at least the
+ * minimum share when the batch has room for it. With parking on, a device
+ * the filling leaves out is parked (count 0) until bringing it back would
+ * shorten the step by 10%. The split is a pure function of the balancer's
+ * state and total, so every process computes the same one. */
+TD_API void td_balancer_split(td_balancer *b, int64_t total, int64_t *counts);
+
+/* Whether device i is parked: it takes no samples, and the data strategy
+ * leaves it out of the step altogether. */
+TD_API int td_balancer_parked(const td_balancer *b, int i);
 
 /* Feeds one step's measurements: device i computed counts[i] samples in
- * seconds[i]. Updates the speeds (smoothed) and so the shares. When a
- * device's time per sample has stayed above its long-run average by the
- * straggler ratio for 3 steps in a row, a line naming it and by how much goes
- * into report (which may be NULL), once until it recovers; returns how many
- * devices were named. */
+ * seconds[i]. Scales its costs towards what it took (smoothed). When a
+ * device's time has stayed above its long-run average by the straggler ratio
+ * for 3 steps in a row, a line naming it and by how much goes into report
+ * (which may be NULL), once until it recovers; returns how many devices were
+ * named. */
 TD_API int td_balancer_observe(td_balancer *b, const int64_t *counts, const double *seconds,
                                char *report, size_t report_size);
 
-/* Device i's current share (they add up to 1) and speed estimate. */
+/* Device i's share of a batch of the size last split (256 before any), its
+ * speed (samples per second, fixed cost aside) and its fixed cost. */
 TD_API double td_balancer_share(const td_balancer *b, int i);
 TD_API double td_balancer_speed(const td_balancer *b, int i);
+TD_API double td_balancer_fixed_seconds(const td_balancer *b, int i);
 
-/* The step time an ideal split would reach for `total` samples at the
- * current speeds: total / sum of speeds. */
+/* The step time an ideal split of `total` samples reaches at the current
+ * costs (the water filling's, before rounding to whole samples). */
 TD_API double td_balancer_ideal_seconds(const td_balancer *b, int64_t total);
 
 /* The `data` strategy -----------------------------------------------------
@@ -103,6 +124,7 @@ typedef struct td_dp_member_stats {
     double compute_s; /* forward and backward */
     double comm_s;    /* waiting for reductions after its backward ended (exposed) */
     double wait_s;    /* idle until the slowest member finished */
+    int parked;       /* sat the step out (see td_balancer_parked) */
 } td_dp_member_stats;
 
 typedef struct td_dp_stats {
@@ -140,9 +162,15 @@ TD_API td_status td_dp_step(td_dp *dp, const td_batch *batch, uint64_t step, td_
 TD_API td_status td_dp_evaluate(td_dp *dp, const td_batch *batches, size_t n,
                                 td_step_result *per_batch);
 
-/* Broadcasts rank 0's weights and optimizer state to every replica (after
- * loading a checkpoint into rank 0, say). */
+/* Broadcasts rank 0's weights, optimizer state and step count to every
+ * replica (after loading a checkpoint into rank 0, say). */
 TD_API td_status td_dp_sync_replicas(td_dp *dp);
+
+/* Brings the replicas of parked members, which sat steps out, up to date
+ * from an unparked one; nothing to do (and no cost) when none is behind.
+ * Steps do it themselves when a member comes back; call it before reading a
+ * replica that may have been parked (to save a checkpoint from rank 0, say). */
+TD_API td_status td_dp_refresh(td_dp *dp);
 
 /* The replica and optimizer of a local member by global rank (NULL when the
  * rank is in another process). Borrowed. */

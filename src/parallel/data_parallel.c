@@ -15,8 +15,8 @@
 #include "tensor/tensor-impl.h"
 
 /* Per rank and step, gathered on every member: loss sum, correct, count,
- * compute seconds. */
-#define STAT_WORDS 4
+ * compute seconds, and one more number for calibration. */
+#define STAT_WORDS 5
 
 typedef struct bucket {
     size_t first, count; /* parameters [first, first + count) */
@@ -62,6 +62,13 @@ struct td_dp {
     int64_t features;   /* floats per sample for feature inputs */
     int64_t tokens;     /* tokens per sample for token inputs */
     double sync_comm_s; /* a full gradient all-reduce, not overlapped (calibration) */
+
+    /* Parking: members the balancer leaves out sit out whole steps, so the
+     * steps run on a group of the others (made when the set changes), and
+     * the parked replicas fall behind until refreshed. */
+    td_group *active;                               /* NULL: the whole group */
+    unsigned char active_parked[TD_DP_MAX_MEMBERS]; /* the set `active` leaves out */
+    unsigned char stale[TD_DP_MAX_MEMBERS];
 };
 
 /* Work handed to members through td_group_run. */
@@ -70,6 +77,8 @@ typedef struct dp_work {
     const td_batch *batch;
     const int64_t *counts;  /* samples (or chunks) per rank */
     const int64_t *offsets; /* first sample (or chunk) per rank */
+    const int *ranks;       /* rank in the group run -> rank in dp->g; NULL: the same */
+    int root;               /* broadcast_replicas: the rank whose state the others take */
     uint64_t step;
     /* evaluate */
     const td_batch *batches;
@@ -149,9 +158,16 @@ static void on_grads_ready(void *arg, size_t first, size_t count) {
     launch_ready_buckets(mb);
 }
 
-/* Marks every gradient ready, starts what is left and waits for all. */
+/* Marks every gradient ready, starts what is left and waits for all.
+ * Without overlap the reductions run right here on the member's thread: an
+ * asynchronous start would only add a hand-off to the collective engine. */
 static td_status finish_reductions(dp_member *mb) {
     td_status st = mb->hook_status, wst;
+    if (!mb->dp->cfg.overlap) {
+        for (size_t p = 0; p < mb->dp->nparams && st == TD_OK; p++)
+            st = td_allreduce_tensor(mb->g, td_model_grad(mb->model, p), TD_REDUCE_SUM);
+        return st;
+    }
     memset(mb->ready, 1, mb->dp->nparams);
     if (st == TD_OK)
         launch_ready_buckets(mb);
@@ -204,13 +220,14 @@ static td_status create_member(td_group *g, td_device *dev, int rank, int size, 
 }
 
 static td_status broadcast_replicas(td_group *g, td_device *dev, int rank, int size, void *arg) {
-    dp_member *mb = member_of(((dp_work *)arg)->dp, rank);
+    dp_work *w = arg;
+    dp_member *mb = member_of(w->dp, rank);
     td_status st;
     for (size_t p = 0; p < td_model_param_count(mb->model); p++)
-        if ((st = td_broadcast_tensor(g, td_model_param(mb->model, p), 0)) != TD_OK)
+        if ((st = td_broadcast_tensor(g, td_model_param(mb->model, p), w->root)) != TD_OK)
             return st;
     for (size_t s = 0; s < td_optimizer_state_count(mb->opt); s++)
-        if ((st = td_broadcast_tensor(g, td_optimizer_state(mb->opt, s), 0)) != TD_OK)
+        if ((st = td_broadcast_tensor(g, td_optimizer_state(mb->opt, s), w->root)) != TD_OK)
             return st;
     return TD_OK;
 }
@@ -270,6 +287,10 @@ td_status td_dp_create(td_group *g, const char *model_json, const char *name, td
     }
     if (dp->cfg.overlap < 0)
         dp->cfg.overlap = default_overlap(dp);
+    /* Parking runs steps on a group of the unparked members, which a
+     * process cannot make alone when the group spans several. */
+    if (dp->nlocal != dp->size)
+        dp->cfg.balancer.park = 0;
     TD_TRY(td_balancer_create(dp->size, names, &dp->cfg.balancer, &dp->balancer));
     memset(&w, 0, sizeof w);
     w.dp = dp;
@@ -336,6 +357,7 @@ void td_dp_destroy(td_dp *dp) {
     free(dp->members);
     free(dp->buckets);
     td_balancer_destroy(dp->balancer);
+    td_group_destroy(dp->active);
     free(dp);
 }
 
@@ -356,11 +378,42 @@ td_group *td_dp_group(td_dp *dp) {
     return dp ? dp->g : NULL;
 }
 
-td_status td_dp_sync_replicas(td_dp *dp) {
+/* Every replica takes rank root's weights, optimizer state and step count. */
+static td_status sync_from(td_dp *dp, int root) {
     dp_work w;
+    td_optimizer *src = td_dp_optimizer(dp, root);
+    td_status st;
     memset(&w, 0, sizeof w);
     w.dp = dp;
-    return td_group_run(dp->g, broadcast_replicas, &w);
+    w.root = root;
+    if ((st = td_group_run(dp->g, broadcast_replicas, &w)) != TD_OK)
+        return st;
+    for (int i = 0; i < dp->nlocal && src; i++)
+        td_optimizer_set_steps(dp->members[i].opt, td_optimizer_steps(src));
+    memset(dp->stale, 0, sizeof dp->stale);
+    return TD_OK;
+}
+
+td_status td_dp_sync_replicas(td_dp *dp) {
+    if (!dp)
+        return td__error(TD_ERR_INVALID_ARG, "td_dp_sync_replicas: dp is NULL");
+    return sync_from(dp, 0);
+}
+
+td_status td_dp_refresh(td_dp *dp) {
+    if (!dp)
+        return td__error(TD_ERR_INVALID_ARG, "td_dp_refresh: dp is NULL");
+    for (int r = 0; r < dp->size; r++)
+        if (dp->stale[r]) {
+            int root = 0;
+            while (dp->stale[root])
+                root++;
+            TD_LOG_INFO("data parallel: %s catches up from %s",
+                        td_device_name(td_group_device(dp->g, r)),
+                        td_device_name(td_group_device(dp->g, root)));
+            return sync_from(dp, root);
+        }
+    return TD_OK;
 }
 
 /* Sharing per-rank numbers ------------------------------------------------------ */
@@ -374,9 +427,11 @@ static td_status gather_stats(td_group *g, dp_member *mb, const double v[STAT_WO
                         mb->stats_send->dtype);
 }
 
-/* Reads the gathered numbers of rank r from the first local member. */
-static td_status read_stats(td_dp *dp, double *all) {
-    return td_tensor_read_f64(dp->members[0].stats_all, all, (size_t)dp->size * STAT_WORDS);
+/* Reads the numbers the members of the last run gathered, as `from` (a
+ * member that took part) holds them: a row per rank of that run, then rows
+ * left from earlier runs, n in all (the tensor's). */
+static td_status read_stats(const dp_member *from, int n, double *all) {
+    return td_tensor_read_f64(from->stats_all, all, (size_t)n * STAT_WORDS);
 }
 
 /* Calibration ----------------------------------------------------------------- */
@@ -384,23 +439,35 @@ static td_status read_stats(td_dp *dp, double *all) {
 #define CALIBRATION_WARMUP 1
 #define CALIBRATION_RUNS   3
 
+/* The fastest of CALIBRATION_RUNS passes over batch, after a warm-up. */
+static td_status time_passes(td_device *dev, dp_member *mb, const td_batch *batch, double *out) {
+    td_step_result r;
+    td_status st;
+    *out = INFINITY;
+    for (int i = 0; i < CALIBRATION_WARMUP + CALIBRATION_RUNS; i++) {
+        uint64_t c0 = td_clock_ns();
+        if ((st = td_model_train_step(mb->model, batch, 1.0, 0, 0, &r)) != TD_OK)
+            return st;
+        td__device_throttle(dev, c0);
+        if (i >= CALIBRATION_WARMUP)
+            *out = fmin(*out, (double)(td_clock_ns() - c0) * 1e-9);
+    }
+    return TD_OK;
+}
+
+/* Each member times forward and backward on the whole batch and on a
+ * quarter of it: two points of its cost line. */
 static td_status calibrate_member(td_group *g, td_device *dev, int rank, int size, void *arg) {
     dp_work *w = arg;
     dp_member *mb = member_of(w->dp, rank);
-    td_step_result r;
-    double v[STAT_WORDS] = {0, 0, 0, 0};
-    uint64_t t0 = 0, c0, c1;
+    td_batch part = slice_of(w->dp, w->batch, 0, w->batch->n >= 4 ? w->batch->n / 4 : w->batch->n);
+    double v[STAT_WORDS] = {0, 0, 0, 0, 0};
+    uint64_t c1;
     td_status st;
     td_model_set_grad_hook(mb->model, NULL, NULL);
-    for (int i = 0; i < CALIBRATION_WARMUP + CALIBRATION_RUNS; i++) {
-        if (i == CALIBRATION_WARMUP)
-            t0 = td_clock_ns();
-        c0 = td_clock_ns();
-        if ((st = td_model_train_step(mb->model, w->batch, 1.0, 0, 0, &r)) != TD_OK)
-            return st;
-        td__device_throttle(dev, c0);
-    }
-    v[3] = (double)(td_clock_ns() - t0) * 1e-9 / CALIBRATION_RUNS;
+    if ((st = time_passes(dev, mb, w->batch, &v[3])) != TD_OK ||
+        (st = time_passes(dev, mb, &part, &v[4])) != TD_OK)
+        return st;
     /* The cost of reducing every gradient at once, for the hidden fraction. */
     c1 = td_clock_ns();
     for (size_t p = 0; p < w->dp->nparams; p++)
@@ -410,45 +477,63 @@ static td_status calibrate_member(td_group *g, td_device *dev, int rank, int siz
     return gather_stats(g, mb, v);
 }
 
+/* The line through (n1, t1) and (n2, t2), n1 > n2: fixed + per_sample * n,
+ * neither negative. Timing noise can tilt it either way; then the pass is
+ * all per-sample cost, or all fixed. */
+static void fit_costs(double n1, double t1, double n2, double t2, double *fixed, double *per) {
+    *per = n1 > n2 ? (t1 - t2) / (n1 - n2) : 0;
+    *fixed = t1 - *per * n1;
+    if (!(*per > 0) || n1 <= n2) {
+        *per = t1 / n1;
+        *fixed = 0;
+    } else if (*fixed < 0) {
+        *per = t1 / n1;
+        *fixed = 0;
+    }
+    if (*per < 1e-12)
+        *per = 1e-12;
+}
+
 td_status td_dp_calibrate(td_dp *dp, const td_batch *batch) {
     dp_work w;
-    double *all, *speeds;
+    double all[TD_DP_MAX_MEMBERS * STAT_WORDS], fixed[TD_DP_MAX_MEMBERS], per[TD_DP_MAX_MEMBERS];
+    double n1, n2;
     td_status st;
     if (!dp || !batch || batch->n < 1)
         return td__error(TD_ERR_INVALID_ARG, "td_dp_calibrate: needs a batch of samples");
+    /* Every member measures, parked or not: a calibration starts afresh. */
+    if ((st = td_dp_refresh(dp)) != TD_OK)
+        return st;
     memset(&w, 0, sizeof w);
     w.dp = dp;
     w.batch = batch;
     if ((st = td_group_run(dp->g, calibrate_member, &w)) != TD_OK)
         return st;
-    all = malloc(sizeof *all * (size_t)dp->size * STAT_WORDS);
-    speeds = malloc(sizeof *speeds * (size_t)dp->size);
-    if (!all || !speeds) {
-        free(all);
-        free(speeds);
-        return td__error(TD_ERR_OUT_OF_MEMORY, "out of host memory calibrating");
+    if ((st = read_stats(dp->members, dp->size, all)) != TD_OK)
+        return st;
+    n1 = (double)batch->n;
+    n2 = (double)(batch->n >= 4 ? batch->n / 4 : batch->n);
+    dp->sync_comm_s = 0;
+    for (int r = 0; r < dp->size; r++) {
+        fit_costs(n1, fmax(all[r * STAT_WORDS + 3], 1e-9), n2, fmax(all[r * STAT_WORDS + 4], 1e-9),
+                  &fixed[r], &per[r]);
+        dp->sync_comm_s = fmax(dp->sync_comm_s, all[r * STAT_WORDS + 2]);
     }
-    if ((st = read_stats(dp, all)) == TD_OK) {
-        dp->sync_comm_s = 0;
-        for (int r = 0; r < dp->size; r++) {
-            speeds[r] = (double)batch->n / fmax(all[r * STAT_WORDS + 3], 1e-9);
-            dp->sync_comm_s = fmax(dp->sync_comm_s, all[r * STAT_WORDS + 2]);
-        }
-        st = td_balancer_set_speeds(dp->balancer, speeds);
-        for (int r = 0; r < dp->size && st == TD_OK; r++)
-            TD_LOG_INFO("calibration: rank %d runs %.0f samples/s, share %.3f", r, speeds[r],
-                        td_balancer_share(dp->balancer, r));
-    }
-    free(all);
-    free(speeds);
-    return st;
+    if ((st = td_balancer_set_costs(dp->balancer, fixed, per)) != TD_OK)
+        return st;
+    for (int r = 0; r < dp->size; r++)
+        TD_LOG_INFO("calibration: rank %d costs %.3g ms per pass plus %.3g ms per sample "
+                    "(%.0f samples/s on %.0f)",
+                    r, fixed[r] * 1e3, per[r] * 1e3, n1 / (fixed[r] + per[r] * n1), n1);
+    return TD_OK;
 }
 
 /* A step ------------------------------------------------------------------------ */
 
-static td_status step_member(td_group *g, td_device *dev, int rank, int size, void *arg) {
+static td_status step_member(td_group *g, td_device *dev, int run_rank, int size, void *arg) {
     dp_work *w = arg;
     td_dp *dp = w->dp;
+    int rank = w->ranks ? w->ranks[run_rank] : run_rank;
     dp_member *mb = member_of(dp, rank);
     td_batch slice = slice_of(dp, w->batch, w->offsets[rank], w->counts[rank]);
     double scale = 1.0 / (double)(w->batch->n * dp->labels_per_sample);
@@ -457,6 +542,7 @@ static td_status step_member(td_group *g, td_device *dev, int rank, int size, vo
     uint64_t c0, c1;
     td_status st = TD_OK;
 
+    mb->g = g; /* the whole group, or the unparked members' */
     mb->next_bucket = 0;
     mb->hook_status = TD_OK;
     memset(mb->ready, 0, dp->nparams);
@@ -485,6 +571,7 @@ static td_status step_member(td_group *g, td_device *dev, int rank, int size, vo
     v[1] = (double)r.correct;
     v[2] = (double)r.count;
     v[3] = mb->compute_s;
+    v[4] = 0;
     return gather_stats(g, mb, v);
 }
 
@@ -521,10 +608,11 @@ static td_status step_member_deterministic(td_group *g, td_device *dev, int rank
     const int64_t nchunks = (B + C - 1) / C;
     double scale = 1.0 / (double)(B * dp->labels_per_sample);
     int64_t res_shape[2] = {nchunks, 3};
-    double *res = NULL, v[STAT_WORDS] = {0, 0, 0, 0};
+    double *res = NULL, v[STAT_WORDS] = {0, 0, 0, 0, 0};
     uint64_t c0, c1;
     td_status st;
 
+    mb->g = g;
     td_model_set_grad_hook(mb->model, NULL, NULL);
     TD_TRY(ensure_chunk_slots(dp, mb, (size_t)(w->counts[rank] > 0 ? w->counts[rank] : 1)));
     if (!mb->chunk_results || td_tensor_dim(mb->chunk_results, 0) != nchunks) {
@@ -600,9 +688,10 @@ static void fill_stats(td_dp *dp, const double *all, const int64_t *counts, doub
         dp_member *mb = member_of(dp, r);
         m->samples = counts[r];
         m->share = total ? (double)counts[r] / (double)total : 0;
+        m->parked = td_balancer_parked(dp->balancer, r) && !dp->cfg.deterministic;
         m->compute_s = all[r * STAT_WORDS + 3];
-        m->comm_s = mb ? mb->comm_s : 0;
-        m->wait_s = fmax(0.0, step_s - m->compute_s - m->comm_s);
+        m->comm_s = mb && !m->parked ? mb->comm_s : 0;
+        m->wait_s = m->parked ? 0 : fmax(0.0, step_s - m->compute_s - m->comm_s);
         exposed = fmax(exposed, m->comm_s);
     }
     /* Without overlap (and in deterministic mode's chain) nothing is hidden. */
@@ -611,13 +700,52 @@ static void fill_stats(td_dp *dp, const double *all, const int64_t *counts, doub
                                  : 0.0;
 }
 
+/* The group this step runs on: the whole one, or (parked members leaving
+ * it) one of the others, kept while the parked set stays. ranks[] maps the
+ * run's ranks to dp->g's; *n gets how many take part. */
+static td_status step_group(td_dp *dp, td_group **g, int *ranks, int *n) {
+    unsigned char parked[TD_DP_MAX_MEMBERS];
+    int excluded[TD_DP_MAX_MEMBERS], nx = 0;
+    *n = 0;
+    for (int r = 0; r < dp->size; r++) {
+        parked[r] = !dp->cfg.deterministic && td_balancer_parked(dp->balancer, r);
+        if (parked[r])
+            excluded[nx++] = r;
+        else
+            ranks[(*n)++] = r;
+    }
+    if (nx == 0) {
+        *g = dp->g;
+        return TD_OK;
+    }
+    if (!dp->active || memcmp(parked, dp->active_parked, (size_t)dp->size) != 0) {
+        td_group_destroy(dp->active);
+        dp->active = NULL;
+        td_status st = td_group_shrink(dp->g, excluded, (size_t)nx, &dp->active);
+        if (st != TD_OK)
+            return st;
+        memcpy(dp->active_parked, parked, (size_t)dp->size);
+        for (int k = 0; k < nx; k++)
+            TD_LOG_INFO("data parallel: %s is parked: its fixed cost of %.3g ms per pass "
+                        "exceeds the step the others take",
+                        td_device_name(td_group_device(dp->g, excluded[k])),
+                        td_balancer_fixed_seconds(dp->balancer, excluded[k]) * 1e3);
+    }
+    *g = dp->active;
+    return TD_OK;
+}
+
 td_status td_dp_step(td_dp *dp, const td_batch *batch, uint64_t step, td_step_result *res,
                      td_dp_stats *stats) {
     int64_t counts[TD_DP_MAX_MEMBERS], offsets[TD_DP_MAX_MEMBERS];
-    double all[TD_DP_MAX_MEMBERS * STAT_WORDS], seconds[TD_DP_MAX_MEMBERS];
+    double rows[TD_DP_MAX_MEMBERS * STAT_WORDS], all[TD_DP_MAX_MEMBERS * STAT_WORDS];
+    double seconds[TD_DP_MAX_MEMBERS];
     int64_t units, samples[TD_DP_MAX_MEMBERS];
+    int ranks[TD_DP_MAX_MEMBERS], nrun;
     char report[512] = "";
     uint64_t t0 = td_clock_ns();
+    td_group *g;
+    dp_member *reader = NULL;
     dp_work w;
     td_status st;
     if (!dp || !batch || batch->n < 1 || !batch->labels)
@@ -626,6 +754,15 @@ td_status td_dp_step(td_dp *dp, const td_batch *batch, uint64_t step, td_step_re
     units = dp->cfg.deterministic ? (batch->n + dp->cfg.chunk_samples - 1) / dp->cfg.chunk_samples
                                   : batch->n;
     td_balancer_split(dp->balancer, units, counts);
+    if ((st = step_group(dp, &g, ranks, &nrun)) != TD_OK)
+        return st;
+    /* A member coming back from parking catches up first. */
+    for (int k = 0; k < nrun; k++)
+        if (dp->stale[ranks[k]]) {
+            if ((st = td_dp_refresh(dp)) != TD_OK)
+                return st;
+            break;
+        }
     offsets[0] = 0;
     for (int r = 1; r < dp->size; r++)
         offsets[r] = offsets[r - 1] + counts[r - 1];
@@ -634,12 +771,22 @@ td_status td_dp_step(td_dp *dp, const td_batch *batch, uint64_t step, td_step_re
     w.batch = batch;
     w.counts = counts;
     w.offsets = offsets;
+    w.ranks = g == dp->g ? NULL : ranks;
     w.step = step;
-    st = td_group_run(dp->g, dp->cfg.deterministic ? step_member_deterministic : step_member, &w);
+    st = td_group_run(g, dp->cfg.deterministic ? step_member_deterministic : step_member, &w);
     if (st != TD_OK)
         return st;
-    if ((st = read_stats(dp, all)) != TD_OK)
+    for (int k = 0; k < nrun && !reader; k++)
+        reader = member_of(dp, ranks[k]);
+    if ((st = read_stats(reader, dp->size, rows)) != TD_OK)
         return st;
+    /* Rows by the run's ranks; the parked ones did nothing. */
+    memset(all, 0, sizeof *all * (size_t)dp->size * STAT_WORDS);
+    for (int k = 0; k < nrun; k++)
+        memcpy(&all[ranks[k] * STAT_WORDS], &rows[k * STAT_WORDS], sizeof *rows * STAT_WORDS);
+    for (int r = 0; r < dp->size; r++)
+        if (td_balancer_parked(dp->balancer, r) && !dp->cfg.deterministic)
+            dp->stale[r] = 1;
     memset(res, 0, sizeof *res);
     if (dp->cfg.deterministic) {
         int64_t nchunks = units;
@@ -723,10 +870,12 @@ td_status td_dp_evaluate(td_dp *dp, const td_batch *batches, size_t n, td_step_r
      * most credit, credit growing by share; a member twice as fast gets
      * twice the batches, interleaved. */
     for (size_t i = 0; i < n; i++) {
-        int best = 0;
+        int best = -1;
         for (int r = 0; r < dp->size; r++) {
+            if (dp->stale[r]) /* parked: its replica is behind */
+                continue;
             credit[r] += td_balancer_share(dp->balancer, r);
-            if (credit[r] > credit[best])
+            if (best < 0 || credit[r] > credit[best])
                 best = r;
         }
         credit[best] -= 1.0;

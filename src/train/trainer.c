@@ -6,7 +6,8 @@
  * strategy td_dp_step() over a group of every device (src/parallel), which
  * splits the batch by speed and all-reduces the gradients. The loop around
  * it is the same; t->m and t->opt are then rank 0's replica, which
- * evaluation and checkpoints use. */
+ * evaluation and checkpoints use (after td_dp_refresh: rank 0 may have been
+ * parked). */
 #include <errno.h>
 #include <libgen.h>
 #include <math.h>
@@ -212,7 +213,13 @@ static void metrics_line(trainer *t, const char *event, const td_train_event *ev
 }
 
 static td_status save(trainer *t) {
-    if (!t->cfg->checkpoint || !t->root)
+    td_status st;
+    if (!t->cfg->checkpoint)
+        return TD_OK;
+    /* Every process calls the refresh; only the root writes. */
+    if (t->dp && (st = td_dp_refresh(t->dp)) != TD_OK)
+        return st;
+    if (!t->root)
         return TD_OK;
     td_loader_position(t->loader, &t->state.epoch, &t->state.sample);
     return td_checkpoint_save(t->cfg->checkpoint, t->m, t->opt, &t->state);
@@ -482,7 +489,9 @@ static void teardown(trainer *t) {
 static td_status eval_test(trainer *t, double *loss, double *acc) {
     td_step_result r;
     int64_t batch = t->info.kind == TD_INPUT_TOKENS ? t->state.batch : 1000;
-    td_status st = td_evaluate(t->m, t->test, batch, t->cfg->eval_samples, &r);
+    td_status st = t->dp ? td_dp_refresh(t->dp) : TD_OK;
+    if (st == TD_OK)
+        st = td_evaluate(t->m, t->test, batch, t->cfg->eval_samples, &r);
     if (st != TD_OK)
         return st;
     *loss = r.count ? r.loss_sum / (double)r.count : NAN;

@@ -1,5 +1,7 @@
-/* The balancer: splits that add up, follow speed, respect the minimum, and
- * converge to the ideal step time on simulated unequal devices. */
+/* The balancer: splits that add up, follow speed, respect the minimum,
+ * match a brute-force search over every split when devices have fixed
+ * costs, park a device that would only slow the step, and converge to the
+ * ideal step time on simulated unequal devices. */
 #include <math.h>
 #include <string.h>
 
@@ -27,11 +29,9 @@ static void splits_add_up_and_follow_speed(void **state) {
         td_balancer_split(b, total, c);
         assert_int_equal(c[0] + c[1] + c[2], total);
         for (int i = 0; i < 3; i++) {
-            /* Within one sample of the exact proportion, after the minimums. */
-            int64_t fm = (int64_t)ceil(0.02 * (double)total);
-            int use_min = fm * 3 <= total && fm > 0;
-            double rest = (double)(use_min ? total - 3 * fm : total);
-            double exact = rest * speeds[i] / 1000.0 + (use_min ? (double)fm : 0);
+            /* Within one sample of the exact proportion (each is above the
+             * 2% minimum, which therefore does not bind). */
+            double exact = (double)total * speeds[i] / 1000.0;
             assert_true(fabs((double)c[i] - exact) < 1.0 + 1e-9);
         }
     }
@@ -108,6 +108,101 @@ static void a_device_that_slows_down_is_named(void **state) {
     td_balancer_destroy(b);
 }
 
+/* The slowest device's time for a split under the model fixed + per * n
+ * (devices with no samples take no time). */
+static double step_time(const double *fixed, const double *per, const int64_t *c, int n) {
+    double t = 0;
+    for (int i = 0; i < n; i++)
+        if (c[i] > 0)
+            t = fmax(t, fixed[i] + per[i] * (double)c[i]);
+    return t;
+}
+
+/* Against every split of the batch: the balancer's is as good as the best
+ * to within one sample's time on the slowest device. */
+static void fixed_costs_split_as_well_as_a_search_of_every_split(void **state) {
+    td_balancer_config cfg = TD_BALANCER_CONFIG_INIT;
+    static const double cases[][2][3] = {
+        {{1e-3, 1e-3, 1e-3}, {1e-5, 2e-5, 4e-5}},
+        {{0, 2e-3, 8e-3}, {3e-5, 1e-5, 5e-6}},
+        {{4e-3, 0, 1e-4}, {1e-6, 1e-5, 3e-5}},
+    };
+    cfg.min_share = 0;
+    cfg.park = 0;
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        const double *fixed = cases[k][0], *per = cases[k][1];
+        td_balancer *b = NULL;
+        TD_ASSERT_OK(td_balancer_create(3, NULL, &cfg, &b));
+        TD_ASSERT_OK(td_balancer_set_costs(b, fixed, per));
+        for (int64_t total = 1; total <= 200; total += 13) {
+            int64_t c[3], t[3];
+            double best = INFINITY, got, slack = 0;
+            td_balancer_split(b, total, c);
+            assert_int_equal(c[0] + c[1] + c[2], total);
+            for (t[0] = 0; t[0] <= total; t[0]++)
+                for (t[1] = 0; t[0] + t[1] <= total; t[1]++) {
+                    t[2] = total - t[0] - t[1];
+                    best = fmin(best, step_time(fixed, per, t, 3));
+                }
+            for (int i = 0; i < 3; i++)
+                slack = fmax(slack, per[i]);
+            got = step_time(fixed, per, c, 3);
+            if (got > best + slack + 1e-12)
+                fail_msg("case %zu, %lld samples: split %lld/%lld/%lld takes %.6g s, best %.6g s",
+                         k, (long long)total, (long long)c[0], (long long)c[1], (long long)c[2],
+                         got, best);
+        }
+        td_balancer_destroy(b);
+    }
+}
+
+/* A device whose fixed cost alone exceeds what the others need for the
+ * whole batch (a PoCL device's few milliseconds per pass beside a CPU's
+ * sub-millisecond step) is parked; it comes back when the others slow down
+ * enough that it shortens the step by more than 10%. */
+static void a_device_with_a_large_fixed_cost_is_parked_until_it_helps(void **state) {
+    static const char *const names[2] = {"cpu:0", "opencl:0.0"};
+    const double fixed[2] = {1e-4, 4e-3}, per[2] = {5e-6, 1e-5};
+    td_balancer *b = make(2, names);
+    int64_t c[2];
+    double sec[2];
+    TD_ASSERT_OK(td_balancer_set_costs(b, fixed, per));
+    td_balancer_split(b, 128, c);
+    assert_int_equal(c[0], 128);
+    assert_int_equal(c[1], 0);
+    assert_true(td_balancer_parked(b, 1));
+    assert_false(td_balancer_parked(b, 0));
+    assert_true(td_balancer_share(b, 1) == 0.0);
+    assert_true(fabs(td_balancer_ideal_seconds(b, 128) - (1e-4 + 128 * 5e-6)) < 1e-12);
+    /* cpu:0 becomes 20x slower (its step 14.8 ms): opencl:0.0 helps again. */
+    for (int s = 0; s < 30 && td_balancer_parked(b, 1); s++) {
+        td_balancer_split(b, 128, c);
+        sec[0] = 20 * (fixed[0] + per[0] * (double)c[0]);
+        sec[1] = 0;
+        td_balancer_observe(b, c, sec, NULL, 0);
+        td_balancer_split(b, 128, c);
+    }
+    assert_false(td_balancer_parked(b, 1));
+    assert_true(c[1] > 0 && c[0] > 0);
+    td_balancer_destroy(b);
+}
+
+/* With parking off, such a device gets no samples but stays in. */
+static void without_parking_a_costly_device_gets_nothing(void **state) {
+    td_balancer_config cfg = TD_BALANCER_CONFIG_INIT;
+    const double fixed[2] = {1e-4, 4e-3}, per[2] = {5e-6, 1e-5};
+    td_balancer *b = NULL;
+    int64_t c[2];
+    cfg.park = 0;
+    TD_ASSERT_OK(td_balancer_create(2, NULL, &cfg, &b));
+    TD_ASSERT_OK(td_balancer_set_costs(b, fixed, per));
+    td_balancer_split(b, 128, c);
+    assert_int_equal(c[0], 128);
+    assert_int_equal(c[1], 0);
+    assert_false(td_balancer_parked(b, 1));
+    td_balancer_destroy(b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(splits_add_up_and_follow_speed),
@@ -115,6 +210,9 @@ int main(void) {
         cmocka_unit_test(bad_configs_and_speeds_are_refused),
         cmocka_unit_test(observed_steps_converge_to_the_ideal),
         cmocka_unit_test(a_device_that_slows_down_is_named),
+        cmocka_unit_test(fixed_costs_split_as_well_as_a_search_of_every_split),
+        cmocka_unit_test(a_device_with_a_large_fixed_cost_is_parked_until_it_helps),
+        cmocka_unit_test(without_parking_a_costly_device_gets_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,7 @@
 /* The `data` strategy against one device training on the same global
  * batches; deterministic mode across 1, 2 and 3 devices; `alternate`
- * evaluation against one device; balancing with a slowed device. */
+ * evaluation against one device; balancing with a slowed device; parking a
+ * device with a large fixed cost, and its coming back. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -252,12 +253,81 @@ static void a_slowed_device_gets_a_smaller_share(void **state) {
     free(y);
 }
 
+/* cpu:1 costs 30 ms more per pass ({latency=30}), far more than cpu:0's
+ * whole step: calibration measures that fixed cost and the balancer parks
+ * it. Training goes on without it and equals one device; evaluation leaves
+ * its stale replica out; a refresh brings it up to date; when its costs
+ * say it helps again it comes back, catches up, and training still equals
+ * one device. */
+static void a_device_with_a_large_fixed_cost_is_parked_and_comes_back(void **state) {
+    data *d = malloc(sizeof *d);
+    td_device_list *one = NULL;
+    td_group *g = NULL;
+    td_dp *dp = NULL;
+    td_dp_config cfg = TD_DP_CONFIG_INIT;
+    td_optimizer_config o = sgd();
+    td_model *ref = NULL;
+    td_optimizer *ref_opt = NULL;
+    td_step_result res, want;
+    td_dp_stats stats;
+    const double equal[2] = {0, 0}, per[2] = {1e-5, 1e-5};
+    make_data(d);
+    TD_ASSERT_OK(td_devices_open("cpu:0", &one));
+    TD_ASSERT_OK(
+        td_model_load_string(model_json, "dp_test", td_device_list_get(one, 0), TD_F64, 5, &ref));
+    TD_ASSERT_OK(td_optimizer_create(ref, &o, &ref_opt));
+    cfg.rebalance = 0;
+    TD_ASSERT_OK(td_group_create_spec("cpu:0,cpu:1{latency=30}", NULL, &g));
+    TD_ASSERT_OK(td_dp_create(g, model_json, "dp_test", TD_F64, 5, &o, &cfg, &dp));
+    TD_ASSERT_OK(td_dp_calibrate(dp, &d->batch[0]));
+    if (td_balancer_fixed_seconds(td_dp_balancer(dp), 1) < 0.02)
+        fail_msg("cpu:1's fixed cost measured %.3g s (30 ms added per pass)",
+                 td_balancer_fixed_seconds(td_dp_balancer(dp), 1));
+    for (int s = 0; s < STEPS; s++) {
+        if (s == 2) {
+            /* Parked: evaluation uses cpu:0 only, exactly one device's numbers. */
+            td_step_result got;
+            TD_ASSERT_OK(td_dp_evaluate(dp, &d->batch[0], 1, &got));
+            TD_ASSERT_OK(td_model_evaluate(ref, &d->batch[0], &want));
+            assert_true(got.loss_sum == want.loss_sum);
+            /* The costs change: both equal now, so cpu:1 comes back. */
+            TD_ASSERT_OK(td_balancer_set_costs(td_dp_balancer(dp), equal, per));
+        }
+        TD_ASSERT_OK(td_dp_step(dp, &d->batch[s], (uint64_t)s, &res, &stats));
+        TD_ASSERT_OK(td_model_train_step(ref, &d->batch[s], 1.0 / BATCH, 0, (uint64_t)s, &want));
+        TD_ASSERT_OK(td_optimizer_step(ref_opt, NULL));
+        assert_int_equal(stats.m[1].parked, s < 2);
+        assert_int_equal(stats.m[1].samples == 0, s < 2);
+        assert_int_equal(res.count, BATCH);
+        assert_true(fabs(res.loss_sum - want.loss_sum) <= 1e-10 * fabs(want.loss_sum));
+        if (s == 1) {
+            /* cpu:1 sat two steps out; a refresh brings it level. */
+            assert_true(weights_diff(td_dp_model(dp, 1), ref) > 1e-6);
+            TD_ASSERT_OK(td_dp_refresh(dp));
+            assert_true(weights_diff(td_dp_model(dp, 1), ref) < 1e-12);
+        }
+    }
+    for (int r = 0; r < 2; r++) {
+        double diff = weights_diff(td_dp_model(dp, r), ref);
+        if (diff > 1e-12)
+            fail_msg("replica %d differs from one device by %g", r, diff);
+        assert_int_equal(td_optimizer_steps(td_dp_optimizer(dp, r)), STEPS);
+    }
+    td_dp_destroy(dp);
+    td_group_destroy(g);
+    td_optimizer_destroy(ref_opt);
+    td_model_destroy(ref);
+    td_device_list_destroy(one);
+    free(d);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(data_parallel_equals_one_device),
         cmocka_unit_test(deterministic_mode_is_bitwise_the_same_for_1_2_3_devices),
         cmocka_unit_test(alternate_evaluation_equals_one_device_exactly),
         cmocka_unit_test(a_slowed_device_gets_a_smaller_share),
+        cmocka_unit_test(a_device_with_a_large_fixed_cost_is_parked_and_comes_back),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
