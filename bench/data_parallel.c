@@ -1,11 +1,12 @@
 /* The `data` strategy's speed: MNIST MLP and LeNet-5 training samples/s on
  * one device of one core and on two devices of one core each (scaling
  * efficiency = speed-up / 2), on two devices with one slowed 3x against the
- * ideal (total work / sum of the devices' speeds), and the share of the
- * gradient reduction hidden behind backward. Medians over several timed
- * windows; prints the floors and whether they hold.
+ * ideal (the work at the sum of the two devices' speeds, each measured
+ * alone), and the share of the gradient reduction hidden behind backward.
+ * Medians over several timed windows, the configurations taking turns
+ * window by window; prints the floors and whether they hold.
  *
- *   bench_data_parallel [--data DIR] [--examples DIR] [--steps N] [--quick]
+ *   bench_data_parallel [--data DIR] [--examples DIR] [--steps N] [--quick] [--verbose]
  */
 #include <math.h>
 #include <stdio.h>
@@ -15,6 +16,8 @@
 #include "tandem/tandem.h"
 
 #define WINDOWS 5
+
+static int verbose; /* --verbose: each window's last step, member by member */
 
 typedef struct bench_opts {
     const char *data, *examples;
@@ -51,73 +54,82 @@ static char *slurp(const char *path) {
     return s;
 }
 
-typedef struct run_result {
-    double samples_per_s;   /* median over windows */
-    double step_s, ideal_s; /* medians of the last window's steps */
-    double hidden;          /* median hidden fraction */
-    double share[2];
-} run_result;
+/* One configuration under test: a group with a replica on each member. */
+typedef struct config {
+    const char *spec;
+    td_group *g;
+    td_dp *dp;
+    double sps[WINDOWS]; /* samples/s per timed window */
+    double hidden[WINDOWS];
+} config;
 
-/* Trains `model` on `spec` with the data strategy: calibration, warm-up,
- * then WINDOWS timed windows of o->steps steps. */
-static int run(const bench_opts *o, const char *json, const char *spec, int64_t batch,
-               td_loader *loader, run_result *out) {
-    td_group *g = NULL;
-    td_dp *dp = NULL;
+/* The loader's next whole batch: an epoch's short last batch (and the empty
+ * one that ends an epoch) are skipped. */
+static int next_full_batch(td_loader *loader, int64_t batch, td_batch *b) {
+    for (int tries = 0; tries < 3; tries++) {
+        if (td_loader_next(loader, b) != TD_OK)
+            return 1;
+        if (b->n == batch)
+            return 0;
+    }
+    return 1;
+}
+
+/* Creates the group and replicas, calibrates, and lets the shares settle. */
+static int setup(config *c, const char *json, int64_t batch, td_loader *loader) {
     td_dp_config cfg = TD_DP_CONFIG_INIT;
     td_optimizer_config opt = TD_OPTIMIZER_CONFIG_INIT;
-    double sps[WINDOWS], hid[WINDOWS], steps[64], ideals[64];
+    td_batch b;
+    td_step_result r;
+    opt.lr = 0.05;
+    if (td_group_create_spec(c->spec, NULL, &c->g) != TD_OK ||
+        td_dp_create(c->g, json, "model", TD_F32, 1, &opt, &cfg, &c->dp) != TD_OK ||
+        next_full_batch(loader, batch, &b) || td_dp_calibrate(c->dp, &b) != TD_OK)
+        return 1;
+    for (int s = 0; s < 10; s++)
+        if (next_full_batch(loader, batch, &b) || td_dp_step(c->dp, &b, 0, &r, NULL) != TD_OK)
+            return 1;
+    return 0;
+}
+
+/* One timed window of `steps` steps: samples over the time spent in the
+ * steps. The loader's time is left out: it is the same serial work on the
+ * caller's thread whatever the devices, and a trainer overlaps it. */
+static int window(config *c, int w, int steps, int64_t batch, td_loader *loader) {
+    uint64_t busy = 0;
+    int64_t samples = 0;
+    double hsum = 0;
     td_batch b;
     td_step_result r;
     td_dp_stats stats;
-    int nsteps = o->steps < 64 ? o->steps : 64;
-    opt.lr = 0.05;
-    memset(out, 0, sizeof *out);
-    if (td_group_create_spec(spec, NULL, &g) != TD_OK ||
-        td_dp_create(g, json, "model", TD_F32, 1, &opt, &cfg, &dp) != TD_OK) {
-        fprintf(stderr, "bench: %s: %s\n", spec, td_last_error());
-        td_group_destroy(g);
-        return 1;
+    for (int s = 0; s < steps; s++) {
+        uint64_t t0;
+        if (next_full_batch(loader, batch, &b))
+            return 1;
+        t0 = td_clock_ns();
+        if (td_dp_step(c->dp, &b, (uint64_t)s, &r, &stats) != TD_OK)
+            return 1;
+        busy += td_clock_ns() - t0;
+        samples += b.n;
+        hsum += stats.hidden_fraction;
     }
-    if (td_loader_next(loader, &b) != TD_OK || b.n == 0 || td_dp_calibrate(dp, &b) != TD_OK)
-        goto fail;
-    for (int s = 0; s < 5; s++) /* warm-up: shares settle */
-        if (td_loader_next(loader, &b) != TD_OK || td_dp_step(dp, &b, 0, &r, &stats) != TD_OK)
-            goto fail;
-    for (int w = 0; w < WINDOWS; w++) {
-        uint64_t t0 = td_clock_ns();
-        int64_t samples = 0;
-        double hsum = 0;
-        for (int s = 0; s < nsteps; s++) {
-            if (td_loader_next(loader, &b) != TD_OK)
-                goto fail;
-            if (b.n < batch) /* an epoch's short last batch: take the next */
-                if (td_loader_next(loader, &b) != TD_OK)
-                    goto fail;
-            if (td_dp_step(dp, &b, (uint64_t)s, &r, &stats) != TD_OK)
-                goto fail;
-            samples += b.n;
-            hsum += stats.hidden_fraction;
-            steps[s] = stats.step_s;
-            ideals[s] = stats.ideal_s;
-        }
-        sps[w] = (double)samples / ((double)(td_clock_ns() - t0) * 1e-9);
-        hid[w] = hsum / nsteps;
+    c->sps[w] = (double)samples / ((double)busy * 1e-9);
+    if (verbose) {
+        /* The window's last step, member by member, in milliseconds. */
+        fprintf(stderr, "%s window %d: %.0f samples/s;", c->spec, w, c->sps[w]);
+        for (int i = 0; i < stats.members; i++)
+            fprintf(stderr, " [%lld samples, compute %.2f, comm %.2f, wait %.2f]",
+                    (long long)stats.m[i].samples, stats.m[i].compute_s * 1e3,
+                    stats.m[i].comm_s * 1e3, stats.m[i].wait_s * 1e3);
+        fprintf(stderr, "\n");
     }
-    out->samples_per_s = median(sps, WINDOWS);
-    out->hidden = median(hid, WINDOWS);
-    out->step_s = median(steps, nsteps);
-    out->ideal_s = median(ideals, nsteps);
-    for (int i = 0; i < td_group_size(g) && i < 2; i++)
-        out->share[i] = td_balancer_share(td_dp_balancer(dp), i);
-    td_dp_destroy(dp);
-    td_group_destroy(g);
+    c->hidden[w] = hsum / steps;
     return 0;
-fail:
-    fprintf(stderr, "bench: %s: %s\n", spec, td_last_error());
-    td_dp_destroy(dp);
-    td_group_destroy(g);
-    return 1;
+}
+
+static void teardown(config *c) {
+    td_dp_destroy(c->dp);
+    td_group_destroy(c->g);
 }
 
 int main(int argc, char **argv) {
@@ -126,7 +138,9 @@ int main(int argc, char **argv) {
         const char *name, *file;
         int64_t batch;
         double floor;
-    } models[] = {{"MLP", "mnist_mlp.json", 128, 0.0}, {"LeNet-5", "lenet5.json", 128, 0.90}};
+    } models[] = {{"MLP", "mnist_mlp.json", 128, 0.0},
+                  {"MLP", "mnist_mlp.json", 512, 0.0},
+                  {"LeNet-5", "lenet5.json", 128, 0.90}};
     td_dataset *train = NULL, *test = NULL;
     int failed = 0;
     for (int i = 1; i < argc; i++) {
@@ -138,9 +152,11 @@ int main(int argc, char **argv) {
             o.steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick"))
             o.steps = 6;
+        else if (!strcmp(argv[i], "--verbose"))
+            verbose = 1;
         else {
             fprintf(stderr, "usage: bench_data_parallel [--data DIR] [--examples DIR] [--steps N] "
-                            "[--quick]\n");
+                            "[--quick] [--verbose]\n");
             return 2;
         }
     }
@@ -148,46 +164,67 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench: %s\n", td_last_error());
         return 1;
     }
-    printf(
-        "data strategy on this machine's cores: samples/s, medians of %d windows of %d steps\n\n",
-        WINDOWS, o.steps);
-    printf("%-8s %12s %12s %9s %9s | %14s %9s %8s | %7s\n", "model", "1 dev", "2 devs", "speed-up",
-           "effic.", "2 devs, 1 slow", "vs ideal", "share", "hidden");
+    printf("data strategy on this machine's cores: samples/s, medians of %d windows of %d steps;\n"
+           "the configurations take turns window by window, so the machine's drift hits all.\n"
+           "ideal with one device slowed 3x: the sum of the two devices' speeds alone\n\n",
+           WINDOWS, o.steps);
+    printf("%-8s %5s %9s %9s %8s %7s | %9s %9s %9s %8s %6s | %6s\n", "model", "batch", "1 dev",
+           "2 devs", "speed-up", "effic.", "slow alone", "ideal", "2, 1 slow", "vs ideal", "share",
+           "hidden");
     for (size_t k = 0; k < sizeof models / sizeof *models; k++) {
+        /* 0: cpu:0 alone; 1: two devices; 2: two with one slowed; 3: the slowed one alone. */
+        static const char *const specs[4] = {"cpu:0", "cpu*2", "cpu:0,cpu:1{slowdown=3}",
+                                             "cpu:1{slowdown=3}"};
+        config cf[4];
         char path[1024], *json;
         td_loader *loader = NULL;
-        run_result one, two, slow;
-        double eff, vs_ideal;
+        double one, two, slow, slow_alone, ideal, eff, vs_ideal, share;
+        int bad = 0;
         snprintf(path, sizeof path, "%s/%s", o.examples, models[k].file);
         if (!(json = slurp(path))) {
             fprintf(stderr, "bench: cannot read %s\n", path);
             return 1;
         }
-        if (td_loader_create(train, models[k].batch, 7, 1, &loader) != TD_OK ||
-            run(&o, json, "cpu:0", models[k].batch, loader, &one) ||
-            run(&o, json, "cpu*2", models[k].batch, loader, &two) ||
-            run(&o, json, "cpu:0,cpu:1{slowdown=3}", models[k].batch, loader, &slow)) {
-            fprintf(stderr, "bench: %s\n", td_last_error());
+        memset(cf, 0, sizeof cf);
+        for (int c = 0; c < 4; c++)
+            cf[c].spec = specs[c];
+        bad = td_loader_create(train, models[k].batch, 7, 1, &loader) != TD_OK;
+        for (int c = 0; c < 4 && !bad; c++)
+            bad = setup(&cf[c], json, models[k].batch, loader);
+        for (int w = 0; w < WINDOWS && !bad; w++)
+            for (int c = 0; c < 4 && !bad; c++)
+                bad = window(&cf[c], w, o.steps, models[k].batch, loader);
+        if (bad) {
+            fprintf(stderr, "bench: %s: %s\n", models[k].name, td_last_error());
             return 1;
         }
-        eff = two.samples_per_s / one.samples_per_s / 2.0;
-        /* Ideal with one device slowed 3x: the two speeds add up. */
-        vs_ideal = slow.step_s / slow.ideal_s;
-        printf("%-8s %12.0f %12.0f %8.2fx %8.1f%% | %14.0f %8.2fx %8.3f | %6.0f%%\n",
-               models[k].name, one.samples_per_s, two.samples_per_s, 2 * eff, 100 * eff,
-               slow.samples_per_s, vs_ideal, slow.share[1], 100 * two.hidden);
+        one = median(cf[0].sps, WINDOWS);
+        two = median(cf[1].sps, WINDOWS);
+        slow = median(cf[2].sps, WINDOWS);
+        slow_alone = median(cf[3].sps, WINDOWS);
+        ideal = one + slow_alone;
+        eff = two / one / 2.0;
+        vs_ideal = ideal / slow; /* = step time / ideal step time */
+        share = td_balancer_share(td_dp_balancer(cf[2].dp), 1);
+        printf("%-8s %5lld %9.0f %9.0f %7.2fx %6.1f%% | %9.0f %9.0f %9.0f %7.2fx %6.3f | %5.0f%%\n",
+               models[k].name, (long long)models[k].batch, one, two, 2 * eff, 100 * eff, slow_alone,
+               ideal, slow, vs_ideal, share, 100 * median(cf[1].hidden, WINDOWS));
         if (models[k].floor > 0) {
             int ok = eff >= models[k].floor;
-            printf("  floor: %s scaling efficiency %.1f%% >= %.0f%%: %s\n", models[k].name,
-                   100 * eff, 100 * models[k].floor, ok ? "PASS" : "FAIL");
+            printf("  floor: %s (batch %lld) scaling efficiency %.1f%% >= %.0f%%: %s\n",
+                   models[k].name, (long long)models[k].batch, 100 * eff, 100 * models[k].floor,
+                   ok ? "PASS" : "FAIL");
             failed |= !ok;
         }
         {
             int ok = vs_ideal <= 1.10;
-            printf("  floor: %s with a 3x slowed device, step time %.2fx the ideal <= 1.10x: %s\n",
-                   models[k].name, vs_ideal, ok ? "PASS" : "FAIL");
+            printf("  floor: %s (batch %lld) with a 3x slowed device, step time %.2fx the ideal "
+                   "<= 1.10x: %s\n",
+                   models[k].name, (long long)models[k].batch, vs_ideal, ok ? "PASS" : "FAIL");
             failed |= !ok;
         }
+        for (int c = 0; c < 4; c++)
+            teardown(&cf[c]);
         td_loader_destroy(loader);
         free(json);
     }
