@@ -62,6 +62,7 @@ struct td_dp {
     int64_t features;   /* floats per sample for feature inputs */
     int64_t tokens;     /* tokens per sample for token inputs */
     double sync_comm_s; /* a full gradient all-reduce, not overlapped (calibration) */
+    int overlap;        /* resolved for the members of this step (cfg.overlap may be -1) */
 
     /* Parking: members the balancer leaves out sit out whole steps, so the
      * steps run on a group of the others (made when the set changes), and
@@ -163,7 +164,9 @@ static void on_grads_ready(void *arg, size_t first, size_t count) {
  * asynchronous start would only add a hand-off to the collective engine. */
 static td_status finish_reductions(dp_member *mb) {
     td_status st = mb->hook_status, wst;
-    if (!mb->dp->cfg.overlap) {
+    if (td_group_size(mb->g) == 1)
+        return st; /* alone: the gradients are the sum already */
+    if (!mb->dp->overlap) {
         for (size_t p = 0; p < mb->dp->nparams && st == TD_OK; p++)
             st = td_allreduce_tensor(mb->g, td_model_grad(mb->model, p), TD_REDUCE_SUM);
         return st;
@@ -190,12 +193,17 @@ static td_status finish_reductions(dp_member *mb) {
  * bytes: a GPU's copy engines, a network. CPU devices of one process reduce
  * with their own cores, so a reduction started during backward only competes
  * with backward for them (measured on 2 cores: slower, and the shares drift);
- * there the reduction waits for backward's end. */
-static int default_overlap(const td_dp *dp) {
+ * there the reduction waits for backward's end. Decided for the members
+ * that take part (parked: nonzero entries of parked, which may be NULL). */
+static int resolve_overlap(const td_dp *dp, const unsigned char *parked) {
+    if (dp->cfg.overlap >= 0)
+        return dp->cfg.overlap;
     if (dp->nlocal != dp->size)
         return 1;
     for (int i = 0; i < dp->nlocal; i++) {
         td_device_info info;
+        if (parked && parked[dp->members[i].rank])
+            continue;
         if (td_device_get_info(dp->members[i].dev, &info) != TD_OK || strcmp(info.backend, "cpu"))
             return 1;
     }
@@ -285,8 +293,7 @@ td_status td_dp_create(td_group *g, const char *model_json, const char *name, td
         dp->members[dp->nlocal].g = g;
         dp->nlocal++;
     }
-    if (dp->cfg.overlap < 0)
-        dp->cfg.overlap = default_overlap(dp);
+    dp->overlap = resolve_overlap(dp, NULL);
     /* Parking runs steps on a group of the unparked members, which a
      * process cannot make alone when the group spans several. */
     if (dp->nlocal != dp->size)
@@ -478,20 +485,23 @@ static td_status calibrate_member(td_group *g, td_device *dev, int rank, int siz
 }
 
 /* The line through (n1, t1) and (n2, t2), n1 > n2: fixed + per_sample * n,
- * neither negative. Timing noise can tilt it either way; then the pass is
- * all per-sample cost, or all fixed. */
+ * neither negative and per_sample above zero. A flat or falling line (the
+ * per-sample part is below the timing noise) is all fixed cost; one that
+ * would cross zero above the origin is all per-sample. */
 static void fit_costs(double n1, double t1, double n2, double t2, double *fixed, double *per) {
-    *per = n1 > n2 ? (t1 - t2) / (n1 - n2) : 0;
-    *fixed = t1 - *per * n1;
-    if (!(*per > 0) || n1 <= n2) {
+    if (n1 <= n2) {
         *per = t1 / n1;
         *fixed = 0;
-    } else if (*fixed < 0) {
+        return;
+    }
+    *per = (t1 - t2) / (n1 - n2);
+    if (!(*per > 1e-3 * t1 / n1))
+        *per = 1e-3 * t1 / n1;
+    *fixed = t1 - *per * n1;
+    if (*fixed < 0) {
         *per = t1 / n1;
         *fixed = 0;
     }
-    if (*per < 1e-12)
-        *per = 1e-12;
 }
 
 td_status td_dp_calibrate(td_dp *dp, const td_batch *batch) {
@@ -546,7 +556,7 @@ static td_status step_member(td_group *g, td_device *dev, int run_rank, int size
     mb->next_bucket = 0;
     mb->hook_status = TD_OK;
     memset(mb->ready, 0, dp->nparams);
-    td_model_set_grad_hook(mb->model, dp->cfg.overlap ? on_grads_ready : NULL, mb);
+    td_model_set_grad_hook(mb->model, dp->overlap && size > 1 ? on_grads_ready : NULL, mb);
     c0 = td_clock_ns();
     if (slice.n > 0) {
         st = td_model_train_step(mb->model, &slice, scale, 0, w->step, &r);
@@ -695,7 +705,7 @@ static void fill_stats(td_dp *dp, const double *all, const int64_t *counts, doub
         exposed = fmax(exposed, m->comm_s);
     }
     /* Without overlap (and in deterministic mode's chain) nothing is hidden. */
-    stats->hidden_fraction = dp->sync_comm_s > 0 && !dp->cfg.deterministic && dp->cfg.overlap
+    stats->hidden_fraction = dp->sync_comm_s > 0 && !dp->cfg.deterministic && dp->overlap
                                  ? fmin(1.0, fmax(0.0, 1.0 - exposed / dp->sync_comm_s))
                                  : 0.0;
 }
@@ -716,8 +726,10 @@ static td_status step_group(td_dp *dp, td_group **g, int *ranks, int *n) {
     }
     if (nx == 0) {
         *g = dp->g;
+        dp->overlap = resolve_overlap(dp, NULL);
         return TD_OK;
     }
+    dp->overlap = resolve_overlap(dp, parked);
     if (!dp->active || memcmp(parked, dp->active_parked, (size_t)dp->size) != 0) {
         td_group_destroy(dp->active);
         dp->active = NULL;
