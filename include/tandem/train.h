@@ -222,10 +222,11 @@ typedef struct td_train_summary {
     struct td_train_member {
         char name[32];
         int64_t samples;
-        double share;     /* of all samples */
-        double compute_s; /* forward and backward */
-        double comm_s;    /* waiting for reductions after backward (exposed) */
-        double wait_s;    /* idle until the slowest member finished */
+        double share;         /* of all samples */
+        double compute_s;     /* forward and backward */
+        double comm_s;        /* waiting for reductions after backward (exposed) */
+        double wait_s;        /* idle until the slowest member finished */
+        int64_t parked_steps; /* steps it sat out (see td_balancer_parked) */
     } member[TD_DP_MAX_MEMBERS];
 } td_train_summary;
 

@@ -366,6 +366,7 @@ static void add_member_stats(trainer *t, const td_dp_stats *ds, td_train_summary
         m->compute_s += ds->m[r].compute_s;
         m->comm_s += ds->m[r].comm_s;
         m->wait_s += ds->m[r].wait_s;
+        m->parked_steps += ds->m[r].parked;
     }
     if (t->metrics) {
         fprintf(t->metrics,
@@ -375,9 +376,10 @@ static void add_member_stats(trainer *t, const td_dp_stats *ds, td_train_summary
         for (int r = 0; r < ds->members && r < TD_DP_MAX_MEMBERS; r++)
             fprintf(t->metrics,
                     "%s{\"name\":\"%s\",\"samples\":%lld,\"share\":%.4f,\"compute_s\":%.6f,"
-                    "\"comm_s\":%.6f,\"wait_s\":%.6f}",
+                    "\"comm_s\":%.6f,\"wait_s\":%.6f,\"parked\":%s}",
                     r ? "," : "", out->member[r].name, (long long)ds->m[r].samples, ds->m[r].share,
-                    ds->m[r].compute_s, ds->m[r].comm_s, ds->m[r].wait_s);
+                    ds->m[r].compute_s, ds->m[r].comm_s, ds->m[r].wait_s,
+                    ds->m[r].parked ? "true" : "false");
         fputs("]}\n", t->metrics);
     }
     if (ds->stragglers[0] && t->root)
