@@ -1,7 +1,8 @@
 /* The `data` strategy over OpenCL devices: PoCL sub-devices
  * (opencl:0.0{split=2}) and a mixed group (cpu:0 with opencl:0.0) train like
  * one CPU device on the same global batches, within the data-parallel
- * tolerances (f64 1e-12, f32 1e-5). */
+ * tolerances (f64 1e-12, f32 1e-5); an OpenCL member that is lost stops the
+ * step with a status naming it, and the survivors train on. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -135,10 +136,43 @@ static void cpu_and_opencl_train_like_one_device(void **state) {
     data_parallel_equals_one_device("cpu:0,opencl:0.0");
 }
 
+/* opencl:0.0 fails at its third all-reduce (injected: TANDEM_FAULT syntax),
+ * in the first training step: the step returns TD_ERR_DEVICE_LOST naming
+ * it; the group shrinks to cpu:0, which trains on from its own replica. */
+static void a_lost_opencl_member_is_named_and_the_survivor_trains_on(void **state) {
+    data *d = malloc(sizeof *d);
+    td_group *g = NULL, *alive = NULL;
+    td_group_config gc = TD_GROUP_CONFIG_INIT;
+    td_dp *dp = NULL, *dp2 = NULL;
+    td_dp_config cfg = TD_DP_CONFIG_INIT;
+    td_optimizer_config o = adamw();
+    td_step_result res;
+    make_data(d);
+    gc.fault = "opencl:0.0@allreduce:3:error";
+    cfg.balancer.park = 0; /* both members take part in the step */
+    cfg.rebalance = 0;
+    TD_ASSERT_OK(td_group_create_spec("cpu:0,opencl:0.0", &gc, &g));
+    TD_ASSERT_OK(td_dp_create(g, model_json, "dp_ocl", TD_F32, 3, &o, &cfg, &dp));
+    TD_ASSERT_STATUS(td_dp_step(dp, &d->batch[0], 0, &res, NULL), TD_ERR_DEVICE_LOST);
+    td_test_assert_message_contains("opencl:0.0");
+    td_dp_destroy(dp);
+    TD_ASSERT_OK(td_group_shrink(g, NULL, 0, &alive));
+    assert_int_equal(td_group_size(alive), 1);
+    TD_ASSERT_OK(td_dp_create(alive, model_json, "dp_ocl", TD_F32, 3, &o, &cfg, &dp2));
+    for (int s = 0; s < STEPS; s++)
+        TD_ASSERT_OK(td_dp_step(dp2, &d->batch[s], (uint64_t)s, &res, NULL));
+    assert_int_equal(res.count, BATCH);
+    td_dp_destroy(dp2);
+    td_group_destroy(alive);
+    td_group_destroy(g);
+    free(d);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(sub_devices_train_like_one_device),
         cmocka_unit_test(cpu_and_opencl_train_like_one_device),
+        cmocka_unit_test(a_lost_opencl_member_is_named_and_the_survivor_trains_on),
     };
     td_device_list *list = NULL;
     if (td_devices_open("opencl:0.0", &list) != TD_OK)
