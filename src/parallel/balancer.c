@@ -33,6 +33,7 @@ struct td_balancer {
     double *fixed, *per_sample; /* seconds, as measured (calibration or set) */
     double *scale;              /* current cost / measured cost, smoothed */
     double *baseline;           /* long-run scale, for stragglers; 0 until observed */
+    double (*recent)[2];        /* the two observations before the last, 0: none */
     int *slow_streak;           /* consecutive steps above the straggler ratio */
     unsigned char *parked;
     int64_t last_total; /* batch size of the last split */
@@ -63,11 +64,12 @@ td_status td_balancer_create(int n, const char *const *names, const td_balancer_
     b->per_sample = td__calloc(sizeof *b->per_sample * (size_t)n, "a balancer");
     b->scale = td__calloc(sizeof *b->scale * (size_t)n, "a balancer");
     b->baseline = td__calloc(sizeof *b->baseline * (size_t)n, "a balancer");
+    b->recent = td__calloc(sizeof *b->recent * (size_t)n, "a balancer");
     b->slow_streak = td__calloc(sizeof *b->slow_streak * (size_t)n, "a balancer");
     b->parked = td__calloc((size_t)n, "a balancer");
     b->names = td__calloc(sizeof *b->names * (size_t)n, "a balancer");
-    if (!b->fixed || !b->per_sample || !b->scale || !b->baseline || !b->slow_streak || !b->parked ||
-        !b->names) {
+    if (!b->fixed || !b->per_sample || !b->scale || !b->baseline || !b->recent || !b->slow_streak ||
+        !b->parked || !b->names) {
         td_balancer_destroy(b);
         return TD_ERR_OUT_OF_MEMORY;
     }
@@ -90,6 +92,7 @@ void td_balancer_destroy(td_balancer *b) {
     free(b->per_sample);
     free(b->scale);
     free(b->baseline);
+    free(b->recent);
     free(b->slow_streak);
     free(b->parked);
     free(b->names);
@@ -100,6 +103,7 @@ static void reset_observations(td_balancer *b) {
     for (int i = 0; i < b->n; i++) {
         b->scale[i] = 1.0;
         b->baseline[i] = 0;
+        b->recent[i][0] = b->recent[i][1] = 0;
         b->slow_streak[i] = 0;
         b->parked[i] = 0;
     }
@@ -301,6 +305,18 @@ double td_balancer_ideal_seconds(const td_balancer *b, int64_t total) {
     return water_fill(b, (double)total, use, NULL);
 }
 
+/* The median of r and the two before it (those that exist). */
+static double median3(double r, const double *before) {
+    double a = before[0], c = before[1];
+    if (a == 0 || c == 0)
+        return r;
+    if ((a <= r && r <= c) || (c <= r && r <= a))
+        return r;
+    if ((r <= a && a <= c) || (c <= a && a <= r))
+        return a;
+    return c;
+}
+
 int td_balancer_observe(td_balancer *b, const int64_t *counts, const double *seconds, char *report,
                         size_t report_size) {
     int named = 0;
@@ -314,9 +330,13 @@ int td_balancer_observe(td_balancer *b, const int64_t *counts, const double *sec
         /* This step's scale: what it took over what the measured costs say. */
         measured_cost = b->fixed[i] + b->per_sample[i] * (double)counts[i];
         r = seconds[i] / measured_cost;
-        /* Smoothed in the log: a device found 10x faster or 10x slower than
-         * believed converges equally fast either way. */
-        b->scale[i] *= pow(r / b->scale[i], b->cfg.smoothing);
+        /* Smoothed in the log, so a device found 10x faster or 10x slower
+         * than believed converges equally fast either way, and through the
+         * median of the last three steps, so one step that a page fault or
+         * another process stretched does not move the split. */
+        b->scale[i] *= pow(median3(r, b->recent[i]) / b->scale[i], b->cfg.smoothing);
+        b->recent[i][1] = b->recent[i][0];
+        b->recent[i][0] = r;
         if (b->baseline[i] == 0) {
             b->baseline[i] = r;
             continue;

@@ -203,6 +203,35 @@ static void without_parking_a_costly_device_gets_nothing(void **state) {
     td_balancer_destroy(b);
 }
 
+/* One step stretched 5x (a page fault, another process) leaves the split
+ * where it was; the same slowdown three steps running moves it. */
+static void one_slow_step_does_not_move_the_split(void **state) {
+    td_balancer *b = make(2, NULL);
+    int64_t c[2], before[2];
+    double sec[2];
+    for (int s = 0; s < 8; s++) {
+        td_balancer_split(b, 256, c);
+        sec[0] = 1e-3 * (double)c[0];
+        sec[1] = 1e-3 * (double)c[1];
+        td_balancer_observe(b, c, sec, NULL, 0);
+    }
+    td_balancer_split(b, 256, before);
+    sec[0] = 1e-3 * (double)before[0];
+    sec[1] = 5e-3 * (double)before[1];
+    td_balancer_observe(b, before, sec, NULL, 0);
+    td_balancer_split(b, 256, c);
+    assert_int_equal(c[0], before[0]);
+    for (int s = 0; s < 3; s++) {
+        td_balancer_split(b, 256, c);
+        sec[0] = 1e-3 * (double)c[0];
+        sec[1] = 5e-3 * (double)c[1];
+        td_balancer_observe(b, c, sec, NULL, 0);
+    }
+    td_balancer_split(b, 256, c);
+    assert_true(c[1] < before[1] - 20);
+    td_balancer_destroy(b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(splits_add_up_and_follow_speed),
@@ -213,6 +242,7 @@ int main(void) {
         cmocka_unit_test(fixed_costs_split_as_well_as_a_search_of_every_split),
         cmocka_unit_test(a_device_with_a_large_fixed_cost_is_parked_until_it_helps),
         cmocka_unit_test(without_parking_a_costly_device_gets_nothing),
+        cmocka_unit_test(one_slow_step_does_not_move_the_split),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
