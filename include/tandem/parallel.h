@@ -53,8 +53,11 @@ TD_API td_status td_balancer_set_speeds(td_balancer *b, const double *samples_pe
  * step time the others reach). A device taking part gets at least the
  * minimum share when the batch has room for it. With parking on, a device
  * the filling leaves out is parked (count 0) until bringing it back would
- * shorten the step by 10%. The split is a pure function of the balancer's
- * state and total, so every process computes the same one. */
+ * shorten the step by 10%, by its last known costs; and since those may be
+ * stale, it is tried again with the minimum share after 16 parked steps,
+ * then 32, 64, ... up to 1024, the try's measurement replacing its costs'
+ * scale. The split is a pure function of the balancer's state and total, so
+ * every process computes the same one. */
 TD_API void td_balancer_split(td_balancer *b, int64_t total, int64_t *counts);
 
 /* Whether device i is parked: it takes no samples, and the data strategy

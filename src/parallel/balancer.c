@@ -23,6 +23,11 @@
 /* A parked device comes back only when that shortens the step by this much:
  * coming back costs a copy of the weights, and its estimate is old. */
 #define UNPARK_GAIN 0.10
+/* A parked device is tried again with a few samples after this many steps,
+ * then after twice as many each time it stays parked, up to PROBE_MAX: its
+ * costs were measured once and may have been noise, or may have changed. */
+#define PROBE_FIRST 16
+#define PROBE_MAX   1024
 /* Shares are reported for a batch of this many samples until a split says
  * which batch size is in use. */
 #define REFERENCE_BATCH 256
@@ -36,6 +41,9 @@ struct td_balancer {
     double (*recent)[2];        /* the two observations before the last, 0: none */
     int *slow_streak;           /* consecutive steps above the straggler ratio */
     unsigned char *parked;
+    unsigned char *probing; /* unparked for one step to be measured again */
+    int *park_steps;        /* steps parked since parked or last tried */
+    int *probe_every;
     int64_t last_total; /* batch size of the last split */
     char (*names)[32];
 };
@@ -67,9 +75,12 @@ td_status td_balancer_create(int n, const char *const *names, const td_balancer_
     b->recent = td__calloc(sizeof *b->recent * (size_t)n, "a balancer");
     b->slow_streak = td__calloc(sizeof *b->slow_streak * (size_t)n, "a balancer");
     b->parked = td__calloc((size_t)n, "a balancer");
+    b->probing = td__calloc((size_t)n, "a balancer");
+    b->park_steps = td__calloc(sizeof *b->park_steps * (size_t)n, "a balancer");
+    b->probe_every = td__calloc(sizeof *b->probe_every * (size_t)n, "a balancer");
     b->names = td__calloc(sizeof *b->names * (size_t)n, "a balancer");
     if (!b->fixed || !b->per_sample || !b->scale || !b->baseline || !b->recent || !b->slow_streak ||
-        !b->parked || !b->names) {
+        !b->parked || !b->probing || !b->park_steps || !b->probe_every || !b->names) {
         td_balancer_destroy(b);
         return TD_ERR_OUT_OF_MEMORY;
     }
@@ -95,6 +106,9 @@ void td_balancer_destroy(td_balancer *b) {
     free(b->recent);
     free(b->slow_streak);
     free(b->parked);
+    free(b->probing);
+    free(b->park_steps);
+    free(b->probe_every);
     free(b->names);
     free(b);
 }
@@ -106,6 +120,9 @@ static void reset_observations(td_balancer *b) {
         b->recent[i][0] = b->recent[i][1] = 0;
         b->slow_streak[i] = 0;
         b->parked[i] = 0;
+        b->probing[i] = 0;
+        b->park_steps[i] = 0;
+        b->probe_every[i] = PROBE_FIRST;
     }
 }
 
@@ -187,8 +204,10 @@ static void update_parking(td_balancer *b, int64_t total) {
     active_mask(b, use);
     t = water_fill(b, (double)total, use, in);
     for (int i = 0; i < b->n; i++)
-        if (use[i] && !in[i])
+        if (use[i] && !in[i]) {
             b->parked[i] = 1;
+            b->park_steps[i] = 0;
+        }
     for (int i = 0; i < b->n; i++) {
         if (!b->parked[i])
             continue;
@@ -232,6 +251,34 @@ static void ideal_counts(const td_balancer *b, int64_t total, double least, doub
     }
 }
 
+/* Unparks, for this step, each parked device whose turn to be tried came. */
+static void start_probes(td_balancer *b) {
+    for (int i = 0; i < b->n; i++)
+        if (b->parked[i] && ++b->park_steps[i] >= b->probe_every[i]) {
+            b->parked[i] = 0;
+            b->probing[i] = 1;
+            b->park_steps[i] = 0;
+            if (b->probe_every[i] < PROBE_MAX)
+                b->probe_every[i] *= 2;
+        }
+}
+
+/* A device being tried gets at least the minimum share (one sample at
+ * least), taken from the others in proportion. */
+static void give_probes_samples(const td_balancer *b, int64_t total, double least, double *x) {
+    for (int i = 0; i < b->n; i++) {
+        double want = fmax(least, 1.0), others = 0;
+        if (!b->probing[i] || x[i] >= want || (double)total < 2 * want)
+            continue;
+        for (int k = 0; k < b->n; k++)
+            others += k == i ? 0 : x[k];
+        for (int k = 0; k < b->n && others > 0; k++)
+            if (k != i)
+                x[k] *= ((double)total - want) / others;
+        x[i] = want;
+    }
+}
+
 void td_balancer_split(td_balancer *b, int64_t total, int64_t *counts) {
     int n = b->n;
     double least = ceil(b->cfg.min_share * (double)total), x[TD_BALANCER_MAX_DEVICES];
@@ -242,7 +289,9 @@ void td_balancer_split(td_balancer *b, int64_t total, int64_t *counts) {
     }
     b->last_total = total;
     update_parking(b, total);
+    start_probes(b);
     ideal_counts(b, total, least, x);
+    give_probes_samples(b, total, least, x);
     for (int i = 0; i < n; i++) {
         counts[i] = (int64_t)floor(x[i] + 1e-9);
         if (counts[i] < 0)
@@ -330,6 +379,14 @@ int td_balancer_observe(td_balancer *b, const int64_t *counts, const double *sec
         /* This step's scale: what it took over what the measured costs say. */
         measured_cost = b->fixed[i] + b->per_sample[i] * (double)counts[i];
         r = seconds[i] / measured_cost;
+        if (b->probing[i]) {
+            /* Tried again after parking: this measurement replaces the
+             * old belief rather than nudging it. */
+            b->probing[i] = 0;
+            b->scale[i] = r;
+            b->recent[i][0] = b->recent[i][1] = 0;
+            continue;
+        }
         /* Smoothed in the log, so a device found 10x faster or 10x slower
          * than believed converges equally fast either way, and through the
          * median of the last three steps, so one step that a page fault or

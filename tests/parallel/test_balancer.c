@@ -178,12 +178,60 @@ static void a_device_with_a_large_fixed_cost_is_parked_until_it_helps(void **sta
     for (int s = 0; s < 30 && td_balancer_parked(b, 1); s++) {
         td_balancer_split(b, 128, c);
         sec[0] = 20 * (fixed[0] + per[0] * (double)c[0]);
-        sec[1] = 0;
+        sec[1] = c[1] ? fixed[1] + per[1] * (double)c[1] : 0;
         td_balancer_observe(b, c, sec, NULL, 0);
         td_balancer_split(b, 128, c);
     }
     assert_false(td_balancer_parked(b, 1));
     assert_true(c[1] > 0 && c[0] > 0);
+    td_balancer_destroy(b);
+}
+
+/* Runs steps with the given true costs; returns the first step at which
+ * device 1 got samples (-1: none within `steps`). */
+static int run_until_tried(td_balancer *b, const double *fixed, const double *per, int steps) {
+    for (int s = 0; s < steps; s++) {
+        int64_t c[2];
+        double sec[2];
+        td_balancer_split(b, 128, c);
+        for (int i = 0; i < 2; i++)
+            sec[i] = c[i] ? fixed[i] + per[i] * (double)c[i] : 0;
+        td_balancer_observe(b, c, sec, NULL, 0);
+        if (c[1] > 0)
+            return s;
+    }
+    return -1;
+}
+
+/* A calibration that was noise (device 1 measured with a 50 ms fixed cost,
+ * truly as fast as device 0) parks it; it is tried again after 16 steps,
+ * measured, and stays with a fair share. A device that really is that slow
+ * is tried after 16 steps, then 32, then 64: trying costs little. */
+static void a_parked_device_is_tried_again(void **state) {
+    const double believed[2] = {1e-4, 5e-2}, truth[2] = {1e-4, 1e-4}, per[2] = {1e-5, 1e-5};
+    td_balancer *b = make(2, NULL);
+    int64_t c[2];
+    int t1, t2, t3;
+    TD_ASSERT_OK(td_balancer_set_costs(b, believed, per));
+    td_balancer_split(b, 128, c);
+    assert_true(td_balancer_parked(b, 1));
+    t1 = run_until_tried(b, truth, per, 100);
+    assert_true(t1 >= 14 && t1 <= 17);
+    for (int s = 0; s < 20; s++)
+        assert_true(run_until_tried(b, truth, per, 1) == 0); /* in every step now */
+    td_balancer_split(b, 128, c);
+    assert_false(td_balancer_parked(b, 1));
+    if (c[1] < 128 / 4)
+        fail_msg("device 1 gets %lld of 128 after coming back", (long long)c[1]);
+    td_balancer_destroy(b);
+
+    b = make(2, NULL);
+    TD_ASSERT_OK(td_balancer_set_costs(b, believed, per));
+    t1 = run_until_tried(b, believed, per, 200);
+    t2 = run_until_tried(b, believed, per, 200);
+    t3 = run_until_tried(b, believed, per, 200);
+    if (!(t1 > 0 && t2 > t1 && t3 > t2))
+        fail_msg("tries after %d, %d, %d steps: they should back off", t1, t2, t3);
     td_balancer_destroy(b);
 }
 
@@ -243,6 +291,7 @@ int main(void) {
         cmocka_unit_test(a_device_with_a_large_fixed_cost_is_parked_until_it_helps),
         cmocka_unit_test(without_parking_a_costly_device_gets_nothing),
         cmocka_unit_test(one_slow_step_does_not_move_the_split),
+        cmocka_unit_test(a_parked_device_is_tried_again),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
