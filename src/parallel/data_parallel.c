@@ -25,6 +25,7 @@ typedef struct bucket {
 typedef struct dp_member {
     td_device *dev;
     int rank;
+    int cpu; /* a CPU device: reduces with the cores it computes on */
     td_model *model;
     td_optimizer *opt;
     td_tensor *stats_send; /* (STAT_WORDS) f64 */
@@ -76,10 +77,13 @@ struct td_dp {
 typedef struct dp_work {
     td_dp *dp;
     const td_batch *batch;
-    const int64_t *counts;  /* samples (or chunks) per rank */
-    const int64_t *offsets; /* first sample (or chunk) per rank */
-    const int *ranks;       /* rank in the group run -> rank in dp->g; NULL: the same */
-    int root;               /* broadcast_replicas: the rank whose state the others take */
+    const int64_t *counts;   /* samples (or chunks) per rank */
+    const int64_t *offsets;  /* first sample (or chunk) per rank */
+    const int *ranks;        /* rank in the group run -> rank in dp->g; NULL: the same */
+    const dp_member *reader; /* the member that copies the gathered numbers to rows */
+    double *rows;            /* (dp->size, STAT_WORDS) */
+    double *chunk_rows;      /* deterministic mode: (chunks, 3) */
+    int root;                /* broadcast_replicas: the rank whose state the others take */
     uint64_t step;
     /* evaluate */
     const td_batch *batches;
@@ -200,13 +204,9 @@ static int resolve_overlap(const td_dp *dp, const unsigned char *parked) {
         return dp->cfg.overlap;
     if (dp->nlocal != dp->size)
         return 1;
-    for (int i = 0; i < dp->nlocal; i++) {
-        td_device_info info;
-        if (parked && parked[dp->members[i].rank])
-            continue;
-        if (td_device_get_info(dp->members[i].dev, &info) != TD_OK || strcmp(info.backend, "cpu"))
+    for (int i = 0; i < dp->nlocal; i++)
+        if (!(parked && parked[dp->members[i].rank]) && !dp->members[i].cpu)
             return 1;
-    }
     return 0;
 }
 
@@ -289,6 +289,11 @@ td_status td_dp_create(td_group *g, const char *model_json, const char *name, td
             dp->stat_dtype = TD_F32;
         dp->members[dp->nlocal].dev = dev;
         dp->members[dp->nlocal].rank = r;
+        {
+            td_device_info info;
+            dp->members[dp->nlocal].cpu =
+                td_device_get_info(dev, &info) == TD_OK && !strcmp(info.backend, "cpu");
+        }
         dp->members[dp->nlocal].dp = dp;
         dp->members[dp->nlocal].g = g;
         dp->nlocal++;
@@ -425,20 +430,22 @@ td_status td_dp_refresh(td_dp *dp) {
 
 /* Sharing per-rank numbers ------------------------------------------------------ */
 
-/* Every member contributes STAT_WORDS numbers; all get everyone's. */
-static td_status gather_stats(td_group *g, dp_member *mb, const double v[STAT_WORDS]) {
+/* Every member contributes STAT_WORDS numbers; all get everyone's. The
+ * run's reader (one member) also copies them to the host, here on its own
+ * thread: read from the caller's, they would cost a round trip to it. The
+ * host copy has a row per rank of the run, then rows left from earlier runs,
+ * dp->size in all. */
+static td_status gather_stats(td_group *g, dp_member *mb, const dp_work *w,
+                              const double v[STAT_WORDS]) {
     td_status st;
     if ((st = td_tensor_write_f64(mb->stats_send, v, STAT_WORDS)) != TD_OK)
         return st;
-    return td_allgather(g, mb->stats_send->buf, 0, mb->stats_all->buf, 0, STAT_WORDS,
-                        mb->stats_send->dtype);
-}
-
-/* Reads the numbers the members of the last run gathered, as `from` (a
- * member that took part) holds them: a row per rank of that run, then rows
- * left from earlier runs, n in all (the tensor's). */
-static td_status read_stats(const dp_member *from, int n, double *all) {
-    return td_tensor_read_f64(from->stats_all, all, (size_t)n * STAT_WORDS);
+    if ((st = td_allgather(g, mb->stats_send->buf, 0, mb->stats_all->buf, 0, STAT_WORDS,
+                           mb->stats_send->dtype)) != TD_OK)
+        return st;
+    if (mb != w->reader)
+        return TD_OK;
+    return td_tensor_read_f64(mb->stats_all, w->rows, (size_t)mb->dp->size * STAT_WORDS);
 }
 
 /* Calibration ----------------------------------------------------------------- */
@@ -481,7 +488,7 @@ static td_status calibrate_member(td_group *g, td_device *dev, int rank, int siz
         if ((st = td_allreduce_tensor(g, td_model_grad(mb->model, p), TD_REDUCE_SUM)) != TD_OK)
             return st;
     v[2] = (double)(td_clock_ns() - c1) * 1e-9;
-    return gather_stats(g, mb, v);
+    return gather_stats(g, mb, w, v);
 }
 
 /* The line through (n1, t1) and (n2, t2), n1 > n2: fixed + per_sample * n,
@@ -517,9 +524,9 @@ td_status td_dp_calibrate(td_dp *dp, const td_batch *batch) {
     memset(&w, 0, sizeof w);
     w.dp = dp;
     w.batch = batch;
+    w.reader = &dp->members[0];
+    w.rows = all;
     if ((st = td_group_run(dp->g, calibrate_member, &w)) != TD_OK)
-        return st;
-    if ((st = read_stats(dp->members, dp->size, all)) != TD_OK)
         return st;
     n1 = (double)batch->n;
     n2 = (double)(batch->n >= 4 ? batch->n / 4 : batch->n);
@@ -582,7 +589,7 @@ static td_status step_member(td_group *g, td_device *dev, int run_rank, int size
     v[2] = (double)r.count;
     v[3] = mb->compute_s;
     v[4] = 0;
-    return gather_stats(g, mb, v);
+    return gather_stats(g, mb, w, v);
 }
 
 /* Deterministic mode: chunk gradients, then a chain in chunk order. */
@@ -680,7 +687,9 @@ static td_status step_member_deterministic(td_group *g, td_device *dev, int rank
     TD_TRY(td_allreduce(g, mb->chunk_results->buf, 0, mb->chunk_results_all->buf, 0,
                         (size_t)nchunks * 3, dp->stat_dtype, TD_REDUCE_SUM));
     v[3] = mb->compute_s;
-    st = gather_stats(g, mb, v);
+    if (mb == w->reader)
+        TD_TRY(td_tensor_read_f64(mb->chunk_results_all, w->chunk_rows, (size_t)nchunks * 3));
+    st = gather_stats(g, mb, w, v);
 fail:
     free(res);
     return st;
@@ -757,7 +766,6 @@ td_status td_dp_step(td_dp *dp, const td_batch *batch, uint64_t step, td_step_re
     char report[512] = "";
     uint64_t t0 = td_clock_ns();
     td_group *g;
-    dp_member *reader = NULL;
     dp_work w;
     td_status st;
     if (!dp || !batch || batch->n < 1 || !batch->labels)
@@ -785,13 +793,16 @@ td_status td_dp_step(td_dp *dp, const td_batch *batch, uint64_t step, td_step_re
     w.offsets = offsets;
     w.ranks = g == dp->g ? NULL : ranks;
     w.step = step;
+    for (int k = 0; k < nrun && !w.reader; k++)
+        w.reader = member_of(dp, ranks[k]);
+    w.rows = rows;
+    if (dp->cfg.deterministic && !(w.chunk_rows = malloc(sizeof *w.chunk_rows * (size_t)units * 3)))
+        return td__error(TD_ERR_OUT_OF_MEMORY, "out of host memory");
     st = td_group_run(g, dp->cfg.deterministic ? step_member_deterministic : step_member, &w);
-    if (st != TD_OK)
+    if (st != TD_OK) {
+        free(w.chunk_rows);
         return st;
-    for (int k = 0; k < nrun && !reader; k++)
-        reader = member_of(dp, ranks[k]);
-    if ((st = read_stats(reader, dp->size, rows)) != TD_OK)
-        return st;
+    }
     /* Rows by the run's ranks; the parked ones did nothing. */
     memset(all, 0, sizeof *all * (size_t)dp->size * STAT_WORDS);
     for (int k = 0; k < nrun; k++)
@@ -801,19 +812,12 @@ td_status td_dp_step(td_dp *dp, const td_batch *batch, uint64_t step, td_step_re
             dp->stale[r] = 1;
     memset(res, 0, sizeof *res);
     if (dp->cfg.deterministic) {
-        int64_t nchunks = units;
-        double *chunks = malloc(sizeof *chunks * (size_t)nchunks * 3);
-        if (!chunks)
-            return td__error(TD_ERR_OUT_OF_MEMORY, "out of host memory");
-        st = td_tensor_read_f64(dp->members[0].chunk_results_all, chunks, (size_t)nchunks * 3);
-        for (int64_t c = 0; c < nchunks && st == TD_OK; c++) {
-            res->loss_sum += chunks[c * 3];
-            res->correct += (int64_t)chunks[c * 3 + 1];
-            res->count += (int64_t)chunks[c * 3 + 2];
+        for (int64_t c = 0; c < units; c++) {
+            res->loss_sum += w.chunk_rows[c * 3];
+            res->correct += (int64_t)w.chunk_rows[c * 3 + 1];
+            res->count += (int64_t)w.chunk_rows[c * 3 + 2];
         }
-        free(chunks);
-        if (st != TD_OK)
-            return st;
+        free(w.chunk_rows);
         for (int r = 0; r < dp->size; r++) {
             int64_t first = offsets[r] * dp->cfg.chunk_samples;
             int64_t last = (offsets[r] + counts[r]) * dp->cfg.chunk_samples;
