@@ -15,7 +15,7 @@
 
 #include "tandem/tandem.h"
 
-#define WINDOWS 5
+#define WINDOWS 9
 
 static int verbose; /* --verbose: each window's last step, member by member */
 
