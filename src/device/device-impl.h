@@ -103,7 +103,7 @@ td_status td__device_sink_add(td_device_sink *sink, const td_backend_ops *ops, c
                               void *ctx, const td_device_options *opts);
 
 /* The {slowdown=F} and {latency=MS} options made real: called after a phase
- * of work that began at start_ns (td_clock_ns), it sleeps (F - 1) times that
+ * of work that began at start_ns (td_clock_ns), it spins (F - 1) times that
  * phase's length plus MS milliseconds, so the device takes F times as long
  * plus a fixed cost per phase (as a driver's launch overhead adds). Does
  * nothing when F is 1 and MS 0. */

@@ -506,13 +506,10 @@ void td__device_throttle(td_device *dev, uint64_t start_ns) {
     if (f <= 1.0 && extra_ms <= 0)
         return;
     deadline = now + (uint64_t)((f - 1.0) * (double)spent + extra_ms * 1e6);
-    /* nanosleep overshoots by tens of microseconds; sleep most of the way and
-     * spin the rest, so a slowed device is slowed by the factor asked. */
-    while (deadline > td_clock_ns() + 150000) {
-        uint64_t left = deadline - td_clock_ns() - 100000;
-        struct timespec ts = {(time_t)(left / 1000000000u), (long)(left % 1000000000u)};
-        nanosleep(&ts, NULL);
-    }
+    /* Busy until the deadline, as a slower device would be. Sleeping would
+     * free the core, and waking an idle virtual CPU comes late by tens to
+     * hundreds of microseconds, which showed as noise in the balancing
+     * benchmarks. */
     while (td_clock_ns() < deadline)
         ;
 }
