@@ -567,12 +567,12 @@ static td_status step_member(td_group *g, td_device *dev, int run_rank, int size
     c0 = td_clock_ns();
     if (slice.n > 0) {
         st = td_model_train_step(mb->model, &slice, scale, 0, w->step, &r);
+        td__device_throttle(dev, c0);
     } else {
         /* A member with no samples this step adds zeros to the sum. */
         for (size_t p = 0; p < dp->nparams && st == TD_OK; p++)
             st = td_tensor_fill(td_model_grad(mb->model, p), 0.0);
     }
-    td__device_throttle(dev, c0);
     c1 = td_clock_ns();
     if (st == TD_OK)
         st = finish_reductions(mb);
