@@ -359,9 +359,10 @@ td_status td_collective_start(td_group *g, const td_collective *c, td_comm_reque
     r->m = m;
     r->c = *c;
     atomic_init(&r->done, 0);
-    if (!m->host_memory && g->transport != TD_TRANSPORT_NCCL) {
-        /* Staging reads the device through its host thread, which may be
-         * waiting on this request: run it now. */
+    if (g->size == 1 || (!m->host_memory && g->transport != TD_TRANSPORT_NCCL)) {
+        /* Alone, there is no one to wait for: the engine's hand-off would be
+         * the whole cost. Staging reads the device through its host thread,
+         * which may be waiting on this request. Either way: run it now. */
         td__engine_drain(m);
         r->seq = ++m->seq;
         r->status = execute(m, c, r->seq, TD_ALGO_AUTO);

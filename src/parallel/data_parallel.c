@@ -168,8 +168,6 @@ static void on_grads_ready(void *arg, size_t first, size_t count) {
  * asynchronous start would only add a hand-off to the collective engine. */
 static td_status finish_reductions(dp_member *mb) {
     td_status st = mb->hook_status, wst;
-    if (td_group_size(mb->g) == 1)
-        return st; /* alone: the gradients are the sum already */
     if (!mb->dp->overlap) {
         for (size_t p = 0; p < mb->dp->nparams && st == TD_OK; p++)
             st = td_allreduce_tensor(mb->g, td_model_grad(mb->model, p), TD_REDUCE_SUM);
@@ -563,7 +561,7 @@ static td_status step_member(td_group *g, td_device *dev, int run_rank, int size
     mb->next_bucket = 0;
     mb->hook_status = TD_OK;
     memset(mb->ready, 0, dp->nparams);
-    td_model_set_grad_hook(mb->model, dp->overlap && size > 1 ? on_grads_ready : NULL, mb);
+    td_model_set_grad_hook(mb->model, dp->overlap ? on_grads_ready : NULL, mb);
     c0 = td_clock_ns();
     if (slice.n > 0) {
         st = td_model_train_step(mb->model, &slice, scale, 0, w->step, &r);
