@@ -81,23 +81,36 @@ static const char mlp_json[] =
     "{\"type\": \"linear\", \"out\": 128}, {\"type\": \"relu\"},"
     "{\"type\": \"linear\", \"out\": 10}]}";
 
-/* Median samples/s of MNIST MLP training steps (forward, backward, AdamW) on
- * dev over synthetic batches of 128; the speed does not depend on the data. */
-static double train_samples_per_s(td_device *dev, int steps) {
-    enum { BATCH = 128, WARM = 5 };
+/* Every training run here: synthetic MNIST-shaped batches of 128 (the speed
+ * does not depend on the data) and AdamW. */
+enum { BATCH = 128 };
+
+static td_batch synthetic_batch(void) {
     static float x[BATCH * 784];
     static int32_t y[BATCH];
-    td_batch b = {BATCH, x, NULL, y};
-    td_model *m = NULL;
-    td_optimizer *opt = NULL;
-    td_optimizer_config cfg = TD_OPTIMIZER_CONFIG_INIT;
-    double *t = malloc((size_t)steps * sizeof *t), out = 0;
     for (int i = 0; i < BATCH * 784; i++)
         x[i] = (float)td_rng_uniform(3, (uint64_t)i);
     for (int i = 0; i < BATCH; i++)
         y[i] = i % 10;
+    return (td_batch){BATCH, x, NULL, y};
+}
+
+static td_optimizer_config adamw(void) {
+    td_optimizer_config cfg = TD_OPTIMIZER_CONFIG_INIT;
     cfg.kind = TD_OPT_ADAMW;
     cfg.lr = 1e-3;
+    return cfg;
+}
+
+/* Median samples/s of MNIST MLP training steps (forward, backward, AdamW) on
+ * dev. */
+static double train_samples_per_s(td_device *dev, int steps) {
+    enum { WARM = 5 };
+    td_batch b = synthetic_batch();
+    td_model *m = NULL;
+    td_optimizer *opt = NULL;
+    td_optimizer_config cfg = adamw();
+    double *t = malloc((size_t)steps * sizeof *t), out = 0;
     if (!t || td_model_load_string(mlp_json, "mnist_mlp", dev, TD_F32, 1, &m) ||
         td_optimizer_create(m, &cfg, &opt))
         goto done;
@@ -128,20 +141,10 @@ typedef struct dp_run {
     double sps[WINDOWS];
 } dp_run;
 
-enum { DP_BATCH = 128 };
-static float dp_x[DP_BATCH * 784];
-static int32_t dp_y[DP_BATCH];
-
 static int dp_setup(dp_run *r) {
-    td_batch b = {DP_BATCH, dp_x, NULL, dp_y};
+    td_batch b = synthetic_batch();
     td_dp_config cfg = TD_DP_CONFIG_INIT;
-    td_optimizer_config opt = TD_OPTIMIZER_CONFIG_INIT;
-    for (int i = 0; i < DP_BATCH * 784; i++)
-        dp_x[i] = (float)td_rng_uniform(3, (uint64_t)i);
-    for (int i = 0; i < DP_BATCH; i++)
-        dp_y[i] = i % 10;
-    opt.kind = TD_OPT_ADAMW;
-    opt.lr = 1e-3;
+    td_optimizer_config opt = adamw();
     if (td_group_create_spec(r->spec, NULL, &r->g) ||
         td_dp_create(r->g, mlp_json, "mnist_mlp", TD_F32, 1, &opt, &cfg, &r->dp) ||
         td_dp_calibrate(r->dp, &b)) {
@@ -154,7 +157,7 @@ static int dp_setup(dp_run *r) {
 /* Window w: samples/s over `steps` steps' own time (median-free: the
  * windows' median is taken later). */
 static int dp_window(dp_run *r, int w, int steps) {
-    td_batch b = {DP_BATCH, dp_x, NULL, dp_y};
+    td_batch b = synthetic_batch();
     double busy = 0;
     for (int s = 0; s < steps; s++) {
         td_step_result res;
@@ -165,7 +168,7 @@ static int dp_window(dp_run *r, int w, int steps) {
         }
         busy += st.step_s;
     }
-    r->sps[w] = DP_BATCH * steps / busy;
+    r->sps[w] = BATCH * steps / busy;
     return 0;
 }
 

@@ -251,30 +251,29 @@ static void without_parking_a_costly_device_gets_nothing(void **state) {
     td_balancer_destroy(b);
 }
 
+/* One step of 256 samples where device i takes tps[i] seconds per sample;
+ * c gets the split the step ran. */
+static void timed_step(td_balancer *b, const double tps[2], int64_t c[2]) {
+    double sec[2];
+    td_balancer_split(b, 256, c);
+    for (int i = 0; i < 2; i++)
+        sec[i] = tps[i] * (double)c[i];
+    td_balancer_observe(b, c, sec, NULL, 0);
+}
+
 /* One step stretched 5x (a page fault, another process) leaves the split
  * where it was; the same slowdown three steps running moves it. */
 static void one_slow_step_does_not_move_the_split(void **state) {
+    static const double even[2] = {1e-3, 1e-3}, slow[2] = {1e-3, 5e-3};
     td_balancer *b = make(2, NULL);
     int64_t c[2], before[2];
-    double sec[2];
-    for (int s = 0; s < 8; s++) {
-        td_balancer_split(b, 256, c);
-        sec[0] = 1e-3 * (double)c[0];
-        sec[1] = 1e-3 * (double)c[1];
-        td_balancer_observe(b, c, sec, NULL, 0);
-    }
-    td_balancer_split(b, 256, before);
-    sec[0] = 1e-3 * (double)before[0];
-    sec[1] = 5e-3 * (double)before[1];
-    td_balancer_observe(b, before, sec, NULL, 0);
+    for (int s = 0; s < 8; s++)
+        timed_step(b, even, c);
+    timed_step(b, slow, before);
     td_balancer_split(b, 256, c);
     assert_int_equal(c[0], before[0]);
-    for (int s = 0; s < 3; s++) {
-        td_balancer_split(b, 256, c);
-        sec[0] = 1e-3 * (double)c[0];
-        sec[1] = 5e-3 * (double)c[1];
-        td_balancer_observe(b, c, sec, NULL, 0);
-    }
+    for (int s = 0; s < 3; s++)
+        timed_step(b, slow, c);
     td_balancer_split(b, 256, c);
     assert_true(c[1] < before[1] - 20);
     td_balancer_destroy(b);

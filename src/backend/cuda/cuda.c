@@ -416,6 +416,15 @@ static void staging_get(cuda_device *cd) {
     }
 }
 
+/* One copy on the device's stream, waited for: the pageable fallback of the
+ * host copies and the copy within a device. */
+static td_status copy_and_wait(cuda_device *cd, void *dst, const void *src, size_t nbytes,
+                               enum cudaMemcpyKind kind) {
+    TD_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, kind, cd->stream), cd);
+    TD_CUDA_CHECK(cudaStreamSynchronize(cd->stream), cd);
+    return TD_OK;
+}
+
 /* Host to device through the staging buffer, a half at a time: the CPU fills
  * one half while the DMA engine empties the other. */
 static td_status cuda_write(void *ctx, void *dst, const void *src, size_t nbytes) {
@@ -424,11 +433,8 @@ static td_status cuda_write(void *ctx, void *dst, const void *src, size_t nbytes
     if (cd->capture)
         return not_while_recording(cd, "a copy from the host");
     staging_get(cd);
-    if (!cd->staging) {
-        TD_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, cd->stream), cd);
-        TD_CUDA_CHECK(cudaStreamSynchronize(cd->stream), cd);
-        return TD_OK;
-    }
+    if (!cd->staging)
+        return copy_and_wait(cd, dst, src, nbytes, cudaMemcpyHostToDevice);
     half = cd->staging_size / 2;
     for (size_t done = 0, k = 0; done < nbytes; done += half, k ^= 1) {
         size_t n = nbytes - done < half ? nbytes - done : half;
@@ -453,11 +459,8 @@ static td_status cuda_read(void *ctx, void *dst, const void *src, size_t nbytes)
     if (cd->capture)
         return not_while_recording(cd, "a copy to the host");
     staging_get(cd);
-    if (!cd->staging) {
-        TD_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, cd->stream), cd);
-        TD_CUDA_CHECK(cudaStreamSynchronize(cd->stream), cd);
-        return TD_OK;
-    }
+    if (!cd->staging)
+        return copy_and_wait(cd, dst, src, nbytes, cudaMemcpyDeviceToHost);
     half = cd->staging_size / 2;
     chunks = (nbytes + half - 1) / half;
     for (size_t i = 0; i <= chunks; i++) {
@@ -483,9 +486,7 @@ static td_status cuda_copy(void *ctx, void *dst, const void *src, size_t nbytes)
     cuda_device *cd = ctx;
     if (cd->capture)
         return not_while_recording(cd, "a synchronous copy");
-    TD_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, cd->stream), cd);
-    TD_CUDA_CHECK(cudaStreamSynchronize(cd->stream), cd);
-    return TD_OK;
+    return copy_and_wait(cd, dst, src, nbytes, cudaMemcpyDeviceToDevice);
 }
 
 /* 1 when this device's context may read GPU `peer` directly, enabling the
