@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "support/dp_check.h"
 #include "support/support.h"
 #include "tandem/comm.h"
 #include "tandem/parallel.h"
@@ -21,20 +22,8 @@ static const char *model_json =
     "{\"type\": \"linear\", \"out\": 9}, {\"type\": \"relu\"},"
     "{\"type\": \"linear\", \"out\": 5}]}";
 
-typedef struct data {
-    float x[STEPS][BATCH * FEATURES];
-    int32_t y[STEPS][BATCH];
-    td_batch batch[STEPS];
-} data;
-
-static void make_data(data *d) {
-    for (int s = 0; s < STEPS; s++) {
-        for (int i = 0; i < BATCH * FEATURES; i++)
-            d->x[s][i] = (float)td_rng_normal(77, (uint64_t)(s * BATCH * FEATURES + i));
-        for (int i = 0; i < BATCH; i++)
-            d->y[s][i] = (int32_t)(td_rng_uniform(78, (uint64_t)(s * BATCH + i)) * CLASSES);
-        d->batch[s] = (td_batch){BATCH, d->x[s], NULL, d->y[s]};
-    }
+static td_dp_data *make_data(void) {
+    return td_dp_data_create(STEPS, BATCH, FEATURES, CLASSES, 77, 78);
 }
 
 static td_optimizer_config sgd(void) {
@@ -46,18 +35,10 @@ static td_optimizer_config sgd(void) {
 }
 
 /* The reference: one model, one device, no strategy. */
-static td_model *train_single(td_device *dev, td_dtype dt, const data *d, td_step_result *last) {
-    td_model *m = NULL;
-    td_optimizer *opt = NULL;
+static td_model *train_single(td_device *dev, td_dtype dt, const td_dp_data *d,
+                              td_step_result *last) {
     td_optimizer_config o = sgd();
-    TD_ASSERT_OK(td_model_load_string(model_json, "dp_test", dev, dt, 5, &m));
-    TD_ASSERT_OK(td_optimizer_create(m, &o, &opt));
-    for (int s = 0; s < STEPS; s++) {
-        TD_ASSERT_OK(td_model_train_step(m, &d->batch[s], 1.0 / BATCH, 0, (uint64_t)s, last));
-        TD_ASSERT_OK(td_optimizer_step(opt, NULL));
-    }
-    td_optimizer_destroy(opt);
-    return m;
+    return td_dp_train_single(model_json, "dp_test", 5, &o, dev, dt, d, last);
 }
 
 static td_dp *make_dp(td_group *g, td_dtype dt, int deterministic, const double *speeds) {
@@ -75,26 +56,6 @@ static td_dp *make_dp(td_group *g, td_dtype dt, int deterministic, const double 
     return dp;
 }
 
-/* Largest |a - b| over the parameters, relative to the largest |b|. */
-static double weights_diff(td_model *a, td_model *b) {
-    double worst = 0;
-    for (size_t p = 0; p < td_model_param_count(a); p++) {
-        td_tensor *ta = td_model_param(a, p), *tb = td_model_param(b, p);
-        size_t n = td_tensor_numel(ta);
-        double *ha = malloc(n * sizeof *ha), *hb = malloc(n * sizeof *hb), scale = 0, d = 0;
-        TD_ASSERT_OK(td_tensor_read_f64(ta, ha, n));
-        TD_ASSERT_OK(td_tensor_read_f64(tb, hb, n));
-        for (size_t i = 0; i < n; i++) {
-            scale = fmax(scale, fabs(hb[i]));
-            d = fmax(d, fabs(ha[i] - hb[i]));
-        }
-        worst = fmax(worst, d / scale);
-        free(ha);
-        free(hb);
-    }
-    return worst;
-}
-
 static int weights_identical(td_model *a, td_model *b) {
     for (size_t p = 0; p < td_model_param_count(a); p++) {
         td_compare_result r;
@@ -107,9 +68,8 @@ static int weights_identical(td_model *a, td_model *b) {
 
 static void data_parallel_equals_one_device(void **state) {
     static const double speeds[3] = {1, 2, 3.7};
-    data *d = malloc(sizeof *d);
+    td_dp_data *d = make_data();
     td_device_list *one = NULL;
-    make_data(d);
     TD_ASSERT_OK(td_devices_open("cpu:0", &one));
     for (int dt = 0; dt < 2; dt++) {
         td_step_result ref_res, res;
@@ -128,7 +88,7 @@ static void data_parallel_equals_one_device(void **state) {
         }
         /* Every replica took the same steps. */
         for (int r = 0; r < 3; r++) {
-            diff = weights_diff(td_dp_model(dp, r), ref);
+            diff = td_dp_weights_diff(td_dp_model(dp, r), ref);
             if (diff > tol)
                 fail_msg("%s: replica %d differs from one device by %g (tolerance %g)",
                          dt ? "f64" : "f32", r, diff, tol);
@@ -142,14 +102,13 @@ static void data_parallel_equals_one_device(void **state) {
         td_model_destroy(ref);
     }
     td_device_list_destroy(one);
-    free(d);
+    td_dp_data_destroy(d);
 }
 
 static void deterministic_mode_is_bitwise_the_same_for_1_2_3_devices(void **state) {
     static const char *specs[3] = {"cpu:0", "cpu*2", "cpu*3"};
     static const double speeds[3][3] = {{1, 0, 0}, {1, 3, 0}, {2, 1, 5}};
-    data *d = malloc(sizeof *d);
-    make_data(d);
+    td_dp_data *d = make_data();
     for (int dt = 0; dt < 2; dt++) {
         td_group *g[3];
         td_dp *dp[3];
@@ -172,7 +131,7 @@ static void deterministic_mode_is_bitwise_the_same_for_1_2_3_devices(void **stat
             td_model *ref;
             TD_ASSERT_OK(td_devices_open("cpu:0", &one));
             ref = train_single(td_device_list_get(one, 0), (td_dtype)dt, d, &r);
-            assert_true(weights_diff(td_dp_model(dp[0], 0), ref) < (dt ? 1e-12 : 1e-5));
+            assert_true(td_dp_weights_diff(td_dp_model(dp[0], 0), ref) < (dt ? 1e-12 : 1e-5));
             td_model_destroy(ref);
             td_device_list_destroy(one);
         }
@@ -181,18 +140,17 @@ static void deterministic_mode_is_bitwise_the_same_for_1_2_3_devices(void **stat
             td_group_destroy(g[k]);
         }
     }
-    free(d);
+    td_dp_data_destroy(d);
 }
 
 static void alternate_evaluation_equals_one_device_exactly(void **state) {
     static const double speeds[2] = {1, 2};
-    data *d = malloc(sizeof *d);
+    td_dp_data *d = make_data();
     td_group *g = NULL;
     td_dp *dp;
     td_device_list *one = NULL;
     td_model *ref = NULL;
     td_step_result got[STEPS];
-    make_data(d);
     TD_ASSERT_OK(td_group_create_spec("cpu*2", NULL, &g));
     dp = make_dp(g, TD_F32, 0, speeds);
     TD_ASSERT_OK(td_dp_evaluate(dp, d->batch, STEPS, got));
@@ -210,7 +168,7 @@ static void alternate_evaluation_equals_one_device_exactly(void **state) {
     td_device_list_destroy(one);
     td_dp_destroy(dp);
     td_group_destroy(g);
-    free(d);
+    td_dp_data_destroy(d);
 }
 
 /* A device slowed 3x ends up with about a quarter of the batch. The exact
@@ -260,7 +218,7 @@ static void a_slowed_device_gets_a_smaller_share(void **state) {
  * say it helps again it comes back, catches up, and training still equals
  * one device. */
 static void a_device_with_a_large_fixed_cost_is_parked_and_comes_back(void **state) {
-    data *d = malloc(sizeof *d);
+    td_dp_data *d = make_data();
     td_device_list *one = NULL;
     td_group *g = NULL;
     td_dp *dp = NULL;
@@ -271,7 +229,6 @@ static void a_device_with_a_large_fixed_cost_is_parked_and_comes_back(void **sta
     td_step_result res, want;
     td_dp_stats stats;
     const double equal[2] = {0, 0}, per[2] = {1e-5, 1e-5};
-    make_data(d);
     TD_ASSERT_OK(td_devices_open("cpu:0", &one));
     TD_ASSERT_OK(
         td_model_load_string(model_json, "dp_test", td_device_list_get(one, 0), TD_F64, 5, &ref));
@@ -302,13 +259,13 @@ static void a_device_with_a_large_fixed_cost_is_parked_and_comes_back(void **sta
         assert_true(fabs(res.loss_sum - want.loss_sum) <= 1e-10 * fabs(want.loss_sum));
         if (s == 1) {
             /* cpu:1 sat two steps out; a refresh brings it level. */
-            assert_true(weights_diff(td_dp_model(dp, 1), ref) > 1e-6);
+            assert_true(td_dp_weights_diff(td_dp_model(dp, 1), ref) > 1e-6);
             TD_ASSERT_OK(td_dp_refresh(dp));
-            assert_true(weights_diff(td_dp_model(dp, 1), ref) < 1e-12);
+            assert_true(td_dp_weights_diff(td_dp_model(dp, 1), ref) < 1e-12);
         }
     }
     for (int r = 0; r < 2; r++) {
-        double diff = weights_diff(td_dp_model(dp, r), ref);
+        double diff = td_dp_weights_diff(td_dp_model(dp, r), ref);
         if (diff > 1e-12)
             fail_msg("replica %d differs from one device by %g", r, diff);
         assert_int_equal(td_optimizer_steps(td_dp_optimizer(dp, r)), STEPS);
@@ -318,7 +275,7 @@ static void a_device_with_a_large_fixed_cost_is_parked_and_comes_back(void **sta
     td_optimizer_destroy(ref_opt);
     td_model_destroy(ref);
     td_device_list_destroy(one);
-    free(d);
+    td_dp_data_destroy(d);
 }
 
 int main(void) {

@@ -1,0 +1,152 @@
+#include "support/dp_check.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "tandem/comm.h"
+#include "tandem/parallel.h"
+
+td_dp_data *td_dp_data_create(int steps, int size, int features, int classes, uint64_t x_seed,
+                              uint64_t y_seed) {
+    td_dp_data *d = calloc(1, sizeof *d);
+    assert_non_null(d);
+    d->steps = steps;
+    d->size = size;
+    d->features = features;
+    d->classes = classes;
+    d->x = malloc(sizeof *d->x * (size_t)steps * (size_t)size * (size_t)features);
+    d->y = malloc(sizeof *d->y * (size_t)steps * (size_t)size);
+    d->batch = malloc(sizeof *d->batch * (size_t)steps);
+    assert_non_null(d->x);
+    assert_non_null(d->y);
+    assert_non_null(d->batch);
+    for (int s = 0; s < steps; s++) {
+        float *x = d->x + (size_t)s * (size_t)size * (size_t)features;
+        int32_t *y = d->y + (size_t)s * (size_t)size;
+        for (int i = 0; i < size * features; i++)
+            x[i] = (float)td_rng_normal(x_seed, (uint64_t)(s * size * features + i));
+        for (int i = 0; i < size; i++)
+            y[i] = (int32_t)(td_rng_uniform(y_seed, (uint64_t)(s * size + i)) * classes);
+        d->batch[s] = (td_batch){size, x, NULL, y};
+    }
+    return d;
+}
+
+void td_dp_data_destroy(td_dp_data *d) {
+    if (!d)
+        return;
+    free(d->x);
+    free(d->y);
+    free(d->batch);
+    free(d);
+}
+
+td_model *td_dp_train_single(const char *json, const char *name, uint64_t seed,
+                             const td_optimizer_config *o, td_device *dev, td_dtype dt,
+                             const td_dp_data *d, td_step_result *last) {
+    td_model *m = NULL;
+    td_optimizer *opt = NULL;
+    TD_ASSERT_OK(td_model_load_string(json, name, dev, dt, seed, &m));
+    TD_ASSERT_OK(td_optimizer_create(m, o, &opt));
+    for (int s = 0; s < d->steps; s++) {
+        TD_ASSERT_OK(td_model_train_step(m, &d->batch[s], 1.0 / d->size, 0, (uint64_t)s, last));
+        TD_ASSERT_OK(td_optimizer_step(opt, NULL));
+    }
+    td_optimizer_destroy(opt);
+    return m;
+}
+
+double td_dp_weights_diff(td_model *a, td_model *b) {
+    double worst = 0;
+    for (size_t p = 0; p < td_model_param_count(a); p++) {
+        td_tensor *ta = td_model_param(a, p), *tb = td_model_param(b, p);
+        size_t n = td_tensor_numel(ta);
+        double *ha = malloc(n * sizeof *ha), *hb = malloc(n * sizeof *hb), scale = 0, dd = 0;
+        TD_ASSERT_OK(td_tensor_read_f64(ta, ha, n));
+        TD_ASSERT_OK(td_tensor_read_f64(tb, hb, n));
+        for (size_t i = 0; i < n; i++) {
+            scale = fmax(scale, fabs(hb[i]));
+            dd = fmax(dd, fabs(ha[i] - hb[i]));
+        }
+        worst = fmax(worst, dd / scale);
+        free(ha);
+        free(hb);
+    }
+    return worst;
+}
+
+/* The backend check ------------------------------------------------------------------------ */
+
+#define FEATURES 20
+#define CLASSES  7
+#define SEED     3 /* the models' initial weights */
+
+void td_dp_check_model(const char *name, char *json, size_t n) {
+    snprintf(json, n,
+             "{\"name\": \"%s\", \"input\": {\"shape\": [20]}, \"layers\": ["
+             "{\"type\": \"linear\", \"out\": 24}, {\"type\": \"gelu\"},"
+             "{\"type\": \"linear\", \"out\": 16}, {\"type\": \"relu\"},"
+             "{\"type\": \"linear\", \"out\": 7}]}",
+             name);
+}
+
+td_dp_data *td_dp_check_data(void) {
+    return td_dp_data_create(TD_DP_CHECK_STEPS, TD_DP_CHECK_BATCH, FEATURES, CLASSES, 91, 92);
+}
+
+td_optimizer_config td_dp_check_adamw(void) {
+    td_optimizer_config o = TD_OPTIMIZER_CONFIG_INIT;
+    o.kind = TD_OPT_ADAMW;
+    o.lr = 0.01;
+    o.weight_decay = 0.01;
+    return o;
+}
+
+void td_dp_check_equals_one_device(const char *spec, const char *name) {
+    static const double speeds[2] = {1, 2.5};
+    td_dp_data *d = td_dp_check_data();
+    td_device_list *one = NULL;
+    char json[512];
+    td_dp_check_model(name, json, sizeof json);
+    TD_ASSERT_OK(td_devices_open("cpu:0", &one));
+    for (int dt = 1; dt >= 0; dt--) {
+        td_step_result ref_res, res;
+        td_optimizer_config o = td_dp_check_adamw();
+        td_model *ref = td_dp_train_single(json, name, SEED, &o, td_device_list_get(one, 0),
+                                           (td_dtype)dt, d, &ref_res);
+        td_group *g = NULL;
+        td_dp *dp = NULL;
+        td_dp_config cfg = TD_DP_CONFIG_INIT;
+        double tol = dt == TD_F64 ? 1e-12 : 1e-5;
+        cfg.first_bucket_bytes = 256; /* several buckets even for this small model */
+        cfg.bucket_bytes = 1024;
+        cfg.rebalance = 0;
+        TD_ASSERT_OK(td_group_create_spec(spec, NULL, &g));
+        TD_ASSERT_OK(td_dp_create(g, json, name, (td_dtype)dt, SEED, &o, &cfg, &dp));
+        TD_ASSERT_OK(td_balancer_set_speeds(td_dp_balancer(dp), speeds));
+        for (int s = 0; s < TD_DP_CHECK_STEPS; s++) {
+            td_dp_stats stats;
+            TD_ASSERT_OK(td_dp_step(dp, &d->batch[s], (uint64_t)s, &res, &stats));
+            assert_int_equal(stats.members, 2);
+            assert_int_equal(stats.m[0].samples + stats.m[1].samples, TD_DP_CHECK_BATCH);
+            assert_true(stats.m[1].samples > stats.m[0].samples);
+        }
+        for (int r = 0; r < 2; r++) {
+            double diff = td_dp_weights_diff(td_dp_model(dp, r), ref);
+            printf("%s on %s: replica %d differs from one device by %.3g\n", dt ? "f64" : "f32",
+                   spec, r, diff);
+            if (diff > tol)
+                fail_msg("%s on %s: replica %d differs from one device by %g (tolerance %g)",
+                         dt ? "f64" : "f32", spec, r, diff, tol);
+        }
+        assert_int_equal(res.count, TD_DP_CHECK_BATCH);
+        assert_int_equal(res.correct, ref_res.correct);
+        assert_true(fabs(res.loss_sum - ref_res.loss_sum) <= tol * 10 * fabs(ref_res.loss_sum));
+        td_dp_destroy(dp);
+        td_group_destroy(g);
+        td_model_destroy(ref);
+    }
+    td_device_list_destroy(one);
+    td_dp_data_destroy(d);
+}

@@ -1,0 +1,57 @@
+/* Data-parallel test support: fixed global batches, the single-device
+ * reference they are checked against, and the check that the `data`
+ * strategy over a group trains like that reference. Shared by
+ * tests/parallel/test_data_parallel.c, tests/cuda/test_cuda_parallel.c and
+ * tests/opencl/test_opencl_parallel.c. */
+#ifndef TD_TEST_DP_CHECK_H
+#define TD_TEST_DP_CHECK_H
+
+#include "support/support.h"
+
+/* `steps` global batches of `size` samples each: features normal from
+ * x_seed, labels uniform in [0, classes) from y_seed, the same on every run. */
+typedef struct td_dp_data {
+    int steps, size, features, classes;
+    float *x;        /* (steps, size, features) */
+    int32_t *y;      /* (steps, size) */
+    td_batch *batch; /* (steps): batch[s] points into x and y */
+} td_dp_data;
+
+/* Makes the batches; fails the test if out of memory. The caller frees them
+ * with td_dp_data_destroy(). */
+td_dp_data *td_dp_data_create(int steps, int size, int features, int classes, uint64_t x_seed,
+                              uint64_t y_seed);
+/* NULL-safe. */
+void td_dp_data_destroy(td_dp_data *d);
+
+/* The reference: one model (json, named name, initialised from seed) on one
+ * device, no strategy, trained with optimizer o over every batch of d; the
+ * last step's result in *last. The caller destroys the model. */
+td_model *td_dp_train_single(const char *json, const char *name, uint64_t seed,
+                             const td_optimizer_config *o, td_device *dev, td_dtype dt,
+                             const td_dp_data *d, td_step_result *last);
+
+/* Largest |a - b| over the parameters, relative to the largest |b|. */
+double td_dp_weights_diff(td_model *a, td_model *b);
+
+/* The backend check (the model, data and optimizer the CUDA and OpenCL
+ * data-parallel tests share): an MLP 20-24-16-7 (gelu, relu) trained with
+ * AdamW (lr 0.01, weight decay 0.01) on 4 batches of 41 samples. */
+#define TD_DP_CHECK_STEPS 4
+#define TD_DP_CHECK_BATCH 41 /* prime: no split is even */
+
+/* The check's model as JSON, with "name": name, into json[0..n). */
+void td_dp_check_model(const char *name, char *json, size_t n);
+/* The check's batches; free with td_dp_data_destroy(). */
+td_dp_data *td_dp_check_data(void);
+/* The check's optimizer. */
+td_optimizer_config td_dp_check_adamw(void);
+
+/* Trains the check's model (named name) with the data strategy over the two
+ * devices of spec, shares set unequal on purpose (speeds 1 and 2.5), in f64
+ * and then f32, and fails unless every replica equals one CPU device within
+ * 1e-12 (f64) or 1e-5 (f32), and the last step's count, correct and loss sum
+ * match. Prints each replica's difference. */
+void td_dp_check_equals_one_device(const char *spec, const char *name);
+
+#endif
