@@ -13,6 +13,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/spin.h"
 
 #define MAX_SMALL (4u << 20)
 #define MIN_SMALL (64u << 10)
@@ -360,7 +361,8 @@ typedef struct run_state {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     int finished;
-    unsigned char *returned; /* per local member, under lock */
+    atomic_uint finished_polled; /* = finished, polled without the lock */
+    unsigned char *returned;     /* per local member, under lock */
     atomic_int refs;
 } run_state;
 
@@ -399,6 +401,7 @@ static td_status member_task(td_device *dev, void *p) {
     }
     pthread_mutex_lock(&rs->lock);
     rs->finished++;
+    atomic_fetch_add_explicit(&rs->finished_polled, 1, memory_order_release);
     rs->returned[m->local] = 1;
     pthread_cond_broadcast(&rs->cond);
     pthread_mutex_unlock(&rs->lock);
@@ -468,6 +471,8 @@ td_status td_group_run(td_group *g, td_group_fn fn, void *arg) {
         td__group_fail(g, -1, "td_group_run could not start every member: %s", td_last_error());
     }
     expected = submitted;
+    /* A short step's members are back before a sleep would pay off. */
+    (void)td__spin_until(&rs->finished_polled, (unsigned)expected, 4 * td__spin_ns());
 
     /* Wait for every member; once the group failed, give stragglers the
      * timeout (plus a second) and then leave them behind. */

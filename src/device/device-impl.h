@@ -86,6 +86,7 @@ struct td_device {
     pthread_mutex_t lock;
     pthread_cond_t wake;
     td_task *head, *tail;
+    atomic_uint pending; /* tasks queued, plus 1 once stopping: polled without the lock */
     bool stopping;
     td_status init_status; /* what thread_init returned */
     int fp64;              /* cached at start: tensors ask on every create */

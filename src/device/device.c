@@ -8,6 +8,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/spin.h"
 #include "device/device-impl.h"
 
 #define MAX_DEVICES   1024
@@ -167,6 +168,7 @@ static void *host_thread_main(void *p) {
 
     for (;;) {
         td_task *t;
+        (void)td__spin_until(&dev->pending, 1, td__spin_ns());
         pthread_mutex_lock(&dev->lock);
         while (!dev->head && !dev->stopping)
             pthread_cond_wait(&dev->wake, &dev->lock);
@@ -178,6 +180,7 @@ static void *host_thread_main(void *p) {
         dev->head = t->next;
         if (!dev->head)
             dev->tail = NULL;
+        atomic_fetch_sub_explicit(&dev->pending, 1, memory_order_relaxed);
         pthread_mutex_unlock(&dev->lock);
 
         st = t->fn(dev, t->arg);
@@ -220,6 +223,7 @@ td_status td_device_submit(td_device *dev, td_device_fn fn, void *arg, td_event 
     else
         dev->head = t;
     dev->tail = t;
+    atomic_fetch_add_explicit(&dev->pending, 1, memory_order_release);
     pthread_cond_signal(&dev->wake);
     pthread_mutex_unlock(&dev->lock);
     return TD_OK;
@@ -292,6 +296,7 @@ static void device_close(td_device *dev) {
         void *ret = NULL;
         pthread_mutex_lock(&dev->lock);
         dev->stopping = true;
+        atomic_fetch_add_explicit(&dev->pending, 1, memory_order_release);
         pthread_cond_broadcast(&dev->wake);
         pthread_mutex_unlock(&dev->lock);
         pthread_join(dev->thread, &ret);
