@@ -281,9 +281,10 @@ typedef struct conv_args {
 
 /* Images per GEMM: enough that the GEMMs are wide (k or n = g * oh * ow),
  * few enough that the buffers, `per_image` bytes each, stay near 256 KiB.
- * Then im2col's output is still in the core's L2 when the GEMM reads it:
- * with 4 MiB it went through the shared L3, and LeNet-5's step took 15%
- * longer on one core, more when two devices shared the L3. */
+ * Then im2col's output is still in the core's L2 when the GEMM reads it;
+ * with 4 MiB it went through the L3 the cores share. LeNet-5's step, 4 MiB
+ * against 256 KiB, interleaved: 2% longer on one core and 5% on two devices
+ * with OpenBLAS held to Haswell kernels, 12-15% longer without. */
 static int64_t group_size(size_t per_image, size_t n) {
     size_t g = per_image ? ((size_t)256 << 10) / per_image : n;
     if (g < 1)
