@@ -21,7 +21,8 @@ static int verbose; /* --verbose: each window's last step, member by member */
 
 typedef struct bench_opts {
     const char *data, *examples;
-    int steps; /* per timed window */
+    int steps;       /* at least, per timed window */
+    double window_s; /* about, per timed window */
 } bench_opts;
 
 static int cmp(const void *a, const void *b) {
@@ -59,6 +60,7 @@ typedef struct config {
     const char *spec;
     td_group *g;
     td_dp *dp;
+    int steps;           /* per timed window */
     double sps[WINDOWS]; /* samples/s per timed window */
     double hidden[WINDOWS];
 } config;
@@ -75,34 +77,50 @@ static int next_full_batch(td_loader *loader, int64_t batch, td_batch *b) {
     return 1;
 }
 
-/* Creates the group and replicas, calibrates, and lets the shares settle. */
-static int setup(config *c, const char *json, int64_t batch, td_loader *loader) {
+#define SETTLE_STEPS 10
+
+/* Creates the group and replicas, calibrates, and lets the shares settle.
+ * A window gets at least min_steps steps and about window_s seconds, so that
+ * one stretched step (this machine's virtual CPUs stall now and then) weighs
+ * little. */
+static int setup(config *c, const char *json, int64_t batch, td_loader *loader, int min_steps,
+                 double window_s) {
     td_dp_config cfg = TD_DP_CONFIG_INIT;
     td_optimizer_config opt = TD_OPTIMIZER_CONFIG_INIT;
     td_batch b;
     td_step_result r;
+    double t[SETTLE_STEPS];
     opt.lr = 0.05;
     if (td_group_create_spec(c->spec, NULL, &c->g) != TD_OK ||
         td_dp_create(c->g, json, "model", TD_F32, 1, &opt, &cfg, &c->dp) != TD_OK ||
         next_full_batch(loader, batch, &b) || td_dp_calibrate(c->dp, &b) != TD_OK)
         return 1;
-    for (int s = 0; s < 10; s++)
-        if (next_full_batch(loader, batch, &b) || td_dp_step(c->dp, &b, 0, &r, NULL) != TD_OK)
+    for (int s = 0; s < SETTLE_STEPS; s++) {
+        uint64_t t0;
+        if (next_full_batch(loader, batch, &b))
             return 1;
+        t0 = td_clock_ns();
+        if (td_dp_step(c->dp, &b, 0, &r, NULL) != TD_OK)
+            return 1;
+        t[s] = (double)(td_clock_ns() - t0) * 1e-9;
+    }
+    c->steps = (int)ceil(window_s / median(t, SETTLE_STEPS));
+    if (c->steps < min_steps)
+        c->steps = min_steps;
     return 0;
 }
 
 /* One timed window of `steps` steps: samples over the time spent in the
  * steps. The loader's time is left out: it is the same serial work on the
  * caller's thread whatever the devices, and a trainer overlaps it. */
-static int window(config *c, int w, int steps, int64_t batch, td_loader *loader) {
+static int window(config *c, int w, int64_t batch, td_loader *loader) {
     uint64_t busy = 0;
     int64_t samples = 0;
     double hsum = 0;
     td_batch b;
     td_step_result r;
     td_dp_stats stats;
-    for (int s = 0; s < steps; s++) {
+    for (int s = 0; s < c->steps; s++) {
         uint64_t t0;
         if (next_full_batch(loader, batch, &b))
             return 1;
@@ -123,7 +141,7 @@ static int window(config *c, int w, int steps, int64_t batch, td_loader *loader)
                     stats.m[i].comm_s * 1e3, stats.m[i].wait_s * 1e3);
         fprintf(stderr, "\n");
     }
-    c->hidden[w] = hsum / steps;
+    c->hidden[w] = hsum / c->steps;
     return 0;
 }
 
@@ -133,7 +151,7 @@ static void teardown(config *c) {
 }
 
 int main(int argc, char **argv) {
-    bench_opts o = {"data/mnist", "examples", 20};
+    bench_opts o = {"data/mnist", "examples", 20, 0.25};
     static const struct {
         const char *name, *file;
         int64_t batch;
@@ -151,7 +169,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc)
             o.steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick"))
-            o.steps = 6;
+            o.steps = 6, o.window_s = 0;
         else if (!strcmp(argv[i], "--verbose"))
             verbose = 1;
         else {
@@ -164,10 +182,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench: %s\n", td_last_error());
         return 1;
     }
-    printf("data strategy on this machine's cores: samples/s, medians of %d windows of %d steps;\n"
+    printf("data strategy on this machine's cores: samples/s, medians of %d windows of %.2f s "
+           "(at least %d steps);\n"
            "the configurations take turns window by window, so the machine's drift hits all.\n"
            "ideal with one device slowed 3x: the sum of the two devices' speeds alone\n\n",
-           WINDOWS, o.steps);
+           WINDOWS, o.window_s, o.steps);
     printf("%-8s %5s %9s %9s %8s %7s | %9s %9s %9s %8s %6s | %6s\n", "model", "batch", "1 dev",
            "2 devs", "speed-up", "effic.", "slow alone", "ideal", "2, 1 slow", "vs ideal", "share",
            "hidden");
@@ -190,10 +209,10 @@ int main(int argc, char **argv) {
             cf[c].spec = specs[c];
         bad = td_loader_create(train, models[k].batch, 7, 1, &loader) != TD_OK;
         for (int c = 0; c < 4 && !bad; c++)
-            bad = setup(&cf[c], json, models[k].batch, loader);
+            bad = setup(&cf[c], json, models[k].batch, loader, o.steps, o.window_s);
         for (int w = 0; w < WINDOWS && !bad; w++)
             for (int c = 0; c < 4 && !bad; c++)
-                bad = window(&cf[c], w, o.steps, models[k].batch, loader);
+                bad = window(&cf[c], w, models[k].batch, loader);
         if (bad) {
             fprintf(stderr, "bench: %s: %s\n", models[k].name, td_last_error());
             return 1;
