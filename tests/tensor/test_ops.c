@@ -450,7 +450,9 @@ static void conv_and_pool_match_direct_loops(void **state) {
                                      {4, 3, 5, 6, 2, 1, 1},
                                      {2, 3, 7, 6, 4, 3, 1},
                                      /* 2x2 windows, stride 2, no padding */
-                                     {3, 4, 10, 12, 2, 2, 2}};
+                                     {3, 4, 10, 12, 2, 2, 2},
+                                     /* rows of 37: three vectors, the last partial */
+                                     {2, 2, 5, 37, 3, 3, 1}};
     for (int dti = 0; dti < 2; dti++)
         for (size_t i = 0; i < sizeof cfg / sizeof *cfg; i++) {
             conv_case c;

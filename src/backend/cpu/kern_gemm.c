@@ -293,6 +293,8 @@ static int64_t group_size(size_t per_image, size_t n) {
 }
 
 static void im2col_any(td_dtype dt, const td_conv_desc *d, const void *x, void *col, int64_t ld) {
+    if (dt == TD_F32 && td__cpu_simd() == TD_SIMD_AVX512 && td__cpu_im2col512(d, x, col, ld))
+        return;
     if (dt == TD_F32)
         im2col_f32(d, x, col, ld);
     else
