@@ -123,6 +123,26 @@ TD_API void td_optimizer_destroy(td_optimizer *opt);
 /* One update from the current gradients (clipped first when configured);
  * *grad_norm, when not NULL, gets the global norm before clipping. */
 TD_API td_status td_optimizer_step(td_optimizer *opt, double *grad_norm);
+
+/* ZeRO-1: an optimizer that keeps state for, and updates, only shard `rank`
+ * of `size` of every parameter: with c = numel / size, elements
+ * [rank * c, rank * c + c), plus the numel % size elements at the end, which
+ * every shard keeps and updates alike. Its state tensors are 1-D (c + that
+ * tail), named as the whole optimizer's; a checkpoint refuses it and takes
+ * the whole state (td_dp_gather_optimizer). Clipping needs the norm of the whole
+ * gradient: `reduce`, when set, sums every shard's sum of squares (each
+ * shard counts its own elements, and the tail only in shard 0). */
+typedef td_status (*td_sumsq_reduce_fn)(void *arg, double *sumsq);
+TD_API td_status td_optimizer_create_shard(td_model *m, const td_optimizer_config *cfg, int rank,
+                                           int size, td_optimizer **out);
+TD_API void td_optimizer_set_sumsq_reduce(td_optimizer *opt, td_sumsq_reduce_fn reduce, void *arg);
+/* The shard's rank and the number of shards (0 and 1 for a whole optimizer). */
+TD_API int td_optimizer_shard_rank(const td_optimizer *opt);
+TD_API int td_optimizer_shard_count(const td_optimizer *opt);
+/* Where shard `rank` of `size` of a parameter of `numel` elements lies:
+ * *first and *count for its own part, *tail_first and *tail for the tail. */
+TD_API void td_optimizer_shard_range(size_t numel, int rank, int size, size_t *first, size_t *count,
+                                     size_t *tail_first, size_t *tail);
 /* The learning rate the next step will use. */
 TD_API double td_optimizer_lr(const td_optimizer *opt);
 TD_API int64_t td_optimizer_steps(const td_optimizer *opt);

@@ -100,7 +100,18 @@ TD_API double td_balancer_ideal_seconds(const td_balancer *b, int64_t total);
  * weights are bitwise the same for 1, 2 or 3 devices. Its cost: one gradient
  * copy per chunk a member runs (memory), a chain of broadcasts in place of
  * an overlapped all-reduce (time), and chunks too small to use a device's
- * cores well. */
+ * cores well.
+ *
+ * ZeRO-1 (cfg.zero): member r keeps optimizer state only for shard r of each
+ * parameter (td_optimizer_create_shard), so each holds about 1 / size of it.
+ * After backward the gradients are reduce-scattered (each member gets the
+ * sum of its shard) instead of all-reduced, each member updates its shard of
+ * the weights, and the weights are all-gathered. The weights equal those of
+ * the replicated optimizer. It reduces after backward (no overlap), parks no
+ * device (a parked member's shard would go without updates) and does not go
+ * with deterministic mode. Checkpoints take the whole state:
+ * td_dp_gather_optimizer and td_dp_scatter_optimizer move it between the
+ * shards and one whole optimizer. */
 
 typedef struct td_dp td_dp;
 
@@ -115,10 +126,11 @@ typedef struct td_dp_config {
                                   on unless every member is a local CPU device */
     int rebalance;             /* keep adjusting shares from step times (1) */
     td_balancer_config balancer;
+    int zero; /* ZeRO-1 (0): see below */
 } td_dp_config;
 
 #define TD_DP_CONFIG_INIT                                                                          \
-    { 0, 16, 256u << 10, 4u << 20, -1, 1, TD_BALANCER_CONFIG_INIT }
+    { 0, 16, 256u << 10, 4u << 20, -1, 1, TD_BALANCER_CONFIG_INIT, 0 }
 
 /* One member's part of a step. */
 typedef struct td_dp_member_stats {
@@ -168,6 +180,17 @@ TD_API td_status td_dp_evaluate(td_dp *dp, const td_batch *batches, size_t n,
 /* Broadcasts rank 0's weights, optimizer state and step count to every
  * replica (after loading a checkpoint into rank 0, say). */
 TD_API td_status td_dp_sync_replicas(td_dp *dp);
+
+/* Copies the optimizer state of every member into `whole`, a whole optimizer
+ * (td_optimizer_create) over rank 0's replica, given by the process that
+ * holds rank 0 (NULL in the others, which still call). Without ZeRO-1 that
+ * is rank 0's own state; with it, the shards put together. */
+TD_API td_status td_dp_gather_optimizer(td_dp *dp, td_optimizer *whole);
+
+/* The reverse: every member takes its part of `whole` (given by the process
+ * holding rank 0, NULL elsewhere), and its step count. Without ZeRO-1, rank 0
+ * takes it all and the others get it by td_dp_sync_replicas. */
+TD_API td_status td_dp_scatter_optimizer(td_dp *dp, td_optimizer *whole);
 
 /* Brings the replicas of parked members, which sat steps out, up to date
  * from an unparked one; nothing to do (and no cost) when none is behind.

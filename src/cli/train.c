@@ -38,6 +38,8 @@ static void usage(FILE *out) {
             "                      replica on every device, batches split by measured speed,\n"
             "                      gradients all-reduced; under mpirun, across processes)\n"
             "  --deterministic     data: bitwise the same weights for any number of devices\n"
+            "  --zero              data: ZeRO-1, each device keeps only its shard of the\n"
+            "                      optimizer state (weights all-gathered after each step)\n"
             "  --bucket-bytes N    data: gradient all-reduce bucket size (default 4 MiB)\n"
             "  --seed S            initialisation, data order and dropout (default 1)\n"
             "  --checkpoint PATH   save a checkpoint (safetensors) at each epoch's end and last\n"
@@ -72,6 +74,7 @@ enum {
     OPT_DEVICES,
     OPT_STRATEGY,
     OPT_DETERMINISTIC,
+    OPT_ZERO,
     OPT_BUCKET_BYTES,
     OPT_SEED,
     OPT_CHECKPOINT,
@@ -124,6 +127,7 @@ static const struct option options[] = {
     {"devices", required_argument, NULL, OPT_DEVICES},
     {"strategy", required_argument, NULL, OPT_STRATEGY},
     {"deterministic", no_argument, NULL, OPT_DETERMINISTIC},
+    {"zero", no_argument, NULL, OPT_ZERO},
     {"bucket-bytes", required_argument, NULL, OPT_BUCKET_BYTES},
     {"seed", required_argument, NULL, OPT_SEED},
     {"checkpoint", required_argument, NULL, OPT_CHECKPOINT},
@@ -346,6 +350,7 @@ int td_cli_train(int argc, char **argv) {
             cfg.strategy = optarg;
             break;
         case OPT_DETERMINISTIC: cfg.deterministic = 1; break;
+        case OPT_ZERO: cfg.zero = 1; break;
         case OPT_BUCKET_BYTES:
             if (!parse_int("train", "bucket-bytes", optarg, 64, &iv))
                 return 2;

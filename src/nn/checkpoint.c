@@ -69,6 +69,11 @@ td_status td_checkpoint_save(const char *path, td_model *m, td_optimizer *opt,
     td_status st;
     if (!path || !m)
         return td__error(TD_ERR_INVALID_ARG, "td_checkpoint_save: path or model is NULL");
+    if (td_optimizer_shard_count(opt) > 1)
+        return td__error(TD_ERR_INVALID_ARG,
+                         "%s: the optimizer holds one shard of %d (ZeRO-1); a checkpoint takes "
+                         "the whole state (gather it first)",
+                         path, td_optimizer_shard_count(opt));
     if (!state) {
         memset(&zero, 0, sizeof zero);
         state = &zero;
@@ -187,6 +192,11 @@ static td_status load_into(const td_safetensors *sf, td_model *m, td_optimizer *
         strcmp(v, td_dtype_name(td_model_dtype(m))) != 0)
         return td__error(TD_ERR_DTYPE, "%s: the checkpoint is %s; the model is %s", file, v,
                          td_dtype_name(td_model_dtype(m)));
+    if (td_optimizer_shard_count(opt) > 1)
+        return td__error(TD_ERR_INVALID_ARG,
+                         "%s: the optimizer holds one shard of %d (ZeRO-1); load the whole "
+                         "state, then hand each member its shard",
+                         file, td_optimizer_shard_count(opt));
     TD_TRY(read_state(sf, &s));
     for (size_t i = 0; i < td_model_param_count(m); i++)
         TD_TRY(td_safetensors_read_tensor(sf, td_model_param_name(m, i), td_model_param(m, i)));

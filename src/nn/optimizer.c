@@ -14,6 +14,9 @@ struct td_optimizer {
     td_model *m;
     td_optimizer_config cfg;
     int64_t steps;
+    int shard, shards; /* ZeRO-1: this optimizer's shard of `shards` (0 of 1: all) */
+    td_sumsq_reduce_fn reduce;
+    void *reduce_arg;
     int per_param; /* state tensors per parameter: 0, 1 (SGD) or 2 (AdamW) */
     size_t nstate;
     td_tensor **state;
@@ -45,7 +48,21 @@ static td_status check_config(const td_optimizer_config *c) {
     return TD_OK;
 }
 
+void td_optimizer_shard_range(size_t numel, int rank, int size, size_t *first, size_t *count,
+                              size_t *tail_first, size_t *tail) {
+    size_t c = size > 0 ? numel / (size_t)size : numel;
+    *first = (size_t)rank * c;
+    *count = c;
+    *tail_first = c * (size_t)(size > 0 ? size : 1);
+    *tail = numel - *tail_first;
+}
+
 td_status td_optimizer_create(td_model *m, const td_optimizer_config *cfg, td_optimizer **out) {
+    return td_optimizer_create_shard(m, cfg, 0, 1, out);
+}
+
+td_status td_optimizer_create_shard(td_model *m, const td_optimizer_config *cfg, int rank, int size,
+                                    td_optimizer **out) {
     td_optimizer *o = NULL;
     td_status st;
     static const char *const sgd_names[] = {"momentum_buffer"};
@@ -55,12 +72,17 @@ td_status td_optimizer_create(td_model *m, const td_optimizer_config *cfg, td_op
     *out = NULL;
     if (!m || !cfg)
         return td__error(TD_ERR_INVALID_ARG, "td_optimizer_create: model or config is NULL");
+    if (size < 1 || rank < 0 || rank >= size)
+        return td__error(TD_ERR_INVALID_ARG, "td_optimizer_create_shard: shard %d of %d", rank,
+                         size);
     if ((st = check_config(cfg)) != TD_OK)
         return st;
     if (!(o = td__calloc(sizeof *o, "an optimizer")))
         return TD_ERR_OUT_OF_MEMORY;
     o->m = m;
     o->cfg = *cfg;
+    o->shard = rank;
+    o->shards = size;
     o->per_param = cfg->kind == TD_OPT_ADAMW ? 2 : cfg->momentum > 0 ? 1 : 0;
     o->nstate = m->nparams * (size_t)o->per_param;
     if (o->nstate) {
@@ -82,8 +104,13 @@ td_status td_optimizer_create(td_model *m, const td_optimizer_config *cfg, td_op
                 st = TD_ERR_OUT_OF_MEMORY;
                 goto fail;
             }
-            if ((st = td_tensor_create(m->dev, m->dtype, p->ndim, p->shape, &o->state[j])) !=
-                    TD_OK ||
+            size_t first, count, tail_first, tail;
+            int64_t len;
+            td_optimizer_shard_range(p->numel, rank, size, &first, &count, &tail_first, &tail);
+            len = (int64_t)(count + tail);
+            if ((st = size == 1
+                          ? td_tensor_create(m->dev, m->dtype, p->ndim, p->shape, &o->state[j])
+                          : td_tensor_create(m->dev, m->dtype, 1, &len, &o->state[j])) != TD_OK ||
                 (st = td_tensor_fill(o->state[j], 0.0)) != TD_OK)
                 goto fail;
         }
@@ -134,6 +161,18 @@ void td_optimizer_set_steps(td_optimizer *o, int64_t steps) {
     if (o)
         o->steps = steps < 0 ? 0 : steps;
 }
+void td_optimizer_set_sumsq_reduce(td_optimizer *o, td_sumsq_reduce_fn reduce, void *arg) {
+    if (o) {
+        o->reduce = reduce;
+        o->reduce_arg = arg;
+    }
+}
+int td_optimizer_shard_rank(const td_optimizer *o) {
+    return o ? o->shard : 0;
+}
+int td_optimizer_shard_count(const td_optimizer *o) {
+    return o ? o->shards : 1;
+}
 size_t td_optimizer_state_count(const td_optimizer *o) {
     return o ? o->nstate : 0;
 }
@@ -150,6 +189,59 @@ typedef struct opt_step_args {
     double norm;
 } opt_step_args;
 
+/* The part of parameter i this optimizer owns: its own elements (part 0) and
+ * the tail (part 1), as views of the parameter, its gradient and the state
+ * tensors' matching elements (state[] gets up to 2). Returns 0 for an empty
+ * part. A whole optimizer's part 0 is the whole tensor, and it has no part 1. */
+static int part_views(td_optimizer *o, size_t i, int part, td_tensor *w, td_tensor *g,
+                      td_tensor state[2]) {
+    td_model *m = o->m;
+    size_t first, count, tail_first, tail, off, len, soff;
+    int64_t n;
+    if (o->shards == 1) {
+        if (part)
+            return 0;
+        *w = *m->params[i];
+        *g = *m->grads[i];
+        for (int k = 0; k < o->per_param; k++)
+            state[k] = *o->state[i * (size_t)o->per_param + (size_t)k];
+        return 1;
+    }
+    td_optimizer_shard_range(m->params[i]->numel, o->shard, o->shards, &first, &count, &tail_first,
+                             &tail);
+    off = part ? tail_first : first;
+    len = part ? tail : count;
+    soff = part ? count : 0;
+    if (!len)
+        return 0;
+    n = (int64_t)len;
+    /* In range by construction: the views cannot fail. */
+    (void)td__tensor_view(w, m->params[i], off, 1, &n);
+    (void)td__tensor_view(g, m->grads[i], off, 1, &n);
+    for (int k = 0; k < o->per_param; k++)
+        (void)td__tensor_view(&state[k], o->state[i * (size_t)o->per_param + (size_t)k], soff, 1,
+                              &n);
+    return 1;
+}
+
+/* The squared norm of the gradient: of the part this optimizer owns, summed
+ * over the shards by its reducer (the tail counted by shard 0 only). */
+static td_status grad_sumsq(td_optimizer *o, double *sum) {
+    td_status st;
+    *sum = 0;
+    for (size_t i = 0; i < o->m->nparams; i++)
+        for (int part = 0; part < 2; part++) {
+            td_tensor w, g, state[2];
+            double s;
+            if ((part && o->shard != 0) || !part_views(o, i, part, &w, &g, state))
+                continue;
+            if ((st = td__op_sumsq(&g, &s)) != TD_OK)
+                return st;
+            *sum += s;
+        }
+    return o->reduce ? o->reduce(o->reduce_arg, sum) : TD_OK;
+}
+
 static td_status opt_step_task(td_device *dev, void *arg) {
     opt_step_args *a = arg;
     td_optimizer *o = a->o;
@@ -158,12 +250,8 @@ static td_status opt_step_task(td_device *dev, void *arg) {
     td_opt_args k;
     td_status st;
     double sum = 0;
-    for (size_t i = 0; a->want_norm && i < m->nparams; i++) {
-        double s;
-        if ((st = td__op_sumsq(m->grads[i], &s)) != TD_OK)
-            return st;
-        sum += s;
-    }
+    if (a->want_norm && (st = grad_sumsq(o, &sum)) != TD_OK)
+        return st;
     a->norm = a->want_norm ? sqrt(sum) : 0.0;
     memset(&k, 0, sizeof k);
     k.lr = lr_at(c, o->steps);
@@ -180,14 +268,18 @@ static td_status opt_step_task(td_device *dev, void *arg) {
     k.eps = c->eps;
     k.bias_corr1 = 1.0 - pow(c->beta1, (double)(o->steps + 1));
     k.bias_corr2 = 1.0 - pow(c->beta2, (double)(o->steps + 1));
-    for (size_t i = 0; i < m->nparams; i++) {
-        if (c->kind == TD_OPT_ADAMW)
-            st = td__op_adamw(m->params[i], m->grads[i], o->state[2 * i], o->state[2 * i + 1], &k);
-        else
-            st = td__op_sgd(m->params[i], m->grads[i], o->per_param ? o->state[i] : NULL, &k);
-        if (st != TD_OK)
-            return st;
-    }
+    for (size_t i = 0; i < m->nparams; i++)
+        for (int part = 0; part < 2; part++) {
+            td_tensor w, g, state[2];
+            if (!part_views(o, i, part, &w, &g, state))
+                continue;
+            if (c->kind == TD_OPT_ADAMW)
+                st = td__op_adamw(&w, &g, &state[0], &state[1], &k);
+            else
+                st = td__op_sgd(&w, &g, o->per_param ? &state[0] : NULL, &k);
+            if (st != TD_OK)
+                return st;
+        }
     o->steps++;
     return TD_OK;
 }

@@ -31,6 +31,12 @@ typedef struct dp_member {
     td_tensor *stats_send; /* (STAT_WORDS) f64 */
     td_tensor *stats_all;  /* (size, STAT_WORDS) f64 */
 
+    /* ZeRO-1: where the reduce-scatter puts this member's shard of a
+     * gradient, and one number shared with the others (a squared norm, a step
+     * count). */
+    td_tensor *shard_grad;
+    td_tensor *scalar;
+
     /* Buckets in flight during one step. */
     struct td_dp *dp;
     td_group *g;
@@ -198,6 +204,8 @@ static td_status finish_reductions(dp_member *mb) {
  * there the reduction waits for backward's end. Decided for the members
  * that take part (parked: nonzero entries of parked, which may be NULL). */
 static int resolve_overlap(const td_dp *dp, const unsigned char *parked) {
+    if (dp->cfg.zero)
+        return 0;
     if (dp->cfg.overlap >= 0)
         return dp->cfg.overlap;
     if (dp->nlocal != dp->size)
@@ -208,19 +216,88 @@ static int resolve_overlap(const td_dp *dp, const unsigned char *parked) {
     return 0;
 }
 
+/* ZeRO-1 ------------------------------------------------------------------------ */
+
+/* The largest numel of a parameter of m. */
+static size_t largest_param(td_model *m) {
+    size_t most = 1;
+    for (size_t p = 0; p < td_model_param_count(m); p++)
+        if (td_tensor_numel(td_model_param(m, p)) > most)
+            most = td_tensor_numel(td_model_param(m, p));
+    return most;
+}
+
+/* Sums every member's part of the squared gradient norm (the optimizer's
+ * reducer, called on the member's thread during the step). */
+static td_status sum_over_members(void *arg, double *sumsq) {
+    dp_member *mb = arg;
+    td_status st;
+    if ((st = td_tensor_write_f64(mb->scalar, sumsq, 1)) != TD_OK ||
+        (st = td_allreduce_tensor(mb->g, mb->scalar, TD_REDUCE_SUM)) != TD_OK)
+        return st;
+    return td_tensor_read_f64(mb->scalar, sumsq, 1);
+}
+
+/* The member's optimizer for its shard, and the buffers a step needs. */
+static td_status create_shard_state(td_dp *dp, dp_member *mb, const td_optimizer_config *opt,
+                                    int rank, int size) {
+    int64_t most = (int64_t)(largest_param(mb->model) / (size_t)size), one = 1;
+    td_status st;
+    if ((st = td_optimizer_create_shard(mb->model, opt, rank, size, &mb->opt)) != TD_OK)
+        return st;
+    td_optimizer_set_sumsq_reduce(mb->opt, sum_over_members, mb);
+    return td_tensor_create(mb->dev, td_model_dtype(mb->model), 1, most > 0 ? &most : &one,
+                            &mb->shard_grad);
+}
+
+/* After backward: each member gets the sum of its shard of every gradient
+ * (and the tail, which all keep). */
+static td_status reduce_shards(dp_member *mb) {
+    td_dp *dp = mb->dp;
+    td_status st = mb->hook_status;
+    for (size_t p = 0; p < dp->nparams && st == TD_OK; p++) {
+        td_tensor *gr = td_model_grad(mb->model, p);
+        size_t es = td_dtype_size(gr->dtype), first, count, tail_first, tail;
+        td_optimizer_shard_range(gr->numel, mb->rank, dp->size, &first, &count, &tail_first, &tail);
+        if (count && (st = td_reduce_scatter(mb->g, gr->buf, 0, mb->shard_grad->buf, 0, count,
+                                             gr->dtype, TD_REDUCE_SUM)) == TD_OK)
+            st = td_buffer_copy(gr->buf, first * es, mb->shard_grad->buf, 0, count * es);
+        if (st == TD_OK && tail)
+            st = td_allreduce(mb->g, gr->buf, tail_first * es, gr->buf, tail_first * es, tail,
+                              gr->dtype, TD_REDUCE_SUM);
+    }
+    return st;
+}
+
+/* After the update: every member's shard of the weights to all. */
+static td_status gather_weights(dp_member *mb) {
+    td_dp *dp = mb->dp;
+    td_status st = TD_OK;
+    for (size_t p = 0; p < dp->nparams && st == TD_OK; p++) {
+        td_tensor *w = td_model_param(mb->model, p);
+        size_t first, count, tail_first, tail;
+        td_optimizer_shard_range(w->numel, mb->rank, dp->size, &first, &count, &tail_first, &tail);
+        if (count)
+            st = td_allgather(mb->g, NULL, 0, w->buf, 0, count, w->dtype);
+    }
+    return st;
+}
+
 static td_status create_member(td_group *g, td_device *dev, int rank, int size, void *arg) {
     dp_work *w = arg;
     td_dp *dp = w->dp;
     dp_member *mb = member_of(dp, rank);
-    int64_t shape[2] = {size, STAT_WORDS}, words = STAT_WORDS;
+    int64_t shape[2] = {size, STAT_WORDS}, words = STAT_WORDS, one = 1;
     td_status st;
     if ((st = td_model_load_string(w->json, w->name, dev, w->dtype, w->seed, &mb->model)) != TD_OK)
         return st;
-    if ((st = td_optimizer_create(mb->model, w->opt, &mb->opt)) != TD_OK)
+    if ((st = dp->cfg.zero ? create_shard_state(dp, mb, w->opt, rank, size)
+                           : td_optimizer_create(mb->model, w->opt, &mb->opt)) != TD_OK)
         return st;
     if ((st = td_tensor_create(dev, dp->stat_dtype, 1, &words, &mb->stats_send)) != TD_OK)
         return st;
-    if ((st = td_tensor_create(dev, dp->stat_dtype, 2, shape, &mb->stats_all)) != TD_OK)
+    if ((st = td_tensor_create(dev, dp->stat_dtype, 2, shape, &mb->stats_all)) != TD_OK ||
+        (st = td_tensor_create(dev, dp->stat_dtype, 1, &one, &mb->scalar)) != TD_OK)
         return st;
     return TD_OK;
 }
@@ -232,7 +309,8 @@ static td_status broadcast_replicas(td_group *g, td_device *dev, int rank, int s
     for (size_t p = 0; p < td_model_param_count(mb->model); p++)
         if ((st = td_broadcast_tensor(g, td_model_param(mb->model, p), w->root)) != TD_OK)
             return st;
-    for (size_t s = 0; s < td_optimizer_state_count(mb->opt); s++)
+    /* ZeRO-1 shards differ by design: td_dp_scatter_optimizer sets them. */
+    for (size_t s = 0; !w->dp->cfg.zero && s < td_optimizer_state_count(mb->opt); s++)
         if ((st = td_broadcast_tensor(g, td_optimizer_state(mb->opt, s), w->root)) != TD_OK)
             return st;
     return TD_OK;
@@ -266,6 +344,12 @@ td_status td_dp_create(td_group *g, const char *model_json, const char *name, td
     dp->cfg = cfg ? *cfg : def;
     if (dp->cfg.chunk_samples < 1)
         dp->cfg.chunk_samples = def.chunk_samples;
+    if (dp->cfg.zero && dp->cfg.deterministic) {
+        st = td__error(TD_ERR_INVALID_ARG,
+                       "data parallel: ZeRO-1 and deterministic mode do not go together (the "
+                       "deterministic chain reduces whole gradients)");
+        goto fail;
+    }
     if (dp->size > TD_DP_MAX_MEMBERS) {
         st = td__error(TD_ERR_INVALID_ARG, "data parallel: %d members (at most %d)", dp->size,
                        TD_DP_MAX_MEMBERS);
@@ -299,7 +383,7 @@ td_status td_dp_create(td_group *g, const char *model_json, const char *name, td
     dp->overlap = resolve_overlap(dp, NULL);
     /* Parking runs steps on a group of the unparked members, which a
      * process cannot make alone when the group spans several. */
-    if (dp->nlocal != dp->size)
+    if (dp->nlocal != dp->size || dp->cfg.zero)
         dp->cfg.balancer.park = 0;
     TD_TRY(td_balancer_create(dp->size, names, &dp->cfg.balancer, &dp->balancer));
     memset(&w, 0, sizeof w);
@@ -359,6 +443,8 @@ void td_dp_destroy(td_dp *dp) {
         td_tensor_destroy(mb->chunk_results_all);
         td_tensor_destroy(mb->stats_send);
         td_tensor_destroy(mb->stats_all);
+        td_tensor_destroy(mb->shard_grad);
+        td_tensor_destroy(mb->scalar);
         td_optimizer_destroy(mb->opt);
         td_model_destroy(mb->model);
         free(mb->ready);
@@ -424,6 +510,104 @@ td_status td_dp_refresh(td_dp *dp) {
             return sync_from(dp, root);
         }
     return TD_OK;
+}
+
+/* The whole optimizer state and the members' ---------------------------------- */
+
+typedef struct whole_work {
+    td_dp *dp;
+    td_optimizer *whole; /* on rank 0's process; NULL elsewhere */
+    int to_whole;        /* 1: gather into it; 0: scatter from it */
+} whole_work;
+
+/* State tensor i of a member's optimizer to or from the whole one, through
+ * tmp (a parameter's numel elements): each member's own elements, and the
+ * tail from rank 0 (every member holds the same). */
+static td_status move_state(dp_member *mb, whole_work *ww, size_t i, td_tensor *tmp) {
+    td_tensor *mine = td_optimizer_state(mb->opt, i);
+    td_tensor *whole = mb->rank == 0 && ww->whole ? td_optimizer_state(ww->whole, i) : NULL;
+    size_t per = td_optimizer_state_count(mb->opt) / ww->dp->nparams;
+    size_t numel = td_tensor_numel(td_model_param(mb->model, i / per));
+    size_t es = td_dtype_size(mine->dtype), first, count, tail_first, tail;
+    int shards = td_optimizer_shard_count(mb->opt);
+    td_status st = TD_OK;
+    td_optimizer_shard_range(numel, td_optimizer_shard_rank(mb->opt), shards, &first, &count,
+                             &tail_first, &tail);
+    if (ww->to_whole) {
+        if (shards == 1) /* replicated: rank 0's is the state */
+            return whole ? td_buffer_copy(whole->buf, 0, mine->buf, 0, numel * es) : TD_OK;
+        if (count &&
+            (st = td_allgather(mb->g, mine->buf, 0, tmp->buf, 0, count, mine->dtype)) != TD_OK)
+            return st;
+        if (whole && count)
+            st = td_buffer_copy(whole->buf, 0, tmp->buf, 0, tail_first * es);
+        if (whole && tail && st == TD_OK)
+            st = td_buffer_copy(whole->buf, tail_first * es, mine->buf, count * es, tail * es);
+        return st;
+    }
+    if (whole && (st = td_buffer_copy(tmp->buf, 0, whole->buf, 0, numel * es)) != TD_OK)
+        return st;
+    if ((st = td_broadcast(mb->g, tmp->buf, 0, tmp->buf, 0, numel, mine->dtype, 0)) != TD_OK)
+        return st;
+    if (count && (st = td_buffer_copy(mine->buf, 0, tmp->buf, first * es, count * es)) != TD_OK)
+        return st;
+    return tail ? td_buffer_copy(mine->buf, count * es, tmp->buf, tail_first * es, tail * es)
+                : TD_OK;
+}
+
+static td_status move_member_state(td_group *g, td_device *dev, int rank, int size, void *arg) {
+    whole_work *ww = arg;
+    dp_member *mb = member_of(ww->dp, rank);
+    int64_t most = (int64_t)largest_param(mb->model);
+    td_tensor *tmp = NULL;
+    double steps;
+    td_status st;
+    (void)g, (void)dev, (void)size;
+    mb->g = ww->dp->g;
+    if ((st = td_tensor_create(mb->dev, td_model_dtype(mb->model), 1, &most, &tmp)) != TD_OK)
+        return st;
+    for (size_t i = 0; i < td_optimizer_state_count(mb->opt) && st == TD_OK; i++)
+        st = move_state(mb, ww, i, tmp);
+    td_tensor_destroy(tmp);
+    if (st != TD_OK || ww->to_whole)
+        return st;
+    /* The step count too, which the learning-rate schedule and AdamW use. */
+    steps = mb->rank == 0 && ww->whole ? (double)td_optimizer_steps(ww->whole) : 0;
+    if ((st = td_tensor_write_f64(mb->scalar, &steps, 1)) != TD_OK ||
+        (st = td_broadcast_tensor(g, mb->scalar, 0)) != TD_OK ||
+        (st = td_tensor_read_f64(mb->scalar, &steps, 1)) != TD_OK)
+        return st;
+    td_optimizer_set_steps(mb->opt, (int64_t)steps);
+    return TD_OK;
+}
+
+static td_status move_whole(td_dp *dp, td_optimizer *whole, int to_whole, const char *what) {
+    whole_work ww = {dp, whole, to_whole};
+    dp_member *root;
+    td_status st;
+    if (!dp)
+        return td__error(TD_ERR_INVALID_ARG, "%s: dp is NULL", what);
+    root = member_of(dp, 0);
+    if (whole && (!root || td_optimizer_shard_count(whole) != 1 ||
+                  td_optimizer_state_count(whole) != td_optimizer_state_count(root->opt)))
+        return td__error(TD_ERR_INVALID_ARG,
+                         "%s: needs a whole optimizer of the replicas' kind, given by the "
+                         "process that holds rank 0",
+                         what);
+    /* A parked replica would hand on stale state. */
+    if ((st = td_dp_refresh(dp)) != TD_OK)
+        return st;
+    if (to_whole && whole)
+        td_optimizer_set_steps(whole, td_optimizer_steps(root->opt));
+    return td_group_run(dp->g, move_member_state, &ww);
+}
+
+td_status td_dp_gather_optimizer(td_dp *dp, td_optimizer *whole) {
+    return move_whole(dp, whole, 1, "td_dp_gather_optimizer");
+}
+
+td_status td_dp_scatter_optimizer(td_dp *dp, td_optimizer *whole) {
+    return move_whole(dp, whole, 0, "td_dp_scatter_optimizer");
 }
 
 /* Sharing per-rank numbers ------------------------------------------------------ */
@@ -572,7 +756,9 @@ static td_status step_member(td_group *g, td_device *dev, int run_rank, int size
             st = td_tensor_fill(td_model_grad(mb->model, p), 0.0);
     }
     c1 = td_clock_ns();
-    if (st == TD_OK)
+    if (dp->cfg.zero)
+        st = st == TD_OK ? reduce_shards(mb) : st;
+    else if (st == TD_OK)
         st = finish_reductions(mb);
     else
         (void)finish_reductions(mb);
@@ -581,6 +767,8 @@ static td_status step_member(td_group *g, td_device *dev, int run_rank, int size
     if (st != TD_OK)
         return st;
     if ((st = td_optimizer_step(mb->opt, NULL)) != TD_OK)
+        return st;
+    if (dp->cfg.zero && (st = gather_weights(mb)) != TD_OK)
         return st;
     v[0] = r.loss_sum;
     v[1] = (double)r.correct;

@@ -212,6 +212,23 @@ static void metrics_line(trainer *t, const char *event, const td_train_event *ev
         fflush(t->metrics);
 }
 
+/* ZeRO-1: the shards of the optimizer state, put together for the
+ * checkpoint in a whole optimizer that lives while it is written (rank 0's
+ * device holds the whole state for that while). */
+static td_status save_gathered(trainer *t) {
+    td_optimizer *whole = NULL;
+    td_status st;
+    if (t->root && (st = td_optimizer_create(t->m, &t->state.opt, &whole)) != TD_OK)
+        return st;
+    st = td_dp_gather_optimizer(t->dp, whole);
+    if (st == TD_OK && t->root) {
+        td_loader_position(t->loader, &t->state.epoch, &t->state.sample);
+        st = td_checkpoint_save(t->cfg->checkpoint, t->m, whole, &t->state);
+    }
+    td_optimizer_destroy(whole);
+    return st;
+}
+
 static td_status save(trainer *t) {
     td_status st;
     if (!t->cfg->checkpoint)
@@ -219,6 +236,8 @@ static td_status save(trainer *t) {
     /* Every process calls the refresh; only the root writes. */
     if (t->dp && (st = td_dp_refresh(t->dp)) != TD_OK)
         return st;
+    if (t->dp && t->cfg->zero)
+        return save_gathered(t);
     if (!t->root)
         return TD_OK;
     td_loader_position(t->loader, &t->state.epoch, &t->state.sample);
@@ -311,6 +330,7 @@ static td_status setup_data_parallel(trainer *t) {
     if (np && atoi(np) > 1)
         gcfg.transport = TD_TRANSPORT_MPI;
     dcfg.deterministic = c->deterministic;
+    dcfg.zero = c->zero;
     if (c->bucket_bytes) {
         dcfg.bucket_bytes = c->bucket_bytes;
         dcfg.first_bucket_bytes = c->bucket_bytes / 16 ? c->bucket_bytes / 16 : 1;
@@ -327,16 +347,11 @@ static td_status setup_data_parallel(trainer *t) {
     /* Global rank 0 holds the state to start from; every other replica gets it. */
     r0 = td_dp_model(t->dp, rank0);
     o0 = td_dp_optimizer(t->dp, rank0);
-    if (t->root) {
+    if (t->root)
         for (size_t p = 0; p < td_model_param_count(t->m); p++)
             TD_TRY(td_tensor_copy(td_model_param(r0, p), td_model_param(t->m, p)));
-        for (size_t i = 0; i < td_optimizer_state_count(t->opt); i++)
-            TD_TRY(td_tensor_copy(td_optimizer_state(o0, i), td_optimizer_state(t->opt, i)));
-    }
     TD_TRY(td_dp_sync_replicas(t->dp));
-    for (int r = 0; r < td_group_size(t->group); r++)
-        if (td_dp_optimizer(t->dp, r))
-            td_optimizer_set_steps(td_dp_optimizer(t->dp, r), td_optimizer_steps(t->opt));
+    TD_TRY(td_dp_scatter_optimizer(t->dp, t->root ? t->opt : NULL));
     td_optimizer_destroy(t->opt);
     td_model_destroy(t->m);
     t->m = r0;
@@ -456,6 +471,9 @@ static td_status setup(trainer *t) {
     else if (c->strategy && strcmp(c->strategy, "single") != 0)
         return td__error(TD_ERR_INVALID_ARG, "unknown strategy '%s' for training (single, data)",
                          c->strategy);
+    else if (c->zero || c->deterministic)
+        return td__error(TD_ERR_INVALID_ARG, "%s belongs to the data strategy (--strategy data)",
+                         c->zero ? "ZeRO-1 (--zero)" : "deterministic mode (--deterministic)");
     if (c->checkpoint) {
         /* Found out now, not after an epoch of training. */
         char dir[4096];

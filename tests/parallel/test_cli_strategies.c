@@ -1,6 +1,7 @@
 /* The strategies through `tandem train` and `tandem eval`, as users run
  * them: checkpoints of data-parallel runs against one device, deterministic
- * runs byte for byte across device counts, resume, alternate evaluation. */
+ * runs byte for byte across device counts, resume, ZeRO-1, alternate
+ * evaluation. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -130,6 +131,33 @@ static void resuming_a_data_parallel_run_equals_never_stopping(void **state) {
     assert_true(same_weights("whole.safetensors", "resumed.safetensors"));
 }
 
+/* ZeRO-1 through the CLI: the weights equal one device's (f64, the run of
+ * the first test), and a run stopped, saved (the shards gathered) and
+ * resumed (the state scattered) ends where one that never stopped does. The
+ * data mode's splits follow measured speeds, so the comparison is to 1e-12
+ * in f64, not bitwise; a resume that lost AdamW's state would miss by far
+ * more. */
+static void zero_1_matches_one_device_and_resumes(void **state) {
+    char extra[512];
+    double d;
+    train("cpu*3", "--steps 15 --precision f64 --strategy data --zero", "zero64.safetensors");
+    d = checkpoint_diff("zero64.safetensors", "one64.safetensors");
+    if (d > 1e-12)
+        fail_msg("ZeRO-1 on 3 devices differs from 1 by %g", d);
+    train("cpu*2", "--steps 24 --precision f64 --optimizer adamw --lr 0.002 --strategy data --zero",
+          "zwhole.safetensors");
+    train("cpu*2", "--steps 10 --precision f64 --optimizer adamw --lr 0.002 --strategy data --zero",
+          "zhalf.safetensors");
+    snprintf(extra, sizeof extra,
+             "--steps 24 --precision f64 --optimizer adamw --lr 0.002 --strategy data --zero "
+             "--resume %s/zhalf.safetensors",
+             dir);
+    train("cpu*2", extra, "zresumed.safetensors");
+    d = checkpoint_diff("zresumed.safetensors", "zwhole.safetensors");
+    if (d > 1e-12)
+        fail_msg("ZeRO-1: the resumed run differs from the whole one by %g", d);
+}
+
 static char *eval_json(const char *devices, const char *strategy) {
     char cmd[1024], *out = NULL, *err = NULL, *loss;
     snprintf(cmd, sizeof cmd,
@@ -165,6 +193,21 @@ static void bad_strategies_are_refused(void **state) {
     assert_non_null(strstr(err, "--strategy is single or data"));
     free(out);
     free(err);
+    snprintf(cmd, sizeof cmd,
+             "%s train --model %s/examples/mnist_mlp.json --data %s/data/mnist --steps 1 --zero",
+             TD_TANDEM_EXE, TD_SOURCE_DIR, TD_SOURCE_DIR);
+    assert_int_equal(td_test_run_command(cmd, &out, &err), 1);
+    assert_non_null(strstr(err, "ZeRO-1 (--zero) belongs to the data strategy"));
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd,
+             "%s train --model %s/examples/mnist_mlp.json --data %s/data/mnist --steps 1 "
+             "--devices 'cpu*2' --strategy data --zero --deterministic",
+             TD_TANDEM_EXE, TD_SOURCE_DIR, TD_SOURCE_DIR);
+    assert_int_equal(td_test_run_command(cmd, &out, &err), 1);
+    assert_non_null(strstr(err, "ZeRO-1 and deterministic mode do not go together"));
+    free(out);
+    free(err);
 }
 
 int main(void) {
@@ -172,6 +215,7 @@ int main(void) {
         cmocka_unit_test(data_strategy_matches_one_device),
         cmocka_unit_test(deterministic_runs_are_byte_identical_for_1_2_3_devices),
         cmocka_unit_test(resuming_a_data_parallel_run_equals_never_stopping),
+        cmocka_unit_test(zero_1_matches_one_device_and_resumes),
         cmocka_unit_test(alternate_evaluation_equals_one_device),
         cmocka_unit_test(bad_strategies_are_refused),
     };

@@ -1,13 +1,15 @@
 /* The `data` strategy against one device training on the same global
  * batches; deterministic mode across 1, 2 and 3 devices; `alternate`
  * evaluation against one device; balancing with a slowed device; parking a
- * device with a large fixed cost, and its coming back. */
+ * device with a large fixed cost, and its coming back; ZeRO-1. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "support/dp_check.h"
 #include "support/support.h"
+#include "tandem/checkpoint.h"
 #include "tandem/comm.h"
 #include "tandem/parallel.h"
 
@@ -278,6 +280,162 @@ static void a_device_with_a_large_fixed_cost_is_parked_and_comes_back(void **sta
     td_dp_data_destroy(d);
 }
 
+/* Largest |a - b| relative to the largest |b| over two tensors of one size. */
+static double tensor_diff(const td_tensor *a, const td_tensor *b) {
+    size_t n = td_tensor_numel(b);
+    double *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y), d = 0, m = 0;
+    assert_non_null(x);
+    assert_non_null(y);
+    assert_int_equal(td_tensor_numel(a), n);
+    TD_ASSERT_OK(td_tensor_read_f64(a, x, n));
+    TD_ASSERT_OK(td_tensor_read_f64(b, y, n));
+    for (size_t i = 0; i < n; i++) {
+        d = fmax(d, fabs(x[i] - y[i]));
+        m = fmax(m, fabs(y[i]));
+    }
+    free(x);
+    free(y);
+    return m > 0 ? d / m : d;
+}
+
+static td_dp *make_zero_dp(td_group *g, td_dtype dt, const td_optimizer_config *o) {
+    static const double speeds[3] = {1, 2, 3.7};
+    td_dp *dp = NULL;
+    td_dp_config cfg = TD_DP_CONFIG_INIT;
+    cfg.zero = 1;
+    cfg.rebalance = 0;
+    TD_ASSERT_OK(td_dp_create(g, model_json, "dp_test", dt, 5, o, &cfg, &dp));
+    TD_ASSERT_OK(td_balancer_set_speeds(td_dp_balancer(dp), speeds));
+    return dp;
+}
+
+/* ZeRO-1 on 3 members (the model's tensors of 16, 9 and 5 elements leave
+ * tails): the weights equal one device's with SGD (momentum, weight decay)
+ * and with AdamW clipped by the global norm; each member keeps about a third
+ * of the state; the shards put together equal the one device's optimizer
+ * state; and a new group given that state by scattering takes bitwise the
+ * same next step. */
+static void zero_1_keeps_a_shard_each_and_trains_like_one_device(void **state) {
+    td_dp_data *d = make_data();
+    td_device_list *one = NULL;
+    TD_ASSERT_OK(td_devices_open("cpu:0", &one));
+    for (int kind = 0; kind < 2; kind++)
+        for (int dt = 0; dt < 2; dt++) {
+            td_optimizer_config o = sgd();
+            double tol = dt == TD_F64 ? 1e-12 : 1e-5;
+            td_model *ref = NULL;
+            td_optimizer *ref_opt = NULL, *whole = NULL;
+            td_group *g = NULL, *g2 = NULL;
+            td_dp *dp, *dp2;
+            td_step_result res, want;
+            if (kind) {
+                o.kind = TD_OPT_ADAMW;
+                o.lr = 0.01;
+                o.weight_decay = 0.01;
+                o.clip_norm = 0.05; /* below this gradient's norm: clipping acts */
+            }
+            TD_ASSERT_OK(td_model_load_string(model_json, "dp_test", td_device_list_get(one, 0),
+                                              (td_dtype)dt, 5, &ref));
+            TD_ASSERT_OK(td_optimizer_create(ref, &o, &ref_opt));
+            TD_ASSERT_OK(td_group_create_spec("cpu*3", NULL, &g));
+            dp = make_zero_dp(g, (td_dtype)dt, &o);
+            for (int s = 0; s < STEPS; s++) {
+                double norm;
+                TD_ASSERT_OK(td_dp_step(dp, &d->batch[s], (uint64_t)s, &res, NULL));
+                TD_ASSERT_OK(
+                    td_model_train_step(ref, &d->batch[s], 1.0 / BATCH, 0, (uint64_t)s, &want));
+                TD_ASSERT_OK(td_optimizer_step(ref_opt, &norm));
+                if (kind && !(norm > o.clip_norm))
+                    fail_msg("step %d: gradient norm %g; the test wants clipping", s, norm);
+            }
+            for (int r = 0; r < 3; r++) {
+                double diff = td_dp_weights_diff(td_dp_model(dp, r), ref);
+                if (diff > tol)
+                    fail_msg("%s %s: replica %d differs from one device by %g",
+                             kind ? "adamw" : "sgd", dt ? "f64" : "f32", r, diff);
+                assert_int_equal(td_optimizer_shard_count(td_dp_optimizer(dp, r)), 3);
+            }
+            /* The state is split: each element once, the tail in every shard. */
+            for (size_t i = 0; i < td_optimizer_state_count(ref_opt); i++) {
+                size_t n = td_tensor_numel(td_optimizer_state(ref_opt, i)), total = 0;
+                for (int r = 0; r < 3; r++) {
+                    size_t part = td_tensor_numel(td_optimizer_state(td_dp_optimizer(dp, r), i));
+                    assert_true(part <= n / 3 + n % 3);
+                    total += part;
+                }
+                assert_int_equal(total, n + 2 * (n % 3));
+            }
+            /* Put together, the shards are the one device's state. */
+            TD_ASSERT_OK(td_optimizer_create(td_dp_model(dp, 0), &o, &whole));
+            TD_ASSERT_OK(td_dp_gather_optimizer(dp, whole));
+            assert_int_equal(td_optimizer_steps(whole), STEPS);
+            for (size_t i = 0; i < td_optimizer_state_count(ref_opt); i++) {
+                double diff =
+                    tensor_diff(td_optimizer_state(whole, i), td_optimizer_state(ref_opt, i));
+                if (diff > tol)
+                    fail_msg("state %s differs from one device's by %g",
+                             td_optimizer_state_name(whole, i), diff);
+            }
+            /* Scattered into new replicas, it carries on bitwise the same. */
+            TD_ASSERT_OK(td_group_create_spec("cpu*3", NULL, &g2));
+            dp2 = make_zero_dp(g2, (td_dtype)dt, &o);
+            for (size_t p = 0; p < td_model_param_count(ref); p++)
+                TD_ASSERT_OK(td_tensor_copy(td_model_param(td_dp_model(dp2, 0), p),
+                                            td_model_param(td_dp_model(dp, 0), p)));
+            TD_ASSERT_OK(td_dp_sync_replicas(dp2));
+            TD_ASSERT_OK(td_dp_scatter_optimizer(dp2, whole));
+            TD_ASSERT_OK(td_dp_step(dp, &d->batch[0], 9, &res, NULL));
+            TD_ASSERT_OK(td_dp_step(dp2, &d->batch[0], 9, &want, NULL));
+            for (int r = 0; r < 3; r++) {
+                assert_int_equal(td_optimizer_steps(td_dp_optimizer(dp2, r)), STEPS + 1);
+                assert_true(weights_identical(td_dp_model(dp, r), td_dp_model(dp2, r)));
+            }
+            td_optimizer_destroy(whole);
+            td_dp_destroy(dp2);
+            td_group_destroy(g2);
+            td_dp_destroy(dp);
+            td_group_destroy(g);
+            td_optimizer_destroy(ref_opt);
+            td_model_destroy(ref);
+        }
+    td_device_list_destroy(one);
+    td_dp_data_destroy(d);
+}
+
+static void zero_1_refuses_what_it_cannot_do(void **state) {
+    td_group *g = NULL;
+    td_dp *dp = NULL;
+    td_dp_config cfg = TD_DP_CONFIG_INIT;
+    td_optimizer_config o = sgd();
+    td_optimizer *whole = NULL;
+    char path[] = "/tmp/td_zero_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    TD_ASSERT_OK(td_group_create_spec("cpu*2", NULL, &g));
+    cfg.zero = 1;
+    cfg.deterministic = 1;
+    TD_ASSERT_STATUS(td_dp_create(g, model_json, "dp_test", TD_F64, 5, &o, &cfg, &dp),
+                     TD_ERR_INVALID_ARG);
+    td_test_assert_message_contains("ZeRO-1 and deterministic mode");
+    assert_null(dp);
+    cfg.deterministic = 0;
+    TD_ASSERT_OK(td_dp_create(g, model_json, "dp_test", TD_F64, 5, &o, &cfg, &dp));
+    /* A checkpoint takes the whole state, not one shard. */
+    TD_ASSERT_STATUS(td_checkpoint_save(path, td_dp_model(dp, 0), td_dp_optimizer(dp, 0), NULL),
+                     TD_ERR_INVALID_ARG);
+    td_test_assert_message_contains("one shard of 2");
+    /* Gathering needs a whole optimizer. */
+    TD_ASSERT_STATUS(td_dp_gather_optimizer(dp, td_dp_optimizer(dp, 1)), TD_ERR_INVALID_ARG);
+    TD_ASSERT_OK(td_optimizer_create(td_dp_model(dp, 0), &o, &whole));
+    TD_ASSERT_OK(td_dp_gather_optimizer(dp, whole));
+    TD_ASSERT_OK(td_checkpoint_save(path, td_dp_model(dp, 0), whole, NULL));
+    td_optimizer_destroy(whole);
+    td_dp_destroy(dp);
+    td_group_destroy(g);
+    unlink(path);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(data_parallel_equals_one_device),
@@ -285,6 +443,8 @@ int main(void) {
         cmocka_unit_test(alternate_evaluation_equals_one_device_exactly),
         cmocka_unit_test(a_slowed_device_gets_a_smaller_share),
         cmocka_unit_test(a_device_with_a_large_fixed_cost_is_parked_and_comes_back),
+        cmocka_unit_test(zero_1_keeps_a_shard_each_and_trains_like_one_device),
+        cmocka_unit_test(zero_1_refuses_what_it_cannot_do),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
