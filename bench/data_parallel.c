@@ -7,6 +7,7 @@
  * window by window; prints the floors and whether they hold.
  *
  *   bench_data_parallel [--data DIR] [--examples DIR] [--steps N] [--quick] [--verbose]
+ *                       [--zero]   (ZeRO-1 in every configuration)
  */
 #include <math.h>
 #include <stdio.h>
@@ -18,6 +19,7 @@
 #define WINDOWS 9
 
 static int verbose; /* --verbose: each window's last step, member by member */
+static int zero;    /* --zero: ZeRO-1 in every configuration */
 
 typedef struct bench_opts {
     const char *data, *examples;
@@ -91,6 +93,7 @@ static int setup(config *c, const char *json, int64_t batch, td_loader *loader, 
     td_step_result r;
     double t[SETTLE_STEPS];
     opt.lr = 0.05;
+    cfg.zero = zero;
     if (td_group_create_spec(c->spec, NULL, &c->g) != TD_OK ||
         td_dp_create(c->g, json, "model", TD_F32, 1, &opt, &cfg, &c->dp) != TD_OK ||
         next_full_batch(loader, batch, &b) || td_dp_calibrate(c->dp, &b) != TD_OK)
@@ -172,9 +175,11 @@ int main(int argc, char **argv) {
             o.steps = 6, o.window_s = 0;
         else if (!strcmp(argv[i], "--verbose"))
             verbose = 1;
+        else if (!strcmp(argv[i], "--zero"))
+            zero = 1;
         else {
             fprintf(stderr, "usage: bench_data_parallel [--data DIR] [--examples DIR] [--steps N] "
-                            "[--quick] [--verbose]\n");
+                            "[--quick] [--verbose] [--zero]\n");
             return 2;
         }
     }
