@@ -255,6 +255,8 @@ static td_status create_shard_state(td_dp *dp, dp_member *mb, const td_optimizer
 static td_status reduce_shards(dp_member *mb) {
     td_dp *dp = mb->dp;
     td_status st = mb->hook_status;
+    if (dp->size == 1) /* one shard: the gradient is the sum */
+        return st;
     for (size_t p = 0; p < dp->nparams && st == TD_OK; p++) {
         td_tensor *gr = td_model_grad(mb->model, p);
         size_t es = td_dtype_size(gr->dtype), first, count, tail_first, tail;
@@ -273,6 +275,8 @@ static td_status reduce_shards(dp_member *mb) {
 static td_status gather_weights(dp_member *mb) {
     td_dp *dp = mb->dp;
     td_status st = TD_OK;
+    if (dp->size == 1)
+        return TD_OK;
     for (size_t p = 0; p < dp->nparams && st == TD_OK; p++) {
         td_tensor *w = td_model_param(mb->model, p);
         size_t first, count, tail_first, tail;
