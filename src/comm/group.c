@@ -360,9 +360,8 @@ typedef struct run_state {
     void *arg;
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    int finished;
-    atomic_uint finished_polled; /* = finished, polled without the lock */
-    unsigned char *returned;     /* per local member, under lock */
+    atomic_uint finished;    /* changed under lock; also polled without it */
+    unsigned char *returned; /* per local member, under lock */
     atomic_int refs;
 } run_state;
 
@@ -400,8 +399,7 @@ static td_status member_task(td_device *dev, void *p) {
         td__error_set_message(msg);
     }
     pthread_mutex_lock(&rs->lock);
-    rs->finished++;
-    atomic_fetch_add_explicit(&rs->finished_polled, 1, memory_order_release);
+    atomic_fetch_add_explicit(&rs->finished, 1, memory_order_release);
     rs->returned[m->local] = 1;
     pthread_cond_broadcast(&rs->cond);
     pthread_mutex_unlock(&rs->lock);
@@ -472,12 +470,12 @@ td_status td_group_run(td_group *g, td_group_fn fn, void *arg) {
     }
     expected = submitted;
     /* A short step's members are back before a sleep would pay off. */
-    (void)td__spin_until(&rs->finished_polled, (unsigned)expected, 4 * td__spin_ns());
+    (void)td__spin_until(&rs->finished, (unsigned)expected, 4 * td__spin_ns());
 
     /* Wait for every member; once the group failed, give stragglers the
      * timeout (plus a second) and then leave them behind. */
     pthread_mutex_lock(&rs->lock);
-    while (rs->finished < expected) {
+    while (atomic_load(&rs->finished) < (unsigned)expected) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 100000000;
