@@ -2,14 +2,13 @@
  * them: checkpoints of data-parallel runs against one device, deterministic
  * runs byte for byte across device counts, resume, ZeRO-1, alternate
  * evaluation. */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "support/dp_check.h"
 #include "support/support.h"
-#include "tandem/checkpoint.h"
 
 static char dir[256];
 
@@ -69,34 +68,12 @@ static int same_weights(const char *a, const char *b) {
     return same;
 }
 
-/* Largest |a - b| / max |b| over the weights of two checkpoints. */
+/* td_dp_checkpoint_diff of two checkpoints in dir. */
 static double checkpoint_diff(const char *a, const char *b) {
-    td_device_list *l = NULL;
-    td_model *ma = NULL, *mb = NULL;
     char pa[512], pb[512];
-    double worst = 0;
     snprintf(pa, sizeof pa, "%s/%s", dir, a);
     snprintf(pb, sizeof pb, "%s/%s", dir, b);
-    TD_ASSERT_OK(td_devices_open("cpu:0", &l));
-    TD_ASSERT_OK(td_checkpoint_load_model(pa, td_device_list_get(l, 0), &ma, NULL));
-    TD_ASSERT_OK(td_checkpoint_load_model(pb, td_device_list_get(l, 0), &mb, NULL));
-    for (size_t p = 0; p < td_model_param_count(ma); p++) {
-        size_t n = td_tensor_numel(td_model_param(ma, p));
-        double *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y), d = 0, s = 0;
-        TD_ASSERT_OK(td_tensor_read_f64(td_model_param(ma, p), x, n));
-        TD_ASSERT_OK(td_tensor_read_f64(td_model_param(mb, p), y, n));
-        for (size_t i = 0; i < n; i++) {
-            d = fmax(d, fabs(x[i] - y[i]));
-            s = fmax(s, fabs(y[i]));
-        }
-        worst = fmax(worst, d / s);
-        free(x);
-        free(y);
-    }
-    td_model_destroy(ma);
-    td_model_destroy(mb);
-    td_device_list_destroy(l);
-    return worst;
+    return td_dp_checkpoint_diff(pa, pb);
 }
 
 static void data_strategy_matches_one_device(void **state) {

@@ -78,7 +78,7 @@ static void data_parallel_equals_one_device(void **state) {
         td_model *ref = train_single(td_device_list_get(one, 0), (td_dtype)dt, d, &ref_res);
         td_group *g = NULL;
         td_dp *dp;
-        double diff, tol = dt == TD_F64 ? 1e-12 : 1e-5;
+        double tol = dt == TD_F64 ? 1e-12 : 1e-5;
         TD_ASSERT_OK(td_group_create_spec("cpu*3", NULL, &g));
         dp = make_dp(g, (td_dtype)dt, 0, speeds);
         for (int s = 0; s < STEPS; s++) {
@@ -88,17 +88,9 @@ static void data_parallel_equals_one_device(void **state) {
             assert_int_equal(stats.m[0].samples + stats.m[1].samples + stats.m[2].samples, BATCH);
             assert_true(stats.m[2].samples > stats.m[0].samples); /* shares followed speeds */
         }
-        /* Every replica took the same steps. */
-        for (int r = 0; r < 3; r++) {
-            diff = td_dp_weights_diff(td_dp_model(dp, r), ref);
-            if (diff > tol)
-                fail_msg("%s: replica %d differs from one device by %g (tolerance %g)",
-                         dt ? "f64" : "f32", r, diff, tol);
-        }
-        /* The last step's loss, summed over the slices, is the whole batch's. */
-        assert_int_equal(res.count, BATCH);
-        assert_int_equal(res.correct, ref_res.correct);
-        assert_true(fabs(res.loss_sum - ref_res.loss_sum) <= tol * 10 * fabs(ref_res.loss_sum));
+        /* Every replica took the same steps, and the last step's loss, summed
+         * over the slices, is the whole batch's. */
+        td_dp_assert_like_one_device(dp, 3, ref, &res, &ref_res, BATCH, tol, dt ? "f64" : "f32");
         td_dp_destroy(dp);
         td_group_destroy(g);
         td_model_destroy(ref);
@@ -280,24 +272,6 @@ static void a_device_with_a_large_fixed_cost_is_parked_and_comes_back(void **sta
     td_dp_data_destroy(d);
 }
 
-/* Largest |a - b| relative to the largest |b| over two tensors of one size. */
-static double tensor_diff(const td_tensor *a, const td_tensor *b) {
-    size_t n = td_tensor_numel(b);
-    double *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y), d = 0, m = 0;
-    assert_non_null(x);
-    assert_non_null(y);
-    assert_int_equal(td_tensor_numel(a), n);
-    TD_ASSERT_OK(td_tensor_read_f64(a, x, n));
-    TD_ASSERT_OK(td_tensor_read_f64(b, y, n));
-    for (size_t i = 0; i < n; i++) {
-        d = fmax(d, fabs(x[i] - y[i]));
-        m = fmax(m, fabs(y[i]));
-    }
-    free(x);
-    free(y);
-    return m > 0 ? d / m : d;
-}
-
 static td_dp *make_zero_dp(td_group *g, td_dtype dt, const td_optimizer_config *o) {
     static const double speeds[3] = {1, 2, 3.7};
     td_dp *dp = NULL;
@@ -371,7 +345,7 @@ static void zero_1_keeps_a_shard_each_and_trains_like_one_device(void **state) {
             assert_int_equal(td_optimizer_steps(whole), STEPS);
             for (size_t i = 0; i < td_optimizer_state_count(ref_opt); i++) {
                 double diff =
-                    tensor_diff(td_optimizer_state(whole, i), td_optimizer_state(ref_opt, i));
+                    td_dp_tensor_diff(td_optimizer_state(whole, i), td_optimizer_state(ref_opt, i));
                 if (diff > tol)
                     fail_msg("state %s differs from one device's by %g",
                              td_optimizer_state_name(whole, i), diff);

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "tandem/checkpoint.h"
 #include "tandem/comm.h"
 #include "tandem/parallel.h"
 
@@ -57,23 +58,57 @@ td_model *td_dp_train_single(const char *json, const char *name, uint64_t seed,
     return m;
 }
 
+double td_dp_tensor_diff(const td_tensor *a, const td_tensor *b) {
+    size_t n = td_tensor_numel(b);
+    double *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y), d = 0, m = 0;
+    assert_non_null(x);
+    assert_non_null(y);
+    assert_int_equal(td_tensor_numel(a), n);
+    TD_ASSERT_OK(td_tensor_read_f64(a, x, n));
+    TD_ASSERT_OK(td_tensor_read_f64(b, y, n));
+    for (size_t i = 0; i < n; i++) {
+        d = fmax(d, fabs(x[i] - y[i]));
+        m = fmax(m, fabs(y[i]));
+    }
+    free(x);
+    free(y);
+    return m > 0 ? d / m : d;
+}
+
 double td_dp_weights_diff(td_model *a, td_model *b) {
     double worst = 0;
-    for (size_t p = 0; p < td_model_param_count(a); p++) {
-        td_tensor *ta = td_model_param(a, p), *tb = td_model_param(b, p);
-        size_t n = td_tensor_numel(ta);
-        double *ha = malloc(n * sizeof *ha), *hb = malloc(n * sizeof *hb), scale = 0, dd = 0;
-        TD_ASSERT_OK(td_tensor_read_f64(ta, ha, n));
-        TD_ASSERT_OK(td_tensor_read_f64(tb, hb, n));
-        for (size_t i = 0; i < n; i++) {
-            scale = fmax(scale, fabs(hb[i]));
-            dd = fmax(dd, fabs(ha[i] - hb[i]));
-        }
-        worst = fmax(worst, dd / scale);
-        free(ha);
-        free(hb);
-    }
+    for (size_t p = 0; p < td_model_param_count(a); p++)
+        worst = fmax(worst, td_dp_tensor_diff(td_model_param(a, p), td_model_param(b, p)));
     return worst;
+}
+
+double td_dp_checkpoint_diff(const char *path_a, const char *path_b) {
+    td_device_list *l = NULL;
+    td_model *ma = NULL, *mb = NULL;
+    double worst;
+    TD_ASSERT_OK(td_devices_open("cpu:0", &l));
+    TD_ASSERT_OK(td_checkpoint_load_model(path_a, td_device_list_get(l, 0), &ma, NULL));
+    TD_ASSERT_OK(td_checkpoint_load_model(path_b, td_device_list_get(l, 0), &mb, NULL));
+    worst = td_dp_weights_diff(ma, mb);
+    td_model_destroy(ma);
+    td_model_destroy(mb);
+    td_device_list_destroy(l);
+    return worst;
+}
+
+void td_dp_assert_like_one_device(td_dp *dp, int members, td_model *ref, const td_step_result *res,
+                                  const td_step_result *ref_res, int64_t batch, double tol,
+                                  const char *what) {
+    for (int r = 0; r < members; r++) {
+        double diff = td_dp_weights_diff(td_dp_model(dp, r), ref);
+        printf("%s: replica %d differs from one device by %.3g\n", what, r, diff);
+        if (diff > tol)
+            fail_msg("%s: replica %d differs from one device by %g (tolerance %g)", what, r, diff,
+                     tol);
+    }
+    assert_int_equal(res->count, batch);
+    assert_int_equal(res->correct, ref_res->correct);
+    assert_true(fabs(res->loss_sum - ref_res->loss_sum) <= tol * 10 * fabs(ref_res->loss_sum));
 }
 
 /* The backend check ------------------------------------------------------------------------ */
@@ -119,6 +154,7 @@ void td_dp_check_equals_one_device(const char *spec, const char *name) {
         td_dp *dp = NULL;
         td_dp_config cfg = TD_DP_CONFIG_INIT;
         double tol = dt == TD_F64 ? 1e-12 : 1e-5;
+        char what[256];
         cfg.first_bucket_bytes = 256; /* several buckets even for this small model */
         cfg.bucket_bytes = 1024;
         cfg.rebalance = 0;
@@ -132,17 +168,8 @@ void td_dp_check_equals_one_device(const char *spec, const char *name) {
             assert_int_equal(stats.m[0].samples + stats.m[1].samples, TD_DP_CHECK_BATCH);
             assert_true(stats.m[1].samples > stats.m[0].samples);
         }
-        for (int r = 0; r < 2; r++) {
-            double diff = td_dp_weights_diff(td_dp_model(dp, r), ref);
-            printf("%s on %s: replica %d differs from one device by %.3g\n", dt ? "f64" : "f32",
-                   spec, r, diff);
-            if (diff > tol)
-                fail_msg("%s on %s: replica %d differs from one device by %g (tolerance %g)",
-                         dt ? "f64" : "f32", spec, r, diff, tol);
-        }
-        assert_int_equal(res.count, TD_DP_CHECK_BATCH);
-        assert_int_equal(res.correct, ref_res.correct);
-        assert_true(fabs(res.loss_sum - ref_res.loss_sum) <= tol * 10 * fabs(ref_res.loss_sum));
+        snprintf(what, sizeof what, "%s on %s", dt ? "f64" : "f32", spec);
+        td_dp_assert_like_one_device(dp, 2, ref, &res, &ref_res, TD_DP_CHECK_BATCH, tol, what);
         td_dp_destroy(dp);
         td_group_destroy(g);
         td_model_destroy(ref);

@@ -7,6 +7,7 @@
 #define TD_TEST_DP_CHECK_H
 
 #include "support/support.h"
+#include "tandem/parallel.h"
 
 /* `steps` global batches of `size` samples each: features normal from
  * x_seed, labels uniform in [0, classes) from y_seed, the same on every run. */
@@ -31,8 +32,23 @@ td_model *td_dp_train_single(const char *json, const char *name, uint64_t seed,
                              const td_optimizer_config *o, td_device *dev, td_dtype dt,
                              const td_dp_data *d, td_step_result *last);
 
-/* Largest |a - b| over the parameters, relative to the largest |b|. */
+/* Largest |a - b| over two tensors of one size, relative to the largest |b|
+ * (the plain difference when b is all zeros). */
+double td_dp_tensor_diff(const td_tensor *a, const td_tensor *b);
+
+/* The largest td_dp_tensor_diff over the parameters. */
 double td_dp_weights_diff(td_model *a, td_model *b);
+
+/* td_dp_weights_diff of two checkpoints' weights, loaded on cpu:0. */
+double td_dp_checkpoint_diff(const char *path_a, const char *path_b);
+
+/* Fails unless each of the first `members` replicas of dp equals ref within
+ * tol, and the last step's result res is ref_res's for a batch of `batch`
+ * samples; prints each replica's difference. `what` ("f64 on cpu*3", say)
+ * starts the lines. */
+void td_dp_assert_like_one_device(td_dp *dp, int members, td_model *ref, const td_step_result *res,
+                                  const td_step_result *ref_res, int64_t batch, double tol,
+                                  const char *what);
 
 /* The backend check (the model, data and optimizer the CUDA and OpenCL
  * data-parallel tests share): an MLP 20-24-16-7 (gelu, relu) trained with
