@@ -48,22 +48,7 @@ static void f64_is_refused_without_fp64(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        TD_OPS_CASE(every_slot_is_implemented),
-        TD_OPS_CASE(gemm_matches),
-        TD_OPS_CASE(gemm_batched_matches),
-        TD_OPS_CASE(elementwise_ops_match),
-        TD_OPS_CASE(sumsq_matches),
-        TD_OPS_CASE(dropout_masks_match),
-        TD_OPS_CASE(optimizers_match),
-        TD_OPS_CASE(bias_ops_match),
-        TD_OPS_CASE(xent_matches_and_names_bad_labels),
-        TD_OPS_CASE(layernorm_matches),
-        TD_OPS_CASE(embed_matches_and_names_bad_tokens),
-        TD_OPS_CASE(conv2d_matches),
-        TD_OPS_CASE(pool_matches),
-        TD_OPS_CASE(causal_softmax_matches),
-        TD_OPS_CASE(attention_matches),
-        TD_OPS_CASE(sub_devices_compute_at_once),
+        TD_OPS_ALL_CASES,
         cmocka_unit_test(f64_is_refused_without_fp64),
     };
     int rc;

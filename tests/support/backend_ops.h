@@ -2,8 +2,8 @@
  * backend (cpu:0), through the tensor-level API, in f64 and f32 on small odd
  * shapes (tolerance 1e-12 in f64, 1e-5 in f32, normwise). Shared by
  * tests/cuda/test_cuda_ops.c and tests/opencl/test_opencl_ops.c: each says
- * which device it tests (td_ops_backend), lists the cases below in its
- * cmocka table with TD_OPS_CASE, and adds its backend-only cases. */
+ * which device it tests (td_ops_backend), puts the cases below in its
+ * cmocka table (TD_OPS_ALL_CASES), and adds its backend-only cases. */
 #ifndef TD_TEST_BACKEND_OPS_H
 #define TD_TEST_BACKEND_OPS_H
 
@@ -79,5 +79,16 @@ void td_ops_sub_devices_compute_at_once(void **state);
 /* A cmocka table entry for td_ops_<name>, reported as <name>. */
 #define TD_OPS_CASE(name)                                                                          \
     { #name, td_ops_##name, NULL, NULL, NULL }
+
+/* Every case above, as cmocka table entries. */
+#define TD_OPS_ALL_CASES                                                                           \
+    TD_OPS_CASE(every_slot_is_implemented), TD_OPS_CASE(gemm_matches),                             \
+        TD_OPS_CASE(gemm_batched_matches), TD_OPS_CASE(elementwise_ops_match),                     \
+        TD_OPS_CASE(sumsq_matches), TD_OPS_CASE(dropout_masks_match),                              \
+        TD_OPS_CASE(optimizers_match), TD_OPS_CASE(bias_ops_match),                                \
+        TD_OPS_CASE(xent_matches_and_names_bad_labels), TD_OPS_CASE(layernorm_matches),            \
+        TD_OPS_CASE(embed_matches_and_names_bad_tokens), TD_OPS_CASE(conv2d_matches),              \
+        TD_OPS_CASE(pool_matches), TD_OPS_CASE(causal_softmax_matches),                            \
+        TD_OPS_CASE(attention_matches), TD_OPS_CASE(sub_devices_compute_at_once)
 
 #endif
