@@ -28,6 +28,50 @@
 #endif
 // clang-format on
 
+/* r[i][j] <- r[j][i] for 16 rows of 16 floats. */
+static inline void transpose16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int h = 0; h < 16; h += 8)
+        for (int i = 0; i < 4; i++) {
+            t[h + i] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0x88);
+            t[h + i + 4] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0xdd);
+        }
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+    }
+}
+
+/* dst (kc, 32) from 32 rows of b (b[j][p], row stride ldb): a transpose, in
+ * 16 x 16 blocks. The forward pass of a linear layer packs its whole weight
+ * this way every step, whatever the batch, so a scalar scatter here was most
+ * of a small batch's fixed cost. */
+static void pack_bt_strip(const float *b, int64_t ldb, int64_t kc, float *dst) {
+    int64_t p0 = 0;
+    for (; p0 + 16 <= kc; p0 += 16)
+        for (int h = 0; h < 2; h++) {
+            __m512 r[16];
+            for (int j = 0; j < 16; j++)
+                r[j] = _mm512_loadu_ps(b + (h * 16 + j) * ldb + p0);
+            transpose16(r);
+            for (int i = 0; i < 16; i++)
+                _mm512_storeu_ps(dst + (p0 + i) * NR + h * 16, r[i]);
+        }
+    for (; p0 < kc; p0++)
+        for (int j = 0; j < NR; j++)
+            dst[p0 * NR + j] = b[j * ldb + p0];
+}
+
 /* Bp (ceil(nc / 32), kc, 32) from op(B)[pc:pc+kc, jc:jc+nc]. */
 static void pack_b(int tb, const float *b, int64_t ldb, int64_t pc, int64_t jc, int64_t kc,
                    int64_t nc, float *bp) {
@@ -48,6 +92,8 @@ static void pack_b(int tb, const float *b, int64_t ldb, int64_t pc, int64_t jc, 
                         dst[p * NR + j] = 0;
                 }
             }
+        } else if (w == NR) {
+            pack_bt_strip(b + (jc + j0) * ldb + pc, ldb, kc, dst);
         } else {
             /* op(B)(p, j) = b[j][p]: read rows of b, scatter into columns */
             for (int64_t j = 0; j < NR; j++) {
