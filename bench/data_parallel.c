@@ -79,7 +79,8 @@ typedef struct config {
     int steps;           /* per timed window */
     double sps[WINDOWS]; /* samples/s per timed window */
     double hidden[WINDOWS];
-    double comm[WINDOWS]; /* the longest member's reduction time over the step time */
+    double comm[WINDOWS];   /* the longest member's reduction time over the step time */
+    double reduce[WINDOWS]; /* the shortest member's reduction time (no wait in it), s */
 } config;
 
 /* The loader's next whole batch: an epoch's short last batch (and the empty
@@ -135,13 +136,20 @@ static double longest_comm(const td_dp_stats *s) {
     return most;
 }
 
+static double shortest_comm(const td_dp_stats *s) {
+    double least = INFINITY;
+    for (int i = 0; i < s->members; i++)
+        least = fmin(least, s->m[i].comm_s);
+    return least;
+}
+
 /* One timed window of `steps` steps: samples over the time spent in the
  * steps. The loader's time is left out: it is the same serial work on the
  * caller's thread whatever the devices, and a trainer overlaps it. */
 static int window(config *c, int w, int64_t batch, td_loader *loader) {
     uint64_t busy = 0;
     int64_t samples = 0;
-    double hsum = 0, csum = 0;
+    double hsum = 0, csum = 0, rsum = 0;
     td_batch b;
     td_step_result r;
     td_dp_stats stats;
@@ -156,6 +164,7 @@ static int window(config *c, int w, int64_t batch, td_loader *loader) {
         samples += b.n;
         hsum += stats.hidden_fraction;
         csum += longest_comm(&stats) / stats.step_s;
+        rsum += shortest_comm(&stats);
     }
     c->sps[w] = (double)samples / ((double)busy * 1e-9);
     if (verbose) {
@@ -170,6 +179,7 @@ static int window(config *c, int w, int64_t batch, td_loader *loader) {
     }
     c->hidden[w] = hsum / c->steps;
     c->comm[w] = csum / c->steps;
+    c->reduce[w] = rsum / c->steps;
     return 0;
 }
 
@@ -213,15 +223,18 @@ int main(int argc, char **argv) {
     }
     if (!judge)
         printf("--quick: a smoke run; the floors below are printed, not judged\n");
-    printf("data strategy on this machine's cores: samples/s, medians of %d windows of %.2f s "
-           "(at least %d steps);\n"
-           "the configurations take turns window by window, so the machine's drift hits all.\n"
-           "ideal with one device slowed 3x: the sum of the two devices' speeds alone;\n"
-           "comm: the slowed pair's reduction time over its step time\n\n",
-           o.windows, o.window_s, o.steps);
-    printf("%-8s %5s %-10s %9s %9s %8s %7s | %9s %9s %9s %8s %6s | %6s %6s\n", "model", "batch",
+    printf(
+        "data strategy on this machine's cores: samples/s, medians of %d windows of %.2f s "
+        "(at least %d steps);\n"
+        "the configurations take turns window by window, so the machine's drift hits all.\n"
+        "ideal with one device slowed 3x: the sum of the two devices' speeds alone;\n"
+        "comm: the slowed pair's reduction time over its step time; reduce: the two-device\n"
+        "pair's reduction in us, from the member that waited least (how fast this host's\n"
+        "cores reach each other just now: about 60 us for the MLP when quick, 250+ when slow)\n\n",
+        o.windows, o.window_s, o.steps);
+    printf("%-8s %5s %-10s %9s %9s %8s %7s | %9s %9s %9s %8s %6s | %6s %6s %6s\n", "model", "batch",
            "optimizer", "1 dev", "2 devs", "speed-up", "effic.", "slow alone", "ideal", "2, 1 slow",
-           "vs ideal", "share", "comm", "hidden");
+           "vs ideal", "share", "comm", "reduce", "hidden");
     for (size_t k = 0; k < sizeof models / sizeof *models; k++) {
         /* 0: cpu:0 alone; 3: the slowed one alone; 1, 2 and 4, 5: two devices, and two with one
          * slowed, the optimizer replicated and then sharded (ZeRO-1). */
@@ -267,11 +280,12 @@ int main(int argc, char **argv) {
             const char *name = mode ? "ZeRO-1" : "replicated";
             int ok;
             printf("%-8s %5lld %-10s %9.0f %9.0f %7.2fx %6.1f%% | %9.0f %9.0f %9.0f %7.2fx %6.3f | "
-                   "%5.0f%% %5.0f%%\n",
+                   "%5.0f%% %6.0f %5.0f%%\n",
                    models[k].name, (long long)models[k].batch, name, one, two, 2 * eff, 100 * eff,
                    slow_alone, ideal, slow, vs_ideal,
                    td_balancer_share(td_dp_balancer(slowed->dp), 1),
-                   100 * median(slowed->comm, o.windows), 100 * median(pair->hidden, o.windows));
+                   100 * median(slowed->comm, o.windows), 1e6 * median(pair->reduce, o.windows),
+                   100 * median(pair->hidden, o.windows));
             if (models[k].floor > 0) {
                 ok = eff >= models[k].floor;
                 printf("  floor: %s (batch %lld, %s) scaling efficiency %.1f%% >= %.0f%%: %s\n",
