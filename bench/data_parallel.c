@@ -129,18 +129,15 @@ static int setup(config *c, const char *json, int64_t batch, td_loader *loader, 
     return 0;
 }
 
-static double longest_comm(const td_dp_stats *s) {
-    double most = 0;
-    for (int i = 0; i < s->members; i++)
-        most = fmax(most, s->m[i].comm_s);
-    return most;
-}
-
-static double shortest_comm(const td_dp_stats *s) {
-    double least = INFINITY;
-    for (int i = 0; i < s->members; i++)
-        least = fmin(least, s->m[i].comm_s);
-    return least;
+/* The shortest and longest of a step's members' reduction times: the
+ * shortest has no waiting for the others in it. */
+static void comm_range(const td_dp_stats *s, double *least, double *most) {
+    *least = INFINITY;
+    *most = 0;
+    for (int i = 0; i < s->members; i++) {
+        *least = fmin(*least, s->m[i].comm_s);
+        *most = fmax(*most, s->m[i].comm_s);
+    }
 }
 
 /* One timed window of `steps` steps: samples over the time spent in the
@@ -154,6 +151,7 @@ static int window(config *c, int w, int64_t batch, td_loader *loader) {
     td_step_result r;
     td_dp_stats stats;
     for (int s = 0; s < c->steps; s++) {
+        double least, most;
         uint64_t t0;
         if (next_full_batch(loader, batch, &b))
             return 1;
@@ -163,8 +161,9 @@ static int window(config *c, int w, int64_t batch, td_loader *loader) {
         busy += td_clock_ns() - t0;
         samples += b.n;
         hsum += stats.hidden_fraction;
-        csum += longest_comm(&stats) / stats.step_s;
-        rsum += shortest_comm(&stats);
+        comm_range(&stats, &least, &most);
+        csum += most / stats.step_s;
+        rsum += least;
     }
     c->sps[w] = (double)samples / ((double)busy * 1e-9);
     if (verbose) {
@@ -223,15 +222,14 @@ int main(int argc, char **argv) {
     }
     if (!judge)
         printf("--quick: a smoke run; the floors below are printed, not judged\n");
-    printf(
-        "data strategy on this machine's cores: samples/s, medians of %d windows of %.2f s "
-        "(at least %d steps);\n"
-        "the configurations take turns window by window, so the machine's drift hits all.\n"
-        "ideal with one device slowed 3x: the sum of the two devices' speeds alone;\n"
-        "comm: the slowed pair's reduction time over its step time; reduce: the two-device\n"
-        "pair's reduction in us, from the member that waited least (how fast this host's\n"
-        "cores reach each other just now: about 60 us for the MLP when quick, 250+ when slow)\n\n",
-        o.windows, o.window_s, o.steps);
+    printf("data strategy on this machine's cores: samples/s, medians of %d windows of %.2f s "
+           "(at least %d steps);\n"
+           "the configurations take turns window by window, so the machine's drift hits all.\n"
+           "ideal with one device slowed 3x: the sum of the two devices' speeds alone;\n"
+           "comm: the slowed pair's reduction time over its step time; reduce: the two-device\n"
+           "pair's reduction in us, from the member that waited least (how quickly the devices\n"
+           "reach each other during this run)\n\n",
+           o.windows, o.window_s, o.steps);
     printf("%-8s %5s %-10s %9s %9s %8s %7s | %9s %9s %9s %8s %6s | %6s %6s %6s\n", "model", "batch",
            "optimizer", "1 dev", "2 devs", "speed-up", "effic.", "slow alone", "ideal", "2, 1 slow",
            "vs ideal", "share", "comm", "reduce", "hidden");

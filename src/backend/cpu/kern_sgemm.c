@@ -52,13 +52,15 @@ static inline void transpose16(__m512 r[16]) {
     }
 }
 
-/* dst (kc, 32) from 32 rows of b (b[j][p], row stride ldb): a transpose, in
- * 16 x 16 blocks. The forward pass of a linear layer packs its whole weight
- * this way every step, whatever the batch, so a scalar scatter here was most
- * of a small batch's fixed cost. */
-static void pack_bt_strip(const float *b, int64_t ldb, int64_t kc, float *dst) {
+/* dst (kc, 32) from w <= 32 rows of b (b[j][p], row stride ldb), columns
+ * past w zero: a transpose. A full strip goes in 16 x 16 register blocks:
+ * the forward pass of a linear layer packs its whole weight this way every
+ * step, whatever the batch, and a scalar scatter here was most of a small
+ * batch's fixed cost. What is left (a partial strip, kc's last rows) reads
+ * rows of b and scatters into columns. */
+static void pack_bt(const float *b, int64_t ldb, int64_t kc, int64_t w, float *dst) {
     int64_t p0 = 0;
-    for (; p0 + 16 <= kc; p0 += 16)
+    for (; w == NR && p0 + 16 <= kc; p0 += 16)
         for (int h = 0; h < 2; h++) {
             __m512 r[16];
             for (int j = 0; j < 16; j++)
@@ -67,9 +69,9 @@ static void pack_bt_strip(const float *b, int64_t ldb, int64_t kc, float *dst) {
             for (int i = 0; i < 16; i++)
                 _mm512_storeu_ps(dst + (p0 + i) * NR + h * 16, r[i]);
         }
-    for (; p0 < kc; p0++)
-        for (int j = 0; j < NR; j++)
-            dst[p0 * NR + j] = b[j * ldb + p0];
+    for (int64_t j = 0; j < NR; j++)
+        for (int64_t p = p0; p < kc; p++)
+            dst[p * NR + j] = j < w ? b[j * ldb + p] : 0;
 }
 
 /* Bp (ceil(nc / 32), kc, 32) from op(B)[pc:pc+kc, jc:jc+nc]. */
@@ -92,20 +94,8 @@ static void pack_b(int tb, const float *b, int64_t ldb, int64_t pc, int64_t jc, 
                         dst[p * NR + j] = 0;
                 }
             }
-        } else if (w == NR) {
-            pack_bt_strip(b + (jc + j0) * ldb + pc, ldb, kc, dst);
         } else {
-            /* op(B)(p, j) = b[j][p]: read rows of b, scatter into columns */
-            for (int64_t j = 0; j < NR; j++) {
-                if (j < w) {
-                    const float *src = b + (jc + j0 + j) * ldb + pc;
-                    for (int64_t p = 0; p < kc; p++)
-                        dst[p * NR + j] = src[p];
-                } else {
-                    for (int64_t p = 0; p < kc; p++)
-                        dst[p * NR + j] = 0;
-                }
-            }
+            pack_bt(b + (jc + j0) * ldb + pc, ldb, kc, w, dst);
         }
     }
 }
