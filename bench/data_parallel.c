@@ -4,8 +4,14 @@
  * ideal (the work at the sum of the two devices' speeds, each measured
  * alone), the share of the slowed pair's step spent reducing (the slowest
  * member's), and the share of the gradient reduction hidden behind
- * backward. Medians over several timed windows, the configurations taking
- * turns window by window; prints the floors and whether they hold.
+ * backward; prints the floors and whether they hold.
+ *
+ * This machine's two virtual CPUs change pace for seconds to a minute at a
+ * time (where the host runs them), so one measurement can land in a bad
+ * spell. The bench therefore makes several runs, one after another, each
+ * of rounds in which every configuration of every model takes a timed
+ * window in turn; a run's ratios come from the medians of its own windows,
+ * and the floors judge the median of the runs' ratios.
  *
  * The MLP at batch 128 is reported without floors: its 0.94 MB of gradients
  * take 60 to 300 us to reduce between two cores of this machine (the range
@@ -19,7 +25,8 @@
  * --quick is a smoke run (the tests run it): every configuration, a few
  * steps a window, no floors judged.
  *
- *   bench_data_parallel [--data DIR] [--examples DIR] [--steps N] [--quick] [--verbose]
+ *   bench_data_parallel [--data DIR] [--examples DIR] [--steps N] [--runs N] [--quick]
+ *                       [--verbose]
  */
 #include <math.h>
 #include <stdio.h>
@@ -28,8 +35,9 @@
 
 #include "tandem/tandem.h"
 
-#define WINDOWS  9
-#define NCONFIGS 6
+#define MAX_RUNS    16
+#define MAX_WINDOWS 256 /* runs x windows a run */
+#define NCONFIGS    6
 
 static int verbose; /* --verbose: each window's last step, member by member */
 
@@ -37,7 +45,8 @@ typedef struct bench_opts {
     const char *data, *examples;
     int steps;       /* at least, per timed window */
     double window_s; /* about, per timed window */
-    int windows;     /* timed windows per configuration, at most WINDOWS */
+    int windows;     /* timed windows per configuration and run */
+    int runs;        /* at most MAX_RUNS */
 } bench_opts;
 
 static int cmp(const void *a, const void *b) {
@@ -45,9 +54,11 @@ static int cmp(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp);
-    return v[n / 2];
+static double median(const double *v, int n) {
+    double s[MAX_WINDOWS];
+    memcpy(s, v, sizeof *v * (size_t)n);
+    qsort(s, (size_t)n, sizeof *s, cmp);
+    return s[n / 2];
 }
 
 static char *slurp(const char *path) {
@@ -76,11 +87,11 @@ typedef struct config {
     int zero; /* ZeRO-1 */
     td_group *g;
     td_dp *dp;
-    int steps;           /* per timed window */
-    double sps[WINDOWS]; /* samples/s per timed window */
-    double hidden[WINDOWS];
-    double comm[WINDOWS];   /* the longest member's reduction time over the step time */
-    double reduce[WINDOWS]; /* the shortest member's reduction time (no wait in it), s */
+    int steps;               /* per timed window */
+    double sps[MAX_WINDOWS]; /* samples/s per timed window */
+    double hidden[MAX_WINDOWS];
+    double comm[MAX_WINDOWS];   /* the longest member's reduction time over the step time */
+    double reduce[MAX_WINDOWS]; /* the shortest member's reduction time (no wait in it), s */
 } config;
 
 /* The loader's next whole batch: an epoch's short last batch (and the empty
@@ -142,7 +153,9 @@ static void comm_range(const td_dp_stats *s, double *least, double *most) {
 
 /* One timed window of `steps` steps: samples over the time spent in the
  * steps. The loader's time is left out: it is the same serial work on the
- * caller's thread whatever the devices, and a trainer overlaps it. */
+ * caller's thread whatever the devices, and a trainer overlaps it. An
+ * untimed step comes first, since the group's threads and caches have
+ * idled while the other configurations ran. */
 static int window(config *c, int w, int64_t batch, td_loader *loader) {
     uint64_t busy = 0;
     int64_t samples = 0;
@@ -150,6 +163,8 @@ static int window(config *c, int w, int64_t batch, td_loader *loader) {
     td_batch b;
     td_step_result r;
     td_dp_stats stats;
+    if (next_full_batch(loader, batch, &b) || td_dp_step(c->dp, &b, 0, &r, NULL) != TD_OK)
+        return 1;
     for (int s = 0; s < c->steps; s++) {
         double least, most;
         uint64_t t0;
@@ -187,18 +202,130 @@ static void teardown(config *c) {
     td_group_destroy(c->g);
 }
 
+/* One model's configurations, kept for the whole run, and each run's
+ * ratios: [0] the optimizer replicated, [1] ZeRO-1. */
+typedef struct model_bench {
+    const char *name, *file;
+    int64_t batch;
+    double floor;   /* scaling efficiency, 0: reported only */
+    int slow_floor; /* the slowed pair within 10% of the ideal; 0: reported only */
+    char *json;
+    td_loader *loader;
+    config cf[NCONFIGS];
+    double eff[2][MAX_RUNS], vs_ideal[2][MAX_RUNS];
+} model_bench;
+
+/* 0: cpu:0 alone; 3: the slowed one alone; 1, 2 and 4, 5: two devices, and
+ * two with one slowed, the optimizer replicated and then sharded (ZeRO-1). */
+static const char *const specs[NCONFIGS] = {"cpu:0",
+                                            "cpu*2",
+                                            "cpu:0,cpu:1{slowdown=3}",
+                                            "cpu:1{slowdown=3}",
+                                            "cpu*2",
+                                            "cpu:0,cpu:1{slowdown=3}"};
+
+static int model_setup(model_bench *m, const bench_opts *o, td_dataset *train) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", o->examples, m->file);
+    if (!(m->json = slurp(path))) {
+        fprintf(stderr, "bench: cannot read %s\n", path);
+        return 1;
+    }
+    if (td_loader_create(train, m->batch, 7, 1, &m->loader) != TD_OK)
+        goto fail;
+    for (int c = 0; c < NCONFIGS; c++) {
+        m->cf[c].spec = specs[c];
+        m->cf[c].zero = c >= 4;
+        if (setup(&m->cf[c], m->json, m->batch, m->loader, o->steps, o->window_s))
+            goto fail;
+    }
+    return 0;
+fail:
+    fprintf(stderr, "bench: %s: %s\n", m->name, td_last_error());
+    return 1;
+}
+
+/* Run r: o->windows rounds, the configurations taking turns window by
+ * window, and the run's ratios from the medians of its own windows. */
+static int model_run(model_bench *m, const bench_opts *o, int r) {
+    const int W = o->windows, first = r * W;
+    for (int w = first; w < first + W; w++)
+        for (int c = 0; c < NCONFIGS; c++)
+            if (window(&m->cf[c], w, m->batch, m->loader)) {
+                fprintf(stderr, "bench: %s: %s\n", m->name, td_last_error());
+                return 1;
+            }
+    double one = median(m->cf[0].sps + first, W);
+    double ideal = one + median(m->cf[3].sps + first, W);
+    for (int mode = 0; mode < 2; mode++) {
+        m->eff[mode][r] = median(m->cf[mode ? 4 : 1].sps + first, W) / one / 2.0;
+        m->vs_ideal[mode][r] = ideal / median(m->cf[mode ? 5 : 2].sps + first, W);
+    }
+    return 0;
+}
+
+static void print_runs(const char *what, const double *v, int n, double scale, const char *unit) {
+    printf("    %s, run by run:", what);
+    for (int r = 0; r < n; r++)
+        printf(" %.*f%s", scale > 1 ? 1 : 2, scale * v[r], unit);
+    printf("\n");
+}
+
+/* The table's rows and the floors; returns whether a judged floor failed. */
+static int model_report(const model_bench *m, const bench_opts *o, int judge) {
+    const config *cf = m->cf;
+    const int n = o->runs * o->windows;
+    double one = median(cf[0].sps, n), slow_alone = median(cf[3].sps, n);
+    int failed = 0;
+    for (int mode = 0; mode < 2; mode++) {
+        const config *pair = &cf[mode ? 4 : 1], *slowed = &cf[mode ? 5 : 2];
+        double eff = median(m->eff[mode], o->runs), vs_ideal = median(m->vs_ideal[mode], o->runs);
+        const char *name = mode ? "ZeRO-1" : "replicated";
+        int ok;
+        printf("%-8s %5lld %-10s %9.0f %9.0f %6.1f%% | %9.0f %9.0f %9.0f %7.2fx %6.3f | %5.0f%% "
+               "%6.0f %5.0f%%\n",
+               m->name, (long long)m->batch, name, one, median(pair->sps, n), 100 * eff, slow_alone,
+               one + slow_alone, median(slowed->sps, n), vs_ideal,
+               td_balancer_share(td_dp_balancer(slowed->dp), 1), 100 * median(slowed->comm, n),
+               1e6 * median(pair->reduce, n), 100 * median(pair->hidden, n));
+        if (o->runs > 1) {
+            print_runs("efficiency", m->eff[mode], o->runs, 100, "%");
+            print_runs("slowed pair / ideal", m->vs_ideal[mode], o->runs, 1, "x");
+        }
+        if (m->floor > 0) {
+            ok = eff >= m->floor;
+            printf("  floor: %s (batch %lld, %s) scaling efficiency %.1f%% >= %.0f%%: %s\n",
+                   m->name, (long long)m->batch, name, 100 * eff, 100 * m->floor,
+                   ok ? "PASS" : "FAIL");
+            failed |= !ok && !mode && judge;
+        }
+        if (!m->slow_floor)
+            continue;
+        ok = vs_ideal <= 1.10;
+        printf("  floor: %s (batch %lld, %s) with a 3x slowed device, step time %.2fx the "
+               "ideal <= 1.10x: %s\n",
+               m->name, (long long)m->batch, name, vs_ideal, ok ? "PASS" : "FAIL");
+        failed |= !ok && !mode && judge;
+    }
+    return failed;
+}
+
+static void model_teardown(model_bench *m) {
+    for (int c = 0; c < NCONFIGS; c++)
+        teardown(&m->cf[c]);
+    td_loader_destroy(m->loader);
+    free(m->json);
+}
+
 int main(int argc, char **argv) {
-    bench_opts o = {"data/mnist", "examples", 20, 0.25, WINDOWS};
-    static const struct {
-        const char *name, *file;
-        int64_t batch;
-        double floor;   /* scaling efficiency, 0: reported only */
-        int slow_floor; /* the slowed pair within 10% of the ideal; 0: reported only */
-    } models[] = {{"MLP", "mnist_mlp.json", 128, 0.0, 0},
-                  {"MLP", "mnist_mlp.json", 512, 0.0, 1},
-                  {"LeNet-5", "lenet5.json", 128, 0.90, 1}};
+    bench_opts o = {"data/mnist", "examples", 20, 0.25, 5, 5};
+    model_bench models[] = {
+        {.name = "MLP", .file = "mnist_mlp.json", .batch = 128},
+        {.name = "MLP", .file = "mnist_mlp.json", .batch = 512, .slow_floor = 1},
+        {.name = "LeNet-5", .file = "lenet5.json", .batch = 128, .floor = 0.90, .slow_floor = 1}};
+    const int nmodels = (int)(sizeof models / sizeof *models);
     td_dataset *train = NULL, *test = NULL;
-    int failed = 0, judge = 1;
+    int failed = 0, judge = 1, bad = 0, ready = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--data") && i + 1 < argc)
             o.data = argv[++i];
@@ -206,15 +333,21 @@ int main(int argc, char **argv) {
             o.examples = argv[++i];
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc)
             o.steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--runs") && i + 1 < argc)
+            o.runs = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick"))
-            o.steps = 3, o.window_s = 0, o.windows = 3, judge = 0;
+            o.steps = 3, o.window_s = 0, o.windows = 3, o.runs = 1, judge = 0;
         else if (!strcmp(argv[i], "--verbose"))
             verbose = 1;
         else {
             fprintf(stderr, "usage: bench_data_parallel [--data DIR] [--examples DIR] [--steps N] "
-                            "[--quick] [--verbose]\n");
+                            "[--runs N] [--quick] [--verbose]\n");
             return 2;
         }
+    }
+    if (o.runs < 1 || o.runs > MAX_RUNS || o.steps < 1) {
+        fprintf(stderr, "bench: --runs is from 1 to %d, --steps at least 1\n", MAX_RUNS);
+        return 2;
     }
     if (td_mnist_open(o.data, &train, &test) != TD_OK) {
         fprintf(stderr, "bench: %s\n", td_last_error());
@@ -222,90 +355,30 @@ int main(int argc, char **argv) {
     }
     if (!judge)
         printf("--quick: a smoke run; the floors below are printed, not judged\n");
-    printf("data strategy on this machine's cores: samples/s, medians of %d windows of %.2f s "
-           "(at least %d steps);\n"
-           "the configurations take turns window by window, so the machine's drift hits all.\n"
+    printf("data strategy on this machine's cores: %d runs, one after another, each of %d rounds\n"
+           "in which every configuration of every model takes a window of %.2f s (at least %d\n"
+           "steps) in turn, so the machine's drift hits all; speeds are medians of all windows,\n"
+           "efficiency and step / ideal the medians of the runs' own ratios.\n"
            "ideal with one device slowed 3x: the sum of the two devices' speeds alone;\n"
            "comm: the slowed pair's reduction time over its step time; reduce: the two-device\n"
            "pair's reduction in us, from the member that waited least (how quickly the devices\n"
            "reach each other during this run)\n\n",
-           o.windows, o.window_s, o.steps);
-    printf("%-8s %5s %-10s %9s %9s %8s %7s | %9s %9s %9s %8s %6s | %6s %6s %6s\n", "model", "batch",
-           "optimizer", "1 dev", "2 devs", "speed-up", "effic.", "slow alone", "ideal", "2, 1 slow",
-           "vs ideal", "share", "comm", "reduce", "hidden");
-    for (size_t k = 0; k < sizeof models / sizeof *models; k++) {
-        /* 0: cpu:0 alone; 3: the slowed one alone; 1, 2 and 4, 5: two devices, and two with one
-         * slowed, the optimizer replicated and then sharded (ZeRO-1). */
-        static const char *const specs[NCONFIGS] = {"cpu:0",
-                                                    "cpu*2",
-                                                    "cpu:0,cpu:1{slowdown=3}",
-                                                    "cpu:1{slowdown=3}",
-                                                    "cpu*2",
-                                                    "cpu:0,cpu:1{slowdown=3}"};
-        config cf[NCONFIGS];
-        char path[1024], *json;
-        td_loader *loader = NULL;
-        double one, slow_alone, ideal;
-        int bad = 0;
-        snprintf(path, sizeof path, "%s/%s", o.examples, models[k].file);
-        if (!(json = slurp(path))) {
-            fprintf(stderr, "bench: cannot read %s\n", path);
-            return 1;
-        }
-        memset(cf, 0, sizeof cf);
-        for (int c = 0; c < NCONFIGS; c++) {
-            cf[c].spec = specs[c];
-            cf[c].zero = c >= 4;
-        }
-        bad = td_loader_create(train, models[k].batch, 7, 1, &loader) != TD_OK;
-        for (int c = 0; c < NCONFIGS && !bad; c++)
-            bad = setup(&cf[c], json, models[k].batch, loader, o.steps, o.window_s);
-        for (int w = 0; w < o.windows && !bad; w++)
-            for (int c = 0; c < NCONFIGS && !bad; c++)
-                bad = window(&cf[c], w, models[k].batch, loader);
-        if (bad) {
-            fprintf(stderr, "bench: %s: %s\n", models[k].name, td_last_error());
-            return 1;
-        }
-        one = median(cf[0].sps, o.windows);
-        slow_alone = median(cf[3].sps, o.windows);
-        ideal = one + slow_alone;
-        for (int mode = 0; mode < 2; mode++) {
-            config *pair = &cf[mode ? 4 : 1], *slowed = &cf[mode ? 5 : 2];
-            double two = median(pair->sps, o.windows);
-            double slow = median(slowed->sps, o.windows);
-            double eff = two / one / 2.0, vs_ideal = ideal / slow; /* step time / ideal step */
-            const char *name = mode ? "ZeRO-1" : "replicated";
-            int ok;
-            printf("%-8s %5lld %-10s %9.0f %9.0f %7.2fx %6.1f%% | %9.0f %9.0f %9.0f %7.2fx %6.3f | "
-                   "%5.0f%% %6.0f %5.0f%%\n",
-                   models[k].name, (long long)models[k].batch, name, one, two, 2 * eff, 100 * eff,
-                   slow_alone, ideal, slow, vs_ideal,
-                   td_balancer_share(td_dp_balancer(slowed->dp), 1),
-                   100 * median(slowed->comm, o.windows), 1e6 * median(pair->reduce, o.windows),
-                   100 * median(pair->hidden, o.windows));
-            if (models[k].floor > 0) {
-                ok = eff >= models[k].floor;
-                printf("  floor: %s (batch %lld, %s) scaling efficiency %.1f%% >= %.0f%%: %s\n",
-                       models[k].name, (long long)models[k].batch, name, 100 * eff,
-                       100 * models[k].floor, ok ? "PASS" : "FAIL");
-                failed |= !ok && !mode && judge;
-            }
-            if (!models[k].slow_floor)
-                continue;
-            ok = vs_ideal <= 1.10;
-            printf("  floor: %s (batch %lld, %s) with a 3x slowed device, step time %.2fx the "
-                   "ideal <= 1.10x: %s\n",
-                   models[k].name, (long long)models[k].batch, name, vs_ideal,
-                   ok ? "PASS" : "FAIL");
-            failed |= !ok && !mode && judge;
-        }
-        for (int c = 0; c < NCONFIGS; c++)
-            teardown(&cf[c]);
-        td_loader_destroy(loader);
-        free(json);
+           o.runs, o.windows, o.window_s, o.steps);
+    for (; ready < nmodels && !bad; ready++)
+        bad = model_setup(&models[ready], &o, train);
+    for (int r = 0; r < o.runs && !bad; r++)
+        for (int k = 0; k < nmodels && !bad; k++)
+            bad = model_run(&models[k], &o, r);
+    if (!bad) {
+        printf("%-8s %5s %-10s %9s %9s %7s | %9s %9s %9s %8s %6s | %6s %6s %6s\n", "model", "batch",
+               "optimizer", "1 dev", "2 devs", "effic.", "slow alone", "ideal", "2, 1 slow",
+               "vs ideal", "share", "comm", "reduce", "hidden");
+        for (int k = 0; k < nmodels; k++)
+            failed |= model_report(&models[k], &o, judge);
     }
+    for (int k = 0; k < ready; k++)
+        model_teardown(&models[k]);
     td_dataset_destroy(train);
     td_dataset_destroy(test);
-    return failed;
+    return bad ? 1 : failed;
 }
