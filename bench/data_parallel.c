@@ -37,10 +37,10 @@
 
 #include "tandem/tandem.h"
 
-#define MAX_RUNS     16
-#define MAX_WINDOWS  256 /* runs x windows a run */
-#define NCONFIGS     6
-#define MNIST_PIXELS 784
+#define MAX_RUNS    16
+#define RUN_WINDOWS 5 /* timed windows per configuration and run */
+#define MAX_WINDOWS (MAX_RUNS * RUN_WINDOWS)
+#define NCONFIGS    6
 
 static int verbose; /* --verbose: each window's last step, member by member */
 
@@ -48,7 +48,7 @@ typedef struct bench_opts {
     const char *data, *examples;
     int steps;       /* at least, per timed window */
     double window_s; /* about, per timed window */
-    int windows;     /* timed windows per configuration and run */
+    int windows;     /* timed windows per configuration and run, at most RUN_WINDOWS */
     int runs;        /* at most MAX_RUNS */
 } bench_opts;
 
@@ -154,12 +154,17 @@ static void comm_range(const td_dp_stats *s, double *least, double *most) {
     }
 }
 
+/* What one timed window measured. */
+typedef struct window_stats {
+    double sps, hidden, comm, reduce; /* as in config */
+} window_stats;
+
 /* One timed window of `steps` steps: samples over the time spent in the
  * steps. The loader's time is left out: it is the same serial work on the
  * caller's thread whatever the devices, and a trainer overlaps it. An
  * untimed step comes first, since the group's threads and caches have
  * idled while the other configurations ran. */
-static int window(config *c, int w, int64_t batch, td_loader *loader) {
+static int measure(const config *c, int w, int64_t batch, td_loader *loader, window_stats *out) {
     uint64_t busy = 0;
     int64_t samples = 0;
     double hsum = 0, csum = 0, rsum = 0;
@@ -183,20 +188,32 @@ static int window(config *c, int w, int64_t batch, td_loader *loader) {
         csum += most / stats.step_s;
         rsum += least;
     }
-    c->sps[w] = (double)samples / ((double)busy * 1e-9);
+    out->sps = (double)samples / ((double)busy * 1e-9);
     if (verbose) {
         /* The window's last step, member by member, in milliseconds. */
         fprintf(stderr, "%s%s window %d: %.0f samples/s;", c->spec, c->zero ? " ZeRO-1" : "", w,
-                c->sps[w]);
+                out->sps);
         for (int i = 0; i < stats.members; i++)
             fprintf(stderr, " [%lld samples, compute %.2f, comm %.2f, wait %.2f]",
                     (long long)stats.m[i].samples, stats.m[i].compute_s * 1e3,
                     stats.m[i].comm_s * 1e3, stats.m[i].wait_s * 1e3);
         fprintf(stderr, "\n");
     }
-    c->hidden[w] = hsum / c->steps;
-    c->comm[w] = csum / c->steps;
-    c->reduce[w] = rsum / c->steps;
+    out->hidden = hsum / c->steps;
+    out->comm = csum / c->steps;
+    out->reduce = rsum / c->steps;
+    return 0;
+}
+
+/* A timed window recorded as the configuration's window w. */
+static int window(config *c, int w, int64_t batch, td_loader *loader) {
+    window_stats s;
+    if (measure(c, w, batch, loader, &s))
+        return 1;
+    c->sps[w] = s.sps;
+    c->hidden[w] = s.hidden;
+    c->comm[w] = s.comm;
+    c->reduce[w] = s.reduce;
     return 0;
 }
 
@@ -220,8 +237,7 @@ typedef struct model_bench {
      * once, in samples/s: what the two cores give when both work. */
     double side[2][MAX_WINDOWS];
     double vs_side[2][MAX_RUNS];
-    float *side_x;
-    int32_t *side_labels;
+    td_loader *side_loader; /* the slowed device's batches then: loaders are not shared */
 } model_bench;
 
 /* 0: cpu:0 alone; 3: the slowed one alone; 1, 2 and 4, 5: two devices, and
@@ -240,17 +256,9 @@ static int model_setup(model_bench *m, const bench_opts *o, td_dataset *train) {
         fprintf(stderr, "bench: cannot read %s\n", path);
         return 1;
     }
-    if (td_loader_create(train, m->batch, 7, 1, &m->loader) != TD_OK)
+    if (td_loader_create(train, m->batch, 7, 1, &m->loader) != TD_OK ||
+        td_loader_create(train, m->batch, 8, 1, &m->side_loader) != TD_OK)
         goto fail;
-    {
-        td_batch b;
-        m->side_x = malloc(sizeof *m->side_x * (size_t)m->batch * MNIST_PIXELS);
-        m->side_labels = malloc(sizeof *m->side_labels * (size_t)m->batch);
-        if (!m->side_x || !m->side_labels || next_full_batch(m->loader, m->batch, &b))
-            goto fail;
-        memcpy(m->side_x, b.x, sizeof *m->side_x * (size_t)m->batch * MNIST_PIXELS);
-        memcpy(m->side_labels, b.labels, sizeof *m->side_labels * (size_t)m->batch);
-    }
     for (int c = 0; c < NCONFIGS; c++) {
         m->cf[c].spec = specs[c];
         m->cf[c].zero = c >= 4;
@@ -263,11 +271,10 @@ fail:
     return 1;
 }
 
-/* The slowed device's side of a side-by-side window: steps until told to
- * stop, on a batch of its own (the loader serves the caller only). */
+/* The slowed device's side of a side-by-side window: steps (the loader's
+ * time left out, as in measure) until told to stop. */
 typedef struct side_job {
-    td_dp *dp;
-    td_batch batch;
+    const model_bench *m;
     atomic_int stop;
     double sps;
     int failed;
@@ -275,36 +282,42 @@ typedef struct side_job {
 
 static void *side_steps(void *arg) {
     side_job *j = arg;
-    uint64_t t0 = td_clock_ns();
+    uint64_t busy = 0;
     int64_t samples = 0;
     td_step_result r;
+    td_batch b;
     while (!atomic_load(&j->stop)) {
-        if (td_dp_step(j->dp, &j->batch, 0, &r, NULL) != TD_OK) {
+        uint64_t t0;
+        if (next_full_batch(j->m->side_loader, j->m->batch, &b)) {
             j->failed = 1;
             return NULL;
         }
-        samples += j->batch.n;
+        t0 = td_clock_ns();
+        if (td_dp_step(j->m->cf[3].dp, &b, 0, &r, NULL) != TD_OK) {
+            j->failed = 1;
+            return NULL;
+        }
+        busy += td_clock_ns() - t0;
+        samples += b.n;
     }
-    j->sps = (double)samples / ((double)(td_clock_ns() - t0) * 1e-9);
+    j->sps = busy ? (double)samples / ((double)busy * 1e-9) : 0;
     return NULL;
 }
 
 /* cpu:0 alone (configuration 0) and the slowed device alone (3) at once:
- * the caller runs a window of the first while a thread steps the second. */
+ * the caller measures a window of the first while a thread steps the
+ * second; cf[0]'s own record keeps the windows it ran alone. */
 static int side_window(model_bench *m, int w) {
-    side_job j = {m->cf[3].dp, {m->batch, m->side_x, NULL, m->side_labels}, 0, 0, 0};
+    side_job j = {m, 0, 0, 0};
+    window_stats s = {0, 0, 0, 0};
     pthread_t t;
     int bad;
-    td_step_result r;
-    config first;
-    if (td_dp_step(j.dp, &j.batch, 0, &r, NULL) != TD_OK ||
-        pthread_create(&t, NULL, side_steps, &j))
+    if (pthread_create(&t, NULL, side_steps, &j))
         return 1;
-    first = m->cf[0]; /* its own record: cf[0]'s windows are the alone ones */
-    bad = window(&first, w, m->batch, m->loader);
-    m->side[0][w] = first.sps[w];
+    bad = measure(&m->cf[0], w, m->batch, m->loader, &s);
     atomic_store(&j.stop, 1);
     pthread_join(t, NULL);
+    m->side[0][w] = s.sps;
     m->side[1][w] = j.sps;
     return bad || j.failed;
 }
@@ -334,10 +347,11 @@ static int model_run(model_bench *m, const bench_opts *o, int r) {
     return 0;
 }
 
-static void print_runs(const char *what, const double *v, int n, double scale, const char *unit) {
+/* percent: 0.923 as 92.3%; else as a ratio, 1.07x. */
+static void print_runs(const char *what, const double *v, int n, int percent) {
     printf("    %s, run by run:", what);
     for (int r = 0; r < n; r++)
-        printf(" %.*f%s", scale > 1 ? 1 : 2, scale * v[r], unit);
+        printf(percent ? " %.1f%%" : " %.2fx", percent ? 100 * v[r] : v[r]);
     printf("\n");
 }
 
@@ -363,9 +377,9 @@ static int model_report(const model_bench *m, const bench_opts *o, int judge) {
                td_balancer_share(td_dp_balancer(slowed->dp), 1), 100 * median(slowed->comm, n),
                1e6 * median(pair->reduce, n), 100 * median(pair->hidden, n));
         if (o->runs > 1) {
-            print_runs("efficiency", m->eff[mode], o->runs, 100, "%");
-            print_runs("slowed pair / ideal", m->vs_ideal[mode], o->runs, 1, "x");
-            print_runs("slowed pair / side-by-side ideal", m->vs_side[mode], o->runs, 1, "x");
+            print_runs("efficiency", m->eff[mode], o->runs, 1);
+            print_runs("slowed pair / ideal", m->vs_ideal[mode], o->runs, 0);
+            print_runs("slowed pair / side-by-side ideal", m->vs_side[mode], o->runs, 0);
         }
         if (m->floor > 0) {
             ok = eff >= m->floor;
@@ -389,13 +403,12 @@ static void model_teardown(model_bench *m) {
     for (int c = 0; c < NCONFIGS; c++)
         teardown(&m->cf[c]);
     td_loader_destroy(m->loader);
+    td_loader_destroy(m->side_loader);
     free(m->json);
-    free(m->side_x);
-    free(m->side_labels);
 }
 
 int main(int argc, char **argv) {
-    bench_opts o = {"data/mnist", "examples", 20, 0.25, 5, 5};
+    bench_opts o = {"data/mnist", "examples", 20, 0.25, RUN_WINDOWS, 5};
     model_bench models[] = {
         {.name = "MLP", .file = "mnist_mlp.json", .batch = 128},
         {.name = "MLP", .file = "mnist_mlp.json", .batch = 512, .slow_floor = 1},
