@@ -126,7 +126,8 @@ struct td_group {
     td_status fail_status;
     int fail_rank; /* the member that broke the group, -1 when unknown */
     char fail_reason[1024];
-    atomic_int running; /* a td_group_run is in progress */
+    atomic_int running;   /* a td_group_run is in progress */
+    uint64_t last_run_ns; /* the last td_group_run's duration, the caller's */
 
     void *mpi;                  /* the MPI transport's state, or NULL */
     const td_group *mpi_parent; /* during td_group_shrink: the group shrunk */
