@@ -1,7 +1,8 @@
 /* The `data` strategy against one device training on the same global
- * batches; deterministic mode across 1, 2 and 3 devices; `alternate`
- * evaluation against one device; balancing with a slowed device; parking a
- * device with a large fixed cost, and its coming back; ZeRO-1. */
+ * batches, its reductions after backward and overlapped; deterministic mode
+ * across 1, 2 and 3 devices; `alternate` evaluation against one device;
+ * balancing with a slowed device; parking a device with a large fixed cost,
+ * and its coming back; ZeRO-1. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,7 +44,9 @@ static td_model *train_single(td_device *dev, td_dtype dt, const td_dp_data *d,
     return td_dp_train_single(model_json, "dp_test", 5, &o, dev, dt, d, last);
 }
 
-static td_dp *make_dp(td_group *g, td_dtype dt, int deterministic, const double *speeds) {
+/* overlap: the td_dp_config field (-1: as the devices suit, 1: always). */
+static td_dp *make_dp_overlap(td_group *g, td_dtype dt, int deterministic, int overlap,
+                              const double *speeds) {
     td_dp *dp = NULL;
     td_dp_config cfg = TD_DP_CONFIG_INIT;
     td_optimizer_config o = sgd();
@@ -51,11 +54,16 @@ static td_dp *make_dp(td_group *g, td_dtype dt, int deterministic, const double 
     cfg.chunk_samples = 8;
     cfg.first_bucket_bytes = 256; /* several buckets even for this small model */
     cfg.bucket_bytes = 512;
+    cfg.overlap = overlap;
     cfg.rebalance = 0; /* the shares stay as set: unequal on purpose */
     TD_ASSERT_OK(td_dp_create(g, model_json, "dp_test", dt, 5, &o, &cfg, &dp));
     if (speeds)
         TD_ASSERT_OK(td_balancer_set_speeds(td_dp_balancer(dp), speeds));
     return dp;
+}
+
+static td_dp *make_dp(td_group *g, td_dtype dt, int deterministic, const double *speeds) {
+    return make_dp_overlap(g, dt, deterministic, -1, speeds);
 }
 
 static int weights_identical(td_model *a, td_model *b) {
@@ -68,29 +76,37 @@ static int weights_identical(td_model *a, td_model *b) {
     return 1;
 }
 
-static void data_parallel_equals_one_device(void **state) {
+/* CPU devices reduce after backward unless told otherwise (overlap 1):
+ * then each bucket's all-reduce starts from the gradient hook while
+ * backward goes on, which the devices' threads and the collective engine
+ * run at once. */
+static void data_parallel_equals_one_device_with_and_without_overlap(void **state) {
     static const double speeds[3] = {1, 2, 3.7};
     td_dp_data *d = make_data();
     td_device_list *one = NULL;
     TD_ASSERT_OK(td_devices_open("cpu:0", &one));
-    for (int dt = 0; dt < 2; dt++) {
+    for (int run = 0; run < 4; run++) {
+        int dt = run % 2, overlap = run < 2 ? -1 : 1;
         td_step_result ref_res, res;
         td_model *ref = train_single(td_device_list_get(one, 0), (td_dtype)dt, d, &ref_res);
         td_group *g = NULL;
         td_dp *dp;
         double tol = dt == TD_F64 ? 1e-12 : 1e-5;
         TD_ASSERT_OK(td_group_create_spec("cpu*3", NULL, &g));
-        dp = make_dp(g, (td_dtype)dt, 0, speeds);
+        dp = make_dp_overlap(g, (td_dtype)dt, 0, overlap, speeds);
         for (int s = 0; s < STEPS; s++) {
             td_dp_stats stats;
             TD_ASSERT_OK(td_dp_step(dp, &d->batch[s], (uint64_t)s, &res, &stats));
             assert_int_equal(stats.members, 3);
+            assert_true(stats.hidden_fraction >= 0 && stats.hidden_fraction <= 1);
             assert_int_equal(stats.m[0].samples + stats.m[1].samples + stats.m[2].samples, BATCH);
             assert_true(stats.m[2].samples > stats.m[0].samples); /* shares followed speeds */
         }
         /* Every replica took the same steps, and the last step's loss, summed
          * over the slices, is the whole batch's. */
-        td_dp_assert_like_one_device(dp, 3, ref, &res, &ref_res, BATCH, tol, dt ? "f64" : "f32");
+        td_dp_assert_like_one_device(dp, 3, ref, &res, &ref_res, BATCH, tol,
+                                     dt ? (overlap > 0 ? "f64, overlapped" : "f64")
+                                        : (overlap > 0 ? "f32, overlapped" : "f32"));
         td_dp_destroy(dp);
         td_group_destroy(g);
         td_model_destroy(ref);
@@ -412,7 +428,7 @@ static void zero_1_refuses_what_it_cannot_do(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(data_parallel_equals_one_device),
+        cmocka_unit_test(data_parallel_equals_one_device_with_and_without_overlap),
         cmocka_unit_test(deterministic_mode_is_bitwise_the_same_for_1_2_3_devices),
         cmocka_unit_test(alternate_evaluation_equals_one_device_exactly),
         cmocka_unit_test(a_slowed_device_gets_a_smaller_share),
