@@ -9,8 +9,8 @@
  * work, since on a machine with fewer cores than threads that thread may be
  * the one it waits for. TANDEM_SPIN_US (default 1000, 0: never) is how long
  * a device thread polls for its next task; the caller of a group run polls
- * for its members about as long as their last run took, 4 to 25 times
- * that. */
+ * for its members about as long as their last run took, within 4 and 25
+ * times TANDEM_SPIN_US. */
 #ifndef TD_CORE_SPIN_H
 #define TD_CORE_SPIN_H
 
