@@ -6,10 +6,10 @@
  * member's), and the share of the gradient reduction hidden behind
  * backward; prints the floors and whether they hold.
  *
- * This machine's two virtual CPUs change pace for seconds to a minute at a
- * time (where the host runs them), so one measurement can land in a bad
- * spell. The bench therefore makes several runs, one after another, each
- * of rounds in which every configuration of every model takes a timed
+ * Cores can change pace for seconds to a minute at a time (a virtual
+ * machine's where the host runs them), so one measurement can land in a
+ * bad spell. The bench therefore makes several runs, one after another,
+ * each of rounds in which every configuration of every model takes a timed
  * window in turn; a run's ratios come from the medians of its own windows,
  * and the floors judge the median of the runs' ratios.
  *
@@ -360,11 +360,12 @@ static int model_report(const model_bench *m, const bench_opts *o, int judge) {
     const config *cf = m->cf;
     const int n = o->runs * o->windows;
     double one = median(cf[0].sps, n), slow_alone = median(cf[3].sps, n);
+    double side0 = median(m->side[0], n), side1 = median(m->side[1], n);
     int failed = 0;
     printf("%-8s %5lld side by side: cpu:0 %.0f and the slowed device %.0f samples/s, %.0f in "
            "all; the slowed pair at %.2fx that\n",
-           m->name, (long long)m->batch, median(m->side[0], n), median(m->side[1], n),
-           median(m->side[0], n) + median(m->side[1], n), median(m->vs_side[0], o->runs));
+           m->name, (long long)m->batch, side0, side1, side0 + side1,
+           median(m->vs_side[0], o->runs));
     for (int mode = 0; mode < 2; mode++) {
         const config *pair = &cf[mode ? 4 : 1], *slowed = &cf[mode ? 5 : 2];
         double eff = median(m->eff[mode], o->runs), vs_ideal = median(m->vs_ideal[mode], o->runs);

@@ -4,6 +4,7 @@
  * balancing with a slowed device; parking a device with a large fixed cost,
  * and its coming back; ZeRO-1. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -87,6 +88,7 @@ static void data_parallel_equals_one_device_with_and_without_overlap(void **stat
     TD_ASSERT_OK(td_devices_open("cpu:0", &one));
     for (int run = 0; run < 4; run++) {
         int dt = run % 2, overlap = run < 2 ? -1 : 1;
+        char what[32];
         td_step_result ref_res, res;
         td_model *ref = train_single(td_device_list_get(one, 0), (td_dtype)dt, d, &ref_res);
         td_group *g = NULL;
@@ -104,9 +106,8 @@ static void data_parallel_equals_one_device_with_and_without_overlap(void **stat
         }
         /* Every replica took the same steps, and the last step's loss, summed
          * over the slices, is the whole batch's. */
-        td_dp_assert_like_one_device(dp, 3, ref, &res, &ref_res, BATCH, tol,
-                                     dt ? (overlap > 0 ? "f64, overlapped" : "f64")
-                                        : (overlap > 0 ? "f32, overlapped" : "f32"));
+        snprintf(what, sizeof what, "%s%s", dt ? "f64" : "f32", overlap > 0 ? ", overlapped" : "");
+        td_dp_assert_like_one_device(dp, 3, ref, &res, &ref_res, BATCH, tol, what);
         td_dp_destroy(dp);
         td_group_destroy(g);
         td_model_destroy(ref);
