@@ -11,30 +11,19 @@
 #define MLP   TD_SOURCE_DIR "/examples/mnist_mlp.json"
 #define LENET TD_SOURCE_DIR "/examples/lenet5.json"
 
-static char tmpdir[] = "/tmp/td_ckpt_XXXXXX";
 static td_device_list *devs;
 static td_device *dev;
 
 static int setup(void **state) {
-    if (!mkdtemp(tmpdir) || td_devices_open("cpu", &devs) != TD_OK)
+    if (td_test_tmpdir_setup(state) || td_devices_open("cpu", &devs) != TD_OK)
         return -1;
     dev = td_device_list_get(devs, 0);
     return 0;
 }
 
 static int teardown(void **state) {
-    char cmd[256];
     td_device_list_destroy(devs);
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
-}
-
-static const char *tmp(const char *name) {
-    static char buf[4][512];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", tmpdir, name);
-    return buf[k];
+    return td_test_tmpdir_teardown(state);
 }
 
 /* A few AdamW steps on a fixed batch so the moments are not zero. */
@@ -87,12 +76,12 @@ static void round_trip_restores_weights_optimizer_and_state(void **state) {
     s.opt = oc;
     memcpy(s.vocab, "\nab", 3);
     s.vocab_len = 3;
-    TD_ASSERT_OK(td_checkpoint_save(tmp("rt.st"), m, opt, &s));
+    TD_ASSERT_OK(td_checkpoint_save(td_test_tmp("rt.st"), m, opt, &s));
 
     /* Another initialisation, then the checkpoint over it. */
     TD_ASSERT_OK(td_model_load(MLP, dev, TD_F32, 99, &m2));
     TD_ASSERT_OK(td_optimizer_create(m2, &oc, &opt2));
-    TD_ASSERT_OK(td_checkpoint_load(tmp("rt.st"), m2, opt2, &back));
+    TD_ASSERT_OK(td_checkpoint_load(td_test_tmp("rt.st"), m2, opt2, &back));
     for (size_t i = 0; i < td_model_param_count(m); i++)
         assert_same(td_model_param(m, i), td_model_param(m2, i));
     assert_int_equal(td_optimizer_state_count(opt), td_optimizer_state_count(opt2));
@@ -113,13 +102,13 @@ static void round_trip_restores_weights_optimizer_and_state(void **state) {
     assert_memory_equal(back.vocab, "\nab", 3);
 
     /* The model can be rebuilt from the file alone. */
-    TD_ASSERT_OK(td_checkpoint_load_model(tmp("rt.st"), dev, &m3, NULL));
+    TD_ASSERT_OK(td_checkpoint_load_model(td_test_tmp("rt.st"), dev, &m3, NULL));
     assert_int_equal(td_model_param_count(m3), td_model_param_count(m));
     for (size_t i = 0; i < td_model_param_count(m); i++)
         assert_same(td_model_param(m, i), td_model_param(m3, i));
 
     /* And the file is plain safetensors with the documented keys. */
-    TD_ASSERT_OK(td_safetensors_load(tmp("rt.st"), &sf));
+    TD_ASSERT_OK(td_safetensors_load(td_test_tmp("rt.st"), &sf));
     assert_non_null(td_safetensors_find(sf, "layers.0.weight"));
     assert_non_null(td_safetensors_find(sf, "optimizer.layers.0.weight.exp_avg"));
     assert_string_equal(td_safetensors_meta(sf, "tandem.step"), "3");
@@ -138,19 +127,19 @@ static void mismatched_models_are_errors_naming_the_tensor(void **state) {
     td_optimizer *opt;
     td_optimizer_config oc = TD_OPTIMIZER_CONFIG_INIT;
     TD_ASSERT_OK(td_model_load(MLP, dev, TD_F32, 1, &mlp));
-    TD_ASSERT_OK(td_checkpoint_save(tmp("w.st"), mlp, NULL, NULL));
+    TD_ASSERT_OK(td_checkpoint_save(td_test_tmp("w.st"), mlp, NULL, NULL));
     TD_ASSERT_OK(td_model_load(LENET, dev, TD_F32, 1, &lenet));
-    TD_ASSERT_STATUS(td_checkpoint_load(tmp("w.st"), lenet, NULL, NULL), TD_ERR_SHAPE);
-    td_test_assert_message_contains(tmp("w.st"));
+    TD_ASSERT_STATUS(td_checkpoint_load(td_test_tmp("w.st"), lenet, NULL, NULL), TD_ERR_SHAPE);
+    td_test_assert_message_contains(td_test_tmp("w.st"));
     td_test_assert_message_contains("\"layers.0.weight\"");
     TD_ASSERT_OK(td_model_load(MLP, dev, TD_F64, 1, &m64));
-    TD_ASSERT_STATUS(td_checkpoint_load(tmp("w.st"), m64, NULL, NULL), TD_ERR_DTYPE);
+    TD_ASSERT_STATUS(td_checkpoint_load(td_test_tmp("w.st"), m64, NULL, NULL), TD_ERR_DTYPE);
     td_test_assert_message_contains("f32");
     /* Weights only, but the optimizer is wanted. */
     TD_ASSERT_OK(td_optimizer_create(mlp, &oc, &opt));
-    TD_ASSERT_STATUS(td_checkpoint_load(tmp("w.st"), mlp, opt, NULL), TD_ERR_CORRUPT);
+    TD_ASSERT_STATUS(td_checkpoint_load(td_test_tmp("w.st"), mlp, opt, NULL), TD_ERR_CORRUPT);
     td_test_assert_message_contains("no optimizer state");
-    TD_ASSERT_OK(td_checkpoint_load(tmp("w.st"), mlp, NULL, NULL));
+    TD_ASSERT_OK(td_checkpoint_load(td_test_tmp("w.st"), mlp, NULL, NULL));
     td_optimizer_destroy(opt);
     td_model_destroy(mlp);
     td_model_destroy(lenet);
@@ -163,8 +152,8 @@ static void corrupt_checkpoints_are_clear_errors(void **state) {
     unsigned char *b;
     long n;
     TD_ASSERT_OK(td_model_load(MLP, dev, TD_F32, 1, &m));
-    TD_ASSERT_OK(td_checkpoint_save(tmp("c.st"), m, NULL, NULL));
-    f = fopen(tmp("c.st"), "rb");
+    TD_ASSERT_OK(td_checkpoint_save(td_test_tmp("c.st"), m, NULL, NULL));
+    f = fopen(td_test_tmp("c.st"), "rb");
     fseek(f, 0, SEEK_END);
     n = ftell(f);
     fseek(f, 0, SEEK_SET);
@@ -173,21 +162,22 @@ static void corrupt_checkpoints_are_clear_errors(void **state) {
     fclose(f);
 
     b[n - 100] ^= 0x01; /* a bit of the last tensor */
-    f = fopen(tmp("flip.st"), "wb");
+    f = fopen(td_test_tmp("flip.st"), "wb");
     fwrite(b, 1, (size_t)n, f);
     fclose(f);
-    TD_ASSERT_STATUS(td_checkpoint_load(tmp("flip.st"), m, NULL, NULL), TD_ERR_CORRUPT);
-    td_test_assert_message_contains(tmp("flip.st"));
+    TD_ASSERT_STATUS(td_checkpoint_load(td_test_tmp("flip.st"), m, NULL, NULL), TD_ERR_CORRUPT);
+    td_test_assert_message_contains(td_test_tmp("flip.st"));
     td_test_assert_message_contains("checksum");
-    TD_ASSERT_STATUS(td_checkpoint_load_model(tmp("flip.st"), dev, &m2, NULL), TD_ERR_CORRUPT);
+    TD_ASSERT_STATUS(td_checkpoint_load_model(td_test_tmp("flip.st"), dev, &m2, NULL),
+                     TD_ERR_CORRUPT);
     assert_null(m2);
     b[n - 100] ^= 0x01;
 
-    f = fopen(tmp("short.st"), "wb");
+    f = fopen(td_test_tmp("short.st"), "wb");
     fwrite(b, 1, (size_t)n / 2, f);
     fclose(f);
-    TD_ASSERT_STATUS(td_checkpoint_load(tmp("short.st"), m, NULL, NULL), TD_ERR_CORRUPT);
-    td_test_assert_message_contains(tmp("short.st"));
+    TD_ASSERT_STATUS(td_checkpoint_load(td_test_tmp("short.st"), m, NULL, NULL), TD_ERR_CORRUPT);
+    td_test_assert_message_contains(td_test_tmp("short.st"));
     td_test_assert_message_contains("truncated");
 
     /* A plain safetensors file without tandem's metadata. */
@@ -197,11 +187,13 @@ static void corrupt_checkpoints_are_clear_errors(void **state) {
         float one = 1;
         TD_ASSERT_OK(td_safetensors_writer_create(&w));
         TD_ASSERT_OK(td_safetensors_writer_add(w, "layers.0.weight", TD_F32, 1, shape, &one));
-        TD_ASSERT_OK(td_safetensors_writer_save(w, tmp("plain.st")));
+        TD_ASSERT_OK(td_safetensors_writer_save(w, td_test_tmp("plain.st")));
         td_safetensors_writer_destroy(w);
-        TD_ASSERT_STATUS(td_checkpoint_load(tmp("plain.st"), m, NULL, NULL), TD_ERR_CORRUPT);
+        TD_ASSERT_STATUS(td_checkpoint_load(td_test_tmp("plain.st"), m, NULL, NULL),
+                         TD_ERR_CORRUPT);
         td_test_assert_message_contains("not a tandem checkpoint");
-        TD_ASSERT_STATUS(td_checkpoint_load_model(tmp("plain.st"), dev, &m2, NULL), TD_ERR_CORRUPT);
+        TD_ASSERT_STATUS(td_checkpoint_load_model(td_test_tmp("plain.st"), dev, &m2, NULL),
+                         TD_ERR_CORRUPT);
         td_test_assert_message_contains("tandem.model");
     }
     free(b);

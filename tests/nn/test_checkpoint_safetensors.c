@@ -9,33 +9,6 @@
 #include "support/support.h"
 #include "tandem/checkpoint.h"
 
-static char tmpdir[] = "/tmp/td_st_XXXXXX";
-
-static int setup(void **state) {
-    return mkdtemp(tmpdir) ? 0 : -1;
-}
-
-static int teardown(void **state) {
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
-}
-
-static unsigned char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    unsigned char *buf;
-    long len;
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    buf = malloc((size_t)len + 1);
-    assert_int_equal(fread(buf, 1, (size_t)len, f), (size_t)len);
-    fclose(f);
-    *n = (size_t)len;
-    return buf;
-}
-
 static void spit(const char *path, const void *bytes, size_t n) {
     FILE *f = fopen(path, "wb");
     assert_non_null(f);
@@ -67,7 +40,7 @@ static void writes_the_spec_layout(void **state) {
     uint64_t h = 0;
     json_t *root, *t, *meta;
     json_error_t jerr;
-    snprintf(path, sizeof path, "%s/a.safetensors", tmpdir);
+    snprintf(path, sizeof path, "%s/a.safetensors", td_test_tmpdir());
     TD_ASSERT_OK(td_safetensors_writer_create(&w));
     TD_ASSERT_OK(td_safetensors_writer_add(w, "w", TD_F32, 2, s23, F));
     TD_ASSERT_OK(td_safetensors_writer_add(w, "d", TD_F64, 1, s4, D));
@@ -82,7 +55,7 @@ static void writes_the_spec_layout(void **state) {
     TD_ASSERT_OK(td_safetensors_writer_save(w, path));
     td_safetensors_writer_destroy(w);
 
-    b = slurp(path, &n);
+    b = td_test_read_file(path, &n);
     for (int i = 7; i >= 0; i--)
         h = h << 8 | b[i];
     assert_int_equal(h % 8, 0); /* data starts aligned */
@@ -112,7 +85,7 @@ static void reads_back_what_it_wrote(void **state) {
     td_safetensors *st;
     const td_st_tensor *t;
     char path[512];
-    snprintf(path, sizeof path, "%s/a.safetensors", tmpdir);
+    snprintf(path, sizeof path, "%s/a.safetensors", td_test_tmpdir());
     TD_ASSERT_OK(td_safetensors_load(path, &st));
     assert_int_equal(td_safetensors_count(st), 4);
     assert_true(td_safetensors_has_checksum(st));
@@ -173,7 +146,7 @@ static void bytes_into_tensors(void **state) {
     int64_t s23[2] = {2, 3}, s32[2] = {3, 2};
     float back[6];
     char path[512];
-    snprintf(path, sizeof path, "%s/a.safetensors", tmpdir);
+    snprintf(path, sizeof path, "%s/a.safetensors", td_test_tmpdir());
     TD_ASSERT_OK(td_devices_open("cpu", &devs));
     TD_ASSERT_OK(td_tensor_create(td_device_list_get(devs, 0), TD_F32, 2, s23, &t));
     TD_ASSERT_OK(td_safetensors_load(path, &st));
@@ -192,7 +165,7 @@ static void bytes_into_tensors(void **state) {
     {
         td_safetensors_writer *w;
         char p2[512];
-        snprintf(p2, sizeof p2, "%s/t.safetensors", tmpdir);
+        snprintf(p2, sizeof p2, "%s/t.safetensors", td_test_tmpdir());
         TD_ASSERT_OK(td_safetensors_writer_create(&w));
         TD_ASSERT_OK(td_safetensors_writer_add_tensor(w, "layers.0.weight", t));
         TD_ASSERT_OK(td_safetensors_writer_save(w, p2));
@@ -267,9 +240,9 @@ static void corrupted_copies_of_a_good_file_are_errors(void **state) {
     size_t n;
     uint64_t h = 0;
     td_safetensors *st;
-    snprintf(path, sizeof path, "%s/a.safetensors", tmpdir);
-    snprintf(bad, sizeof bad, "%s/bad.safetensors", tmpdir);
-    b = slurp(path, &n);
+    snprintf(path, sizeof path, "%s/a.safetensors", td_test_tmpdir());
+    snprintf(bad, sizeof bad, "%s/bad.safetensors", td_test_tmpdir());
+    b = td_test_read_file(path, &n);
     for (int i = 7; i >= 0; i--)
         h = h << 8 | b[i];
     spit(bad, b, n - 1);
@@ -296,7 +269,7 @@ static void corrupted_copies_of_a_good_file_are_errors(void **state) {
     TD_ASSERT_STATUS(td_safetensors_load(bad, &st), TD_ERR_CORRUPT);
     td_test_assert_message_contains("does not fit the file");
     free(b);
-    snprintf(bad, sizeof bad, "%s/absent.safetensors", tmpdir);
+    snprintf(bad, sizeof bad, "%s/absent.safetensors", td_test_tmpdir());
     TD_ASSERT_STATUS(td_safetensors_load(bad, &st), TD_ERR_IO);
     td_test_assert_message_contains(bad);
 }
@@ -308,12 +281,12 @@ static void saves_are_atomic(void **state) {
     int64_t s1[1] = {1};
     DIR *d;
     struct dirent *e;
-    snprintf(path, sizeof path, "%s/a.safetensors", tmpdir);
+    snprintf(path, sizeof path, "%s/a.safetensors", td_test_tmpdir());
     TD_ASSERT_OK(td_safetensors_writer_create(&w));
     TD_ASSERT_OK(td_safetensors_writer_add(w, "x", TD_F32, 1, s1, F));
     TD_ASSERT_OK(td_safetensors_writer_save(w, path)); /* over the old file */
     /* A folder that does not exist: an error, and nothing written. */
-    snprintf(sub, sizeof sub, "%s/no/such/dir/c.safetensors", tmpdir);
+    snprintf(sub, sizeof sub, "%s/no/such/dir/c.safetensors", td_test_tmpdir());
     TD_ASSERT_STATUS(td_safetensors_writer_save(w, sub), TD_ERR_IO);
     td_test_assert_message_contains(sub);
     td_safetensors_writer_destroy(w);
@@ -321,7 +294,7 @@ static void saves_are_atomic(void **state) {
     assert_int_equal(td_safetensors_count(st), 1);
     td_safetensors_destroy(st);
     /* No temporary files are left behind. */
-    assert_non_null(d = opendir(tmpdir));
+    assert_non_null(d = opendir(td_test_tmpdir()));
     while ((e = readdir(d)))
         assert_null(strstr(e->d_name, ".tmp."));
     closedir(d);
@@ -332,7 +305,7 @@ static void python_safetensors_reads_it_when_installed(void **state) {
     const char *py = TD_SOURCE_DIR "/bench/.venv/bin/python";
     char cmd[2048], path[512], *out = NULL, *err = NULL;
     int rc;
-    snprintf(path, sizeof path, "%s/py.safetensors", tmpdir);
+    snprintf(path, sizeof path, "%s/py.safetensors", td_test_tmpdir());
     if (access(py, X_OK) != 0 ||
         td_test_run_command("'" TD_SOURCE_DIR "/bench/.venv/bin/python' -c 'import safetensors, "
                             "numpy'",
@@ -406,5 +379,5 @@ int main(void) {
         cmocka_unit_test(saves_are_atomic),
         cmocka_unit_test(python_safetensors_reads_it_when_installed),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, td_test_tmpdir_setup, td_test_tmpdir_teardown);
 }

@@ -10,8 +10,6 @@
 #include "support/dp_check.h"
 #include "support/support.h"
 
-static char dir[256];
-
 static void train(const char *devices, const char *extra, const char *ckpt) {
     char cmd[2048], *out = NULL, *err = NULL;
     int rc;
@@ -19,7 +17,7 @@ static void train(const char *devices, const char *extra, const char *ckpt) {
              "%s train --model %s/examples/mnist_mlp.json --data %s/data/mnist --batch 64 "
              "--lr 0.05 --eval-samples 200 --no-epoch-eval --quiet --devices '%s' %s "
              "--checkpoint %s/%s",
-             TD_TANDEM_EXE, TD_SOURCE_DIR, TD_SOURCE_DIR, devices, extra, dir, ckpt);
+             TD_TANDEM_EXE, TD_SOURCE_DIR, TD_SOURCE_DIR, devices, extra, td_test_tmpdir(), ckpt);
     rc = td_test_run_command(cmd, &out, &err);
     if (rc != 0)
         fail_msg("'%s' exited %d: %s", cmd, rc, err ? err : "");
@@ -30,15 +28,12 @@ static void train(const char *devices, const char *extra, const char *ckpt) {
 /* The tensors' bytes of two checkpoints: what follows the safetensors header
  * (the header's metadata may differ: the resumed run's options, say). */
 static int same_weights(const char *a, const char *b) {
-    char pa[512], pb[512];
     char *da = NULL, *db = NULL;
     long na = 0, nb = 0;
     int same = 0;
     FILE *fa, *fb;
-    snprintf(pa, sizeof pa, "%s/%s", dir, a);
-    snprintf(pb, sizeof pb, "%s/%s", dir, b);
-    fa = fopen(pa, "rb");
-    fb = fopen(pb, "rb");
+    fa = fopen(td_test_tmp(a), "rb");
+    fb = fopen(td_test_tmp(b), "rb");
     if (fa && fb) {
         unsigned char ha[8], hb[8];
         uint64_t la = 0, lb = 0;
@@ -68,12 +63,9 @@ static int same_weights(const char *a, const char *b) {
     return same;
 }
 
-/* td_dp_checkpoint_diff of two checkpoints in dir. */
+/* td_dp_checkpoint_diff of two checkpoints in the test directory. */
 static double checkpoint_diff(const char *a, const char *b) {
-    char pa[512], pb[512];
-    snprintf(pa, sizeof pa, "%s/%s", dir, a);
-    snprintf(pb, sizeof pb, "%s/%s", dir, b);
-    return td_dp_checkpoint_diff(pa, pb);
+    return td_dp_checkpoint_diff(td_test_tmp(a), td_test_tmp(b));
 }
 
 static void data_strategy_matches_one_device(void **state) {
@@ -102,8 +94,8 @@ static void resuming_a_data_parallel_run_equals_never_stopping(void **state) {
     char extra[512];
     train("cpu*2", "--steps 24 --strategy data --deterministic", "whole.safetensors");
     train("cpu*2", "--steps 10 --strategy data --deterministic", "half.safetensors");
-    snprintf(extra, sizeof extra, "--steps 24 --strategy data --deterministic --resume %s/%s", dir,
-             "half.safetensors");
+    snprintf(extra, sizeof extra, "--steps 24 --strategy data --deterministic --resume %s/%s",
+             td_test_tmpdir(), "half.safetensors");
     train("cpu*2", extra, "resumed.safetensors");
     assert_true(same_weights("whole.safetensors", "resumed.safetensors"));
 }
@@ -128,7 +120,7 @@ static void zero_1_matches_one_device_and_resumes(void **state) {
     snprintf(extra, sizeof extra,
              "--steps 24 --precision f64 --optimizer adamw --lr 0.002 --strategy data --zero "
              "--resume %s/zhalf.safetensors",
-             dir);
+             td_test_tmpdir());
     train("cpu*2", extra, "zresumed.safetensors");
     d = checkpoint_diff("zresumed.safetensors", "zwhole.safetensors");
     if (d > 1e-12)
@@ -140,7 +132,7 @@ static char *eval_json(const char *devices, const char *strategy) {
     snprintf(cmd, sizeof cmd,
              "%s eval --checkpoint %s/one32.safetensors --data %s/data/mnist --json "
              "--devices '%s' --strategy %s",
-             TD_TANDEM_EXE, dir, TD_SOURCE_DIR, devices, strategy);
+             TD_TANDEM_EXE, td_test_tmpdir(), TD_SOURCE_DIR, devices, strategy);
     if (td_test_run_command(cmd, &out, &err) != 0)
         fail_msg("'%s' failed: %s", cmd, err ? err : "");
     free(err);
@@ -196,16 +188,5 @@ int main(void) {
         cmocka_unit_test(alternate_evaluation_equals_one_device),
         cmocka_unit_test(bad_strategies_are_refused),
     };
-    int rc;
-    snprintf(dir, sizeof dir, "/tmp/td_strategies_XXXXXX");
-    if (!mkdtemp(dir))
-        return 1;
-    rc = cmocka_run_group_tests(tests, NULL, NULL);
-    {
-        char cmd[512];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-        if (system(cmd) != 0)
-            rc = rc ? rc : 1;
-    }
-    return rc;
+    return cmocka_run_group_tests(tests, td_test_tmpdir_setup, td_test_tmpdir_teardown);
 }

@@ -9,8 +9,6 @@
 #include "support/dp_check.h"
 #include "support/support.h"
 
-static char dir[256];
-
 /* Runs `tandem train` (under mpirun when np > 0) and fails the test if it fails. */
 static char *train(int np, const char *devices, const char *extra, const char *ckpt) {
     char cmd[2048], *out = NULL, *err = NULL;
@@ -26,7 +24,7 @@ static char *train(int np, const char *devices, const char *extra, const char *c
              "%s train --model %s/examples/mnist_mlp.json --data %s/data/mnist --batch 64 "
              "--lr 0.05 --eval-samples 200 --no-epoch-eval --quiet --devices '%s' %s "
              "--checkpoint %s/%s",
-             TD_TANDEM_EXE, TD_SOURCE_DIR, TD_SOURCE_DIR, devices, extra, dir, ckpt);
+             TD_TANDEM_EXE, TD_SOURCE_DIR, TD_SOURCE_DIR, devices, extra, td_test_tmpdir(), ckpt);
     rc = td_test_run_command(cmd, &out, &err);
     if (rc != 0)
         fail_msg("'%s' exited %d: %s", cmd, rc, err ? err : "");
@@ -43,17 +41,15 @@ static void two_processes_train_one_model(void **state) {
     assert_non_null(strstr(out, "rank 1"));
     assert_null(strstr(strstr(out, "final test accuracy") + 1, "final test accuracy"));
     free(out);
-    snprintf(cmp, sizeof cmp, "cmp -s %s/one.safetensors %s/mpi.safetensors", dir, dir);
+    snprintf(cmp, sizeof cmp, "cmp -s %s/one.safetensors %s/mpi.safetensors", td_test_tmpdir(),
+             td_test_tmpdir());
     if (system(cmp) != 0)
         fail_msg("the 2-process checkpoint differs from the one-device checkpoint");
 }
 
-/* td_dp_checkpoint_diff of two checkpoints in dir. */
+/* td_dp_checkpoint_diff of two checkpoints in the test directory. */
 static double checkpoint_diff(const char *a, const char *b) {
-    char pa[512], pb[512];
-    snprintf(pa, sizeof pa, "%s/%s", dir, a);
-    snprintf(pb, sizeof pb, "%s/%s", dir, b);
-    return td_dp_checkpoint_diff(pa, pb);
+    return td_dp_checkpoint_diff(td_test_tmp(a), td_test_tmp(b));
 }
 
 /* ZeRO-1 across processes: the gradient shards are reduce-scattered and the
@@ -77,21 +73,10 @@ int main(void) {
         cmocka_unit_test(two_processes_train_one_model),
         cmocka_unit_test(two_processes_train_with_zero_1),
     };
-    int rc;
 #ifndef TD_HAVE_MPI
     td_test_skip("tandem was built without MPI");
 #endif
     if (system("command -v mpirun >/dev/null 2>&1") != 0)
         td_test_skip("no mpirun on this machine");
-    snprintf(dir, sizeof dir, "/tmp/td_mpi_data_XXXXXX");
-    if (!mkdtemp(dir))
-        return 1;
-    rc = cmocka_run_group_tests(tests, NULL, NULL);
-    {
-        char cmd[512];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-        if (system(cmd) != 0)
-            rc = rc ? rc : 1;
-    }
-    return rc;
+    return cmocka_run_group_tests(tests, td_test_tmpdir_setup, td_test_tmpdir_teardown);
 }

@@ -25,6 +25,32 @@ void td_test_skip(const char *why) {
     exit(77);
 }
 
+static char tmpdir[] = "/tmp/td_test_XXXXXX";
+
+int td_test_tmpdir_setup(void **state) {
+    (void)state;
+    return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+int td_test_tmpdir_teardown(void **state) {
+    char cmd[64];
+    (void)state;
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+const char *td_test_tmpdir(void) {
+    return tmpdir;
+}
+
+const char *td_test_tmp(const char *name) {
+    static char buf[4][512];
+    static int k;
+    k = (k + 1) % 4;
+    snprintf(buf[k], sizeof buf[k], "%s/%s", tmpdir, name);
+    return buf[k];
+}
+
 static char *slurp(const char *path) {
     FILE *f = fopen(path, "rb");
     char *buf;
@@ -67,4 +93,23 @@ int td_test_run_command(const char *cmd, char **out, char **err) {
     if (rc == -1 || !WIFEXITED(rc))
         return -1;
     return WEXITSTATUS(rc);
+}
+
+unsigned char *td_test_read_file(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    unsigned char *buf;
+    long len;
+    if (!f)
+        fail_msg("cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    buf = malloc((size_t)len + 1);
+    assert_non_null(buf);
+    assert_int_equal(fread(buf, 1, (size_t)len, f), (size_t)len);
+    buf[len] = '\0';
+    fclose(f);
+    if (n)
+        *n = (size_t)len;
+    return buf;
 }

@@ -42,4 +42,18 @@ void td_test_skip(const char *why) __attribute__((noreturn));
  * returns its exit status (or -1). */
 int td_test_run_command(const char *cmd, char **out, char **err);
 
+/* A fresh directory for one test program's files, for cmocka_run_group_tests:
+ * the setup makes it, the teardown removes it with all it holds. */
+int td_test_tmpdir_setup(void **state);
+int td_test_tmpdir_teardown(void **state);
+const char *td_test_tmpdir(void);
+
+/* name inside that directory. The result lives until the fourth call after
+ * this one, so one statement can use several. */
+const char *td_test_tmp(const char *name);
+
+/* The whole file, malloc'ed and NUL-terminated (its length in *n unless n is
+ * NULL); fails the test when it cannot be read. */
+unsigned char *td_test_read_file(const char *path, size_t *n);
+
 #endif

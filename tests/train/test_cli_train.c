@@ -13,18 +13,6 @@
 #define MNIST TD_SOURCE_DIR "/data/mnist"
 #define MLP   TD_SOURCE_DIR "/examples/mnist_mlp.json"
 
-static char tmpdir[] = "/tmp/td_cli_train_XXXXXX";
-
-static int setup(void **state) {
-    return mkdtemp(tmpdir) ? 0 : -1;
-}
-
-static int teardown(void **state) {
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
-}
-
 /* Runs "tandem <args>" and checks the exit status and that stderr (or
  * stdout when err_needle is NULL) holds the needle. */
 static void expect(const char *args, int want_rc, const char *out_needle, const char *err_needle) {
@@ -84,8 +72,8 @@ static void a_short_run_writes_metrics_and_a_checkpoint_that_eval_reads(void **s
     int steps = 0, epochs = 0, rc;
     FILE *f;
     char line[4096];
-    snprintf(metrics, sizeof metrics, "%s/m.jsonl", tmpdir);
-    snprintf(ckpt, sizeof ckpt, "%s/c.safetensors", tmpdir);
+    snprintf(metrics, sizeof metrics, "%s/m.jsonl", td_test_tmpdir());
+    snprintf(ckpt, sizeof ckpt, "%s/c.safetensors", td_test_tmpdir());
     snprintf(args, sizeof args,
              "train --model " MLP " --data " MNIST " --steps 40 --batch 32 --lr 0.05 "
              "--eval-samples 2000 --metrics %s --checkpoint %s --summary",
@@ -142,5 +130,5 @@ int main(void) {
         cmocka_unit_test(bad_input_is_a_clear_error),
         cmocka_unit_test(a_short_run_writes_metrics_and_a_checkpoint_that_eval_reads),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, td_test_tmpdir_setup, td_test_tmpdir_teardown);
 }

@@ -10,34 +10,6 @@
 
 #define MNIST TD_SOURCE_DIR "/data/mnist/"
 
-static char tmpdir[] = "/tmp/td_idx_XXXXXX";
-
-static int setup(void **state) {
-    return mkdtemp(tmpdir) ? 0 : -1;
-}
-
-static int teardown(void **state) {
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
-}
-
-static unsigned char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    unsigned char *buf;
-    long len;
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    buf = malloc((size_t)len + 1);
-    assert_non_null(buf);
-    assert_int_equal(fread(buf, 1, (size_t)len, f), (size_t)len);
-    fclose(f);
-    *n = (size_t)len;
-    return buf;
-}
-
 /* The file unpacked with zlib's own gz reader: an independent path to the bytes. */
 static unsigned char *gunzip_file(const char *path, size_t *n) {
     gzFile g = gzopen(path, "rb");
@@ -119,7 +91,7 @@ static void plain_and_gzipped_files_read_the_same(void **state) {
     size_t n;
     unsigned char *raw = gunzip_file(MNIST "t10k-labels-idx1-ubyte.gz", &n);
     td_idx a, b;
-    snprintf(path, sizeof path, "%s/labels", tmpdir);
+    snprintf(path, sizeof path, "%s/labels", td_test_tmpdir());
     spit(path, raw, n);
     TD_ASSERT_OK(td_idx_read(path, &a));
     TD_ASSERT_OK(td_idx_read(MNIST "t10k-labels-idx1-ubyte.gz", &b));
@@ -130,13 +102,13 @@ static void plain_and_gzipped_files_read_the_same(void **state) {
     free(raw);
 }
 
-/* Writes bytes to tmpdir/name and expects td_idx_read to fail with want and a
+/* Writes bytes to td_test_tmpdir()/name and expects td_idx_read to fail with want and a
  * message holding the path and `needle`. */
 static void expect_error(const char *name, const void *bytes, size_t n, td_status want,
                          const char *needle) {
     char path[512];
     td_idx idx;
-    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+    snprintf(path, sizeof path, "%s/%s", td_test_tmpdir(), name);
     spit(path, bytes, n);
     TD_ASSERT_STATUS(td_idx_read(path, &idx), want);
     td_test_assert_message_contains(path);
@@ -147,7 +119,7 @@ static void expect_error(const char *name, const void *bytes, size_t n, td_statu
 
 static void broken_gzip_files_are_errors(void **state) {
     size_t n;
-    unsigned char *gz = slurp(MNIST "t10k-images-idx3-ubyte.gz", &n);
+    unsigned char *gz = td_test_read_file(MNIST "t10k-images-idx3-ubyte.gz", &n);
     expect_error("half.gz", gz, n / 2, TD_ERR_CORRUPT, "truncated");
     expect_error("no-trailer.gz", gz, n - 4, TD_ERR_CORRUPT, "truncated");
     expect_error("header-only.gz", gz, 12, TD_ERR_CORRUPT, "");
@@ -206,7 +178,7 @@ static void missing_files_and_mismatched_pairs_are_errors(void **state) {
                                          MNIST "t10k-labels-idx1-ubyte.gz", &ds),
                      TD_ERR_CORRUPT);
     td_test_assert_message_contains("at least 2 dimensions");
-    TD_ASSERT_STATUS(td_mnist_open(tmpdir, &train, &test), TD_ERR_IO);
+    TD_ASSERT_STATUS(td_mnist_open(td_test_tmpdir(), &train, &test), TD_ERR_IO);
     td_test_assert_message_contains("train-images-idx3-ubyte");
     assert_null(train);
     assert_null(test);
@@ -259,5 +231,5 @@ int main(void) {
         cmocka_unit_test(missing_files_and_mismatched_pairs_are_errors),
         cmocka_unit_test(mnist_is_normalised_to_mean_0_and_deviation_1),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, td_test_tmpdir_setup, td_test_tmpdir_teardown);
 }

@@ -15,26 +15,6 @@
 #define MLP   TD_SOURCE_DIR "/examples/mnist_mlp.json"
 #define TEXT  TD_SOURCE_DIR "/data/text/tinyshakespeare.txt"
 
-static char tmpdir[] = "/tmp/td_trainer_XXXXXX";
-
-static int setup(void **state) {
-    return mkdtemp(tmpdir) ? 0 : -1;
-}
-
-static int teardown(void **state) {
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
-}
-
-static const char *tmp(const char *name) {
-    static char buf[4][512];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", tmpdir, name);
-    return buf[k];
-}
-
 /* The "loss" of every step event in a metrics file, in order. */
 static int read_step_losses(const char *path, double *loss, int max) {
     FILE *f = fopen(path, "r");
@@ -67,7 +47,7 @@ static void mnist_loss_falls(void **state) {
     c.batch = 64;
     c.opt.lr = 0.05;
     c.eval_samples = 1000;
-    c.metrics = tmp("falls.jsonl");
+    c.metrics = td_test_tmp("falls.jsonl");
     TD_ASSERT_OK(td_train_run(&c, &s));
     assert_int_equal(s.steps, 150);
     assert_int_equal(s.samples, 150 * 64);
@@ -123,31 +103,31 @@ static void check_resume(td_train_config base, int64_t first, int64_t total, con
     snprintf(m2, sizeof m2, "%s-2.jsonl", tag);
     c = base;
     c.steps = total;
-    c.checkpoint = tmp(straight);
-    c.metrics = tmp(m1);
+    c.checkpoint = td_test_tmp(straight);
+    c.metrics = td_test_tmp(m1);
     TD_ASSERT_OK(td_train_run(&c, &s));
     assert_int_equal(s.steps, total);
 
     c = base;
     c.steps = first;
-    c.checkpoint = tmp(part);
-    c.metrics = tmp(m2);
+    c.checkpoint = td_test_tmp(part);
+    c.metrics = td_test_tmp(m2);
     TD_ASSERT_OK(td_train_run(&c, &s));
     assert_int_equal(s.steps, first);
 
     c = base;
     c.model_path = NULL; /* the checkpoint's model */
-    c.resume = tmp(part);
+    c.resume = td_test_tmp(part);
     c.steps = total;
-    c.checkpoint = tmp(resumed);
-    c.metrics = tmp(m2); /* appended */
+    c.checkpoint = td_test_tmp(resumed);
+    c.metrics = td_test_tmp(m2); /* appended */
     TD_ASSERT_OK(td_train_run(&c, &s));
     assert_int_equal(s.steps, total);
     assert_int_equal(s.samples, (total - first) * base.batch);
 
-    assert_same_tensors(tmp(straight), tmp(resumed));
-    n1 = read_step_losses(tmp(m1), l1, 400);
-    n2 = read_step_losses(tmp(m2), l2, 400);
+    assert_same_tensors(td_test_tmp(straight), td_test_tmp(resumed));
+    n1 = read_step_losses(td_test_tmp(m1), l1, 400);
+    n2 = read_step_losses(td_test_tmp(m2), l2, 400);
     assert_int_equal(n1, total);
     assert_int_equal(n2, total);
     for (int i = 0; i < n1; i++)
@@ -180,7 +160,7 @@ static const char *write_tiny_gpt(void) {
         "{\"type\":\"residual\",\"layers\":[{\"type\":\"layernorm\"},"
         "{\"type\":\"linear\",\"out\":64},{\"type\":\"gelu\"},{\"type\":\"linear\",\"out\":32}]},"
         "{\"type\":\"layernorm\"},{\"type\":\"linear\",\"out\":256}]}";
-    const char *path = tmp("gpt_micro.json");
+    const char *path = td_test_tmp("gpt_micro.json");
     FILE *f = fopen(path, "w");
     assert_non_null(f);
     fputs(json, f);
@@ -220,7 +200,7 @@ static void a_text_model_learns(void **state) {
     c.opt.kind = TD_OPT_ADAMW;
     c.opt.lr = 3e-3;
     c.eval_samples = 128;
-    c.metrics = tmp("gpt-learns.jsonl");
+    c.metrics = td_test_tmp("gpt-learns.jsonl");
     TD_ASSERT_OK(td_train_run(&c, &s));
     assert_int_equal(read_step_losses(c.metrics, loss, 200), 120);
     for (int i = 0; i < 10; i++) {
@@ -246,9 +226,9 @@ static void a_character_vocabulary_is_kept_in_the_checkpoint(void **state) {
     const char *vocab;
     static char model[512], ckpt[512], other[512];
     FILE *f;
-    snprintf(model, sizeof model, "%s", tmp("gpt_chars.json"));
-    snprintf(ckpt, sizeof ckpt, "%s", tmp("chars.st"));
-    snprintf(other, sizeof other, "%s", tmp("other.txt"));
+    snprintf(model, sizeof model, "%s", td_test_tmp("gpt_chars.json"));
+    snprintf(ckpt, sizeof ckpt, "%s", td_test_tmp("chars.st"));
+    snprintf(other, sizeof other, "%s", td_test_tmp("other.txt"));
     assert_non_null(f = fopen(model, "w"));
     fputs(json, f);
     fclose(f);
@@ -312,11 +292,11 @@ static void bad_configurations_are_errors(void **state) {
     c.data_path = TEXT;
     TD_ASSERT_STATUS(td_train_run(&c, &s), TD_ERR_INVALID_ARG);
     td_test_assert_message_contains("folder of MNIST IDX files");
-    c.data_path = tmp("nothing-here");
+    c.data_path = td_test_tmp("nothing-here");
     TD_ASSERT_STATUS(td_train_run(&c, &s), TD_ERR_IO);
     td_test_assert_message_contains("nothing-here");
     c.data_path = MNIST;
-    c.model_path = tmp("missing.json");
+    c.model_path = td_test_tmp("missing.json");
     assert_true(td_train_run(&c, &s) != TD_OK);
     td_test_assert_message_contains("missing.json");
     c.model_path = MLP;
@@ -324,11 +304,11 @@ static void bad_configurations_are_errors(void **state) {
     TD_ASSERT_STATUS(td_train_run(&c, &s), TD_ERR_INVALID_ARG);
     td_test_assert_message_contains("batch size 0");
     c.batch = 64;
-    c.resume = tmp("no-checkpoint.st");
+    c.resume = td_test_tmp("no-checkpoint.st");
     TD_ASSERT_STATUS(td_train_run(&c, &s), TD_ERR_IO);
     td_test_assert_message_contains("no-checkpoint.st");
     c.resume = NULL;
-    c.checkpoint = tmp("no/such/folder/c.st");
+    c.checkpoint = td_test_tmp("no/such/folder/c.st");
     TD_ASSERT_STATUS(td_train_run(&c, &s), TD_ERR_IO);
     td_test_assert_message_contains("cannot write a checkpoint there");
     c.checkpoint = NULL;
@@ -347,5 +327,5 @@ int main(void) {
         cmocka_unit_test(mnist_mlp_reaches_its_floor_in_three_epochs),
         cmocka_unit_test(bad_configurations_are_errors),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, td_test_tmpdir_setup, td_test_tmpdir_teardown);
 }
