@@ -399,7 +399,7 @@ static int model_report(const model_bench *m, const bench_opts *o, int judge) {
         }
         if (m->floor > 0) {
             ok = eff >= m->floor;
-            printf("  floor: %s (batch %lld, %s) scaling efficiency %.1f%% >= %.0f%%: %s\n",
+            printf("  floor: %s (batch %lld, %s) scaling efficiency %.2f%% >= %.0f%%: %s\n",
                    m->name, (long long)m->batch, name, 100 * eff, 100 * m->floor,
                    ok ? "PASS" : "FAIL");
             failed |= !ok && !mode && judge;
@@ -407,7 +407,7 @@ static int model_report(const model_bench *m, const bench_opts *o, int judge) {
         if (!m->slow_floor)
             continue;
         ok = vs_ideal <= 1.10;
-        printf("  floor: %s (batch %lld, %s) with a 3x slowed device, step time %.2fx the "
+        printf("  floor: %s (batch %lld, %s) with a 3x slowed device, step time %.3fx the "
                "ideal <= 1.10x: %s\n",
                m->name, (long long)m->batch, name, vs_ideal, ok ? "PASS" : "FAIL");
         failed |= !ok && !mode && judge;
