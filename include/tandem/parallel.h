@@ -104,12 +104,12 @@ TD_API double td_balancer_ideal_seconds(const td_balancer *b, int64_t total);
  *
  * ZeRO-1 (cfg.zero): member r keeps optimizer state only for shard r of each
  * parameter (td_optimizer_create_shard), so each holds about 1 / size of it.
- * After backward the gradients are reduce-scattered (each member gets the
- * sum of its shard) instead of all-reduced, each member updates its shard of
- * the weights, and the weights are all-gathered. The weights equal those of
- * the replicated optimizer. It reduces after backward (no overlap), parks no
- * device (a parked member's shard would go without updates) and does not go
- * with deterministic mode. Checkpoints take the whole state:
+ * The gradients are reduce-scattered (each member gets the sum of its shard)
+ * instead of all-reduced, bucket by bucket during backward when overlapping,
+ * each member updates its shard of the weights, and the weights are
+ * all-gathered. The weights equal those of the replicated optimizer. It
+ * parks no device (a parked member's shard would go without updates) and
+ * does not go with deterministic mode. Checkpoints take the whole state:
  * td_dp_gather_optimizer and td_dp_scatter_optimizer move it between the
  * shards and one whole optimizer. */
 

@@ -31,10 +31,11 @@ typedef struct dp_member {
     td_tensor *stats_send; /* (STAT_WORDS) f64 */
     td_tensor *stats_all;  /* (size, STAT_WORDS) f64 */
 
-    /* ZeRO-1: where the reduce-scatter puts this member's shard of a
-     * gradient, and one number shared with the others (a squared norm, a step
-     * count). */
-    td_tensor *shard_grad;
+    /* ZeRO-1: where the reduce-scatter puts this member's shard of each
+     * gradient (NULL where the shard is empty; one per parameter, since
+     * several can be in flight during backward), and one number shared with
+     * the others (a squared norm, a step count). */
+    td_tensor **shard_grads;
     td_tensor *scalar;
 
     /* Buckets in flight during one step. */
@@ -142,6 +143,25 @@ static td_status plan_buckets(td_dp *dp, td_model *m) {
     return TD_OK;
 }
 
+/* Parameter p's gradient summed over the members: the whole of it, or with
+ * ZeRO-1 this member's shard, into shard_grads[p] (place_shards puts it in
+ * place). Started asynchronously with overlap, else run here. */
+static td_status start_reduction(dp_member *mb, size_t p) {
+    td_dp *dp = mb->dp;
+    td_tensor *gr = td_model_grad(mb->model, p);
+    td_collective c = {TD_COLL_ALLREDUCE, gr->buf,       0, gr->buf, 0, gr->numel,
+                       gr->dtype,         TD_REDUCE_SUM, 0};
+    if (dp->cfg.zero) {
+        if (!mb->shard_grads[p])
+            return TD_OK;
+        c.kind = TD_COLL_REDUCE_SCATTER;
+        c.recv = mb->shard_grads[p]->buf;
+        c.count = mb->shard_grads[p]->numel;
+    }
+    return dp->overlap ? td_collective_start(mb->g, &c, &mb->reqs[p])
+                       : td_collective_run(mb->g, &c);
+}
+
 static void launch_ready_buckets(dp_member *mb) {
     td_dp *dp = mb->dp;
     while (mb->next_bucket < dp->nbuckets && mb->hook_status == TD_OK) {
@@ -150,9 +170,7 @@ static void launch_ready_buckets(dp_member *mb) {
             if (!mb->ready[p])
                 return;
         for (size_t p = b->first; p < b->first + b->count; p++) {
-            td_tensor *gr = td_model_grad(mb->model, p);
-            td_status st = td_allreduce_async(mb->g, gr->buf, 0, gr->numel, gr->dtype,
-                                              TD_REDUCE_SUM, &mb->reqs[p]);
+            td_status st = start_reduction(mb, p);
             if (st != TD_OK) {
                 mb->hook_status = st;
                 return;
@@ -169,30 +187,52 @@ static void on_grads_ready(void *arg, size_t first, size_t count) {
     launch_ready_buckets(mb);
 }
 
+/* ZeRO-1, once the reduce-scatters are done: each shard into its place in
+ * the gradient, and the tails (the elements past the last whole shard,
+ * which every member keeps) summed whole. */
+static td_status place_shards(dp_member *mb) {
+    td_dp *dp = mb->dp;
+    td_status st = TD_OK;
+    for (size_t p = 0; p < dp->nparams && st == TD_OK; p++) {
+        td_tensor *gr = td_model_grad(mb->model, p);
+        size_t es = td_dtype_size(gr->dtype), first, count, tail_first, tail;
+        td_optimizer_shard_range(gr->numel, mb->rank, dp->size, &first, &count, &tail_first, &tail);
+        if (count)
+            st = td_buffer_copy(gr->buf, first * es, mb->shard_grads[p]->buf, 0, count * es);
+        if (st == TD_OK && tail)
+            st = td_allreduce(mb->g, gr->buf, tail_first * es, gr->buf, tail_first * es, tail,
+                              gr->dtype, TD_REDUCE_SUM);
+    }
+    return st;
+}
+
 /* Marks every gradient ready, starts what is left and waits for all.
  * Without overlap the reductions run right here on the member's thread: an
  * asynchronous start would only add a hand-off to the collective engine. */
 static td_status finish_reductions(dp_member *mb) {
+    td_dp *dp = mb->dp;
     td_status st = mb->hook_status, wst;
-    if (!mb->dp->overlap) {
-        for (size_t p = 0; p < mb->dp->nparams && st == TD_OK; p++)
-            st = td_allreduce_tensor(mb->g, td_model_grad(mb->model, p), TD_REDUCE_SUM);
+    if (dp->cfg.zero && dp->size == 1) /* one shard: the gradient is the sum */
         return st;
-    }
-    memset(mb->ready, 1, mb->dp->nparams);
-    if (st == TD_OK)
-        launch_ready_buckets(mb);
-    st = st ? st : mb->hook_status;
-    for (size_t p = 0; p < mb->dp->nparams; p++) {
-        if (!mb->reqs[p])
-            continue;
-        wst = td_comm_wait(mb->reqs[p]);
+    if (!dp->overlap) {
+        for (size_t p = 0; p < dp->nparams && st == TD_OK; p++)
+            st = start_reduction(mb, p);
+    } else {
+        memset(mb->ready, 1, dp->nparams);
         if (st == TD_OK)
-            st = wst;
-        td_comm_request_destroy(mb->reqs[p]);
-        mb->reqs[p] = NULL;
+            launch_ready_buckets(mb);
+        st = st ? st : mb->hook_status;
+        for (size_t p = 0; p < dp->nparams; p++) {
+            if (!mb->reqs[p])
+                continue;
+            wst = td_comm_wait(mb->reqs[p]);
+            if (st == TD_OK)
+                st = wst;
+            td_comm_request_destroy(mb->reqs[p]);
+            mb->reqs[p] = NULL;
+        }
     }
-    return st;
+    return st == TD_OK && dp->cfg.zero ? place_shards(mb) : st;
 }
 
 /* Creation ------------------------------------------------------------------- */
@@ -204,8 +244,6 @@ static td_status finish_reductions(dp_member *mb) {
  * there the reduction waits for backward's end. Decided for the members
  * that take part (parked: nonzero entries of parked, which may be NULL). */
 static int resolve_overlap(const td_dp *dp, const unsigned char *parked) {
-    if (dp->cfg.zero)
-        return 0;
     if (dp->cfg.overlap >= 0)
         return dp->cfg.overlap;
     if (dp->nlocal != dp->size)
@@ -239,36 +277,27 @@ static td_status sum_over_members(void *arg, double *sumsq) {
 }
 
 /* The member's optimizer for its shard, and the buffers a step needs. */
-static td_status create_shard_state(td_dp *dp, dp_member *mb, const td_optimizer_config *opt,
-                                    int rank, int size) {
-    int64_t most = (int64_t)(largest_param(mb->model) / (size_t)size), one = 1;
+static td_status create_shard_state(dp_member *mb, const td_optimizer_config *opt, int rank,
+                                    int size) {
+    size_t n = td_model_param_count(mb->model);
     td_status st;
     if ((st = td_optimizer_create_shard(mb->model, opt, rank, size, &mb->opt)) != TD_OK)
         return st;
     td_optimizer_set_sumsq_reduce(mb->opt, sum_over_members, mb);
-    return td_tensor_create(mb->dev, td_model_dtype(mb->model), 1, most > 0 ? &most : &one,
-                            &mb->shard_grad);
-}
-
-/* After backward: each member gets the sum of its shard of every gradient
- * (and the tail, which all keep). */
-static td_status reduce_shards(dp_member *mb) {
-    td_dp *dp = mb->dp;
-    td_status st = mb->hook_status;
-    if (dp->size == 1) /* one shard: the gradient is the sum */
-        return st;
-    for (size_t p = 0; p < dp->nparams && st == TD_OK; p++) {
+    mb->shard_grads = td__calloc(sizeof *mb->shard_grads * (n ? n : 1), "gradient shards");
+    if (!mb->shard_grads)
+        return TD_ERR_OUT_OF_MEMORY;
+    for (size_t p = 0; p < n; p++) {
         td_tensor *gr = td_model_grad(mb->model, p);
-        size_t es = td_dtype_size(gr->dtype), first, count, tail_first, tail;
-        td_optimizer_shard_range(gr->numel, mb->rank, dp->size, &first, &count, &tail_first, &tail);
-        if (count && (st = td_reduce_scatter(mb->g, gr->buf, 0, mb->shard_grad->buf, 0, count,
-                                             gr->dtype, TD_REDUCE_SUM)) == TD_OK)
-            st = td_buffer_copy(gr->buf, first * es, mb->shard_grad->buf, 0, count * es);
-        if (st == TD_OK && tail)
-            st = td_allreduce(mb->g, gr->buf, tail_first * es, gr->buf, tail_first * es, tail,
-                              gr->dtype, TD_REDUCE_SUM);
+        size_t first, count, tail_first, tail;
+        int64_t len;
+        td_optimizer_shard_range(gr->numel, rank, size, &first, &count, &tail_first, &tail);
+        len = (int64_t)count;
+        if (count &&
+            (st = td_tensor_create(mb->dev, gr->dtype, 1, &len, &mb->shard_grads[p])) != TD_OK)
+            return st;
     }
-    return st;
+    return TD_OK;
 }
 
 /* After the update: every member's shard of the weights to all. */
@@ -295,7 +324,7 @@ static td_status create_member(td_group *g, td_device *dev, int rank, int size, 
     td_status st;
     if ((st = td_model_load_string(w->json, w->name, dev, w->dtype, w->seed, &mb->model)) != TD_OK)
         return st;
-    if ((st = dp->cfg.zero ? create_shard_state(dp, mb, w->opt, rank, size)
+    if ((st = dp->cfg.zero ? create_shard_state(mb, w->opt, rank, size)
                            : td_optimizer_create(mb->model, w->opt, &mb->opt)) != TD_OK)
         return st;
     if ((st = td_tensor_create(dev, dp->stat_dtype, 1, &words, &mb->stats_send)) != TD_OK)
@@ -447,7 +476,10 @@ void td_dp_destroy(td_dp *dp) {
         td_tensor_destroy(mb->chunk_results_all);
         td_tensor_destroy(mb->stats_send);
         td_tensor_destroy(mb->stats_all);
-        td_tensor_destroy(mb->shard_grad);
+        /* dp->nparams is unset when creation failed before the buckets */
+        for (size_t p = 0; mb->shard_grads && p < td_model_param_count(mb->model); p++)
+            td_tensor_destroy(mb->shard_grads[p]);
+        free(mb->shard_grads);
         td_tensor_destroy(mb->scalar);
         td_optimizer_destroy(mb->opt);
         td_model_destroy(mb->model);
@@ -760,9 +792,7 @@ static td_status step_member(td_group *g, td_device *dev, int run_rank, int size
             st = td_tensor_fill(td_model_grad(mb->model, p), 0.0);
     }
     c1 = td_clock_ns();
-    if (dp->cfg.zero)
-        st = st == TD_OK ? reduce_shards(mb) : st;
-    else if (st == TD_OK)
+    if (st == TD_OK)
         st = finish_reductions(mb);
     else
         (void)finish_reductions(mb);
