@@ -144,9 +144,13 @@ typedef struct td_dp_member_stats {
 
 typedef struct td_dp_stats {
     int members;
-    double step_s;          /* wall time of the whole step */
-    double ideal_s;         /* total compute work / sum of speeds */
-    double hidden_fraction; /* share of the reduction time hidden behind backward */
+    double step_s;  /* wall time of the whole step */
+    double ideal_s; /* total compute work / sum of speeds */
+    /* Share of the reduction hidden behind backward: 1 - what was left of it
+     * after the last member's backward (the least comm_s of this process's
+     * members) / a whole reduction on its own (timed by td_dp_calibrate; 0
+     * without calibration or without overlap). */
+    double hidden_fraction;
     td_dp_member_stats m[TD_DP_MAX_MEMBERS];
     char stragglers[512]; /* lines naming devices that slowed down, or "" */
 } td_dp_stats;

@@ -700,12 +700,21 @@ static td_status calibrate_member(td_group *g, td_device *dev, int rank, int siz
     if ((st = time_passes(dev, mb, w->batch, &v[3])) != TD_OK ||
         (st = time_passes(dev, mb, &part, &v[4])) != TD_OK)
         return st;
-    /* The cost of reducing every gradient at once, for the hidden fraction. */
-    c1 = td_clock_ns();
-    for (size_t p = 0; p < w->dp->nparams; p++)
-        if ((st = td_allreduce_tensor(g, td_model_grad(mb->model, p), TD_REDUCE_SUM)) != TD_OK)
+    /* The cost of reducing every gradient at once, for the hidden fraction:
+     * the fastest of a few, each after a one-number all-reduce that lines
+     * the members up, so that no member's wait for another's passes is in
+     * it. */
+    v[2] = INFINITY;
+    for (int i = 0; i < CALIBRATION_WARMUP + CALIBRATION_RUNS; i++) {
+        if ((st = td_allreduce_tensor(g, mb->scalar, TD_REDUCE_SUM)) != TD_OK)
             return st;
-    v[2] = (double)(td_clock_ns() - c1) * 1e-9;
+        c1 = td_clock_ns();
+        for (size_t p = 0; p < w->dp->nparams; p++)
+            if ((st = td_allreduce_tensor(g, td_model_grad(mb->model, p), TD_REDUCE_SUM)) != TD_OK)
+                return st;
+        if (i >= CALIBRATION_WARMUP)
+            v[2] = fmin(v[2], (double)(td_clock_ns() - c1) * 1e-9);
+    }
     return gather_stats(g, mb, w, v);
 }
 
@@ -748,11 +757,11 @@ td_status td_dp_calibrate(td_dp *dp, const td_batch *batch) {
         return st;
     n1 = (double)batch->n;
     n2 = (double)(batch->n >= 4 ? batch->n / 4 : batch->n);
-    dp->sync_comm_s = 0;
+    dp->sync_comm_s = INFINITY;
     for (int r = 0; r < dp->size; r++) {
         fit_costs(n1, fmax(all[r * STAT_WORDS + 3], 1e-9), n2, fmax(all[r * STAT_WORDS + 4], 1e-9),
                   &fixed[r], &per[r]);
-        dp->sync_comm_s = fmax(dp->sync_comm_s, all[r * STAT_WORDS + 2]);
+        dp->sync_comm_s = fmin(dp->sync_comm_s, all[r * STAT_WORDS + 2]);
     }
     if ((st = td_balancer_set_costs(dp->balancer, fixed, per)) != TD_OK)
         return st;
@@ -917,7 +926,10 @@ fail:
 
 static void fill_stats(td_dp *dp, const double *all, const int64_t *counts, double step_s,
                        int64_t total, td_dp_stats *stats) {
-    double exposed = 0;
+    /* The reduction left after the last member's backward: the least any
+     * member of this process spent in it (the others' time there includes
+     * waiting for that last member's compute, which is not communication). */
+    double exposed = INFINITY;
     memset(stats, 0, sizeof *stats);
     stats->members = dp->size;
     stats->step_s = step_s;
@@ -931,12 +943,14 @@ static void fill_stats(td_dp *dp, const double *all, const int64_t *counts, doub
         m->compute_s = all[r * STAT_WORDS + 3];
         m->comm_s = mb && !m->parked ? mb->comm_s : 0;
         m->wait_s = m->parked ? 0 : fmax(0.0, step_s - m->compute_s - m->comm_s);
-        exposed = fmax(exposed, m->comm_s);
+        if (mb && !m->parked)
+            exposed = fmin(exposed, m->comm_s);
     }
     /* Without overlap (and in deterministic mode's chain) nothing is hidden. */
-    stats->hidden_fraction = dp->sync_comm_s > 0 && !dp->cfg.deterministic && dp->overlap
-                                 ? fmin(1.0, fmax(0.0, 1.0 - exposed / dp->sync_comm_s))
-                                 : 0.0;
+    stats->hidden_fraction =
+        dp->sync_comm_s > 0 && isfinite(exposed) && !dp->cfg.deterministic && dp->overlap
+            ? fmin(1.0, fmax(0.0, 1.0 - exposed / dp->sync_comm_s))
+            : 0.0;
 }
 
 /* The group this step runs on: the whole one, or (parked members leaving
