@@ -194,12 +194,14 @@ typedef struct td_train_config {
     int deterministic;   /* data: bitwise the same weights for any device count */
     size_t bucket_bytes; /* data: gradient bucket size; 0: the default */
     int zero;            /* data: ZeRO-1, each device keeps its shard of the optimizer state */
+    int overlap;         /* data: reduce gradients during backward: 1 on, 0 off, -1 as the
+                            devices suit (td_dp_config.overlap; the default) */
 } td_train_config;
 
 #define TD_TRAIN_CONFIG_INIT                                                                       \
     {                                                                                              \
         NULL, NULL, NULL, TD_F32, 1, 0, 64, 1, TD_OPTIMIZER_CONFIG_INIT, 0.0, 0, 1, NULL, 0, NULL, \
-            NULL, NULL, NULL, 0, NULL, 0, 0, 0                                                     \
+            NULL, NULL, NULL, 0, NULL, 0, 0, 0, -1                                                 \
     }
 
 typedef struct td_train_summary {

@@ -41,6 +41,9 @@ static void usage(FILE *out) {
             "  --zero              data: ZeRO-1, each device keeps only its shard of the\n"
             "                      optimizer state (weights all-gathered after each step)\n"
             "  --bucket-bytes N    data: gradient all-reduce bucket size (default 4 MiB)\n"
+            "  --overlap WHEN      data: reduce each bucket while backward goes on: auto\n"
+            "                      (default: unless every device is a CPU device of this\n"
+            "                      process, whose cores would do both), on or off\n"
             "  --seed S            initialisation, data order and dropout (default 1)\n"
             "  --checkpoint PATH   save a checkpoint (safetensors) at each epoch's end and last\n"
             "  --checkpoint-every N  also every N steps\n"
@@ -76,6 +79,7 @@ enum {
     OPT_DETERMINISTIC,
     OPT_ZERO,
     OPT_BUCKET_BYTES,
+    OPT_OVERLAP,
     OPT_SEED,
     OPT_CHECKPOINT,
     OPT_CHECKPOINT_EVERY,
@@ -129,6 +133,7 @@ static const struct option options[] = {
     {"deterministic", no_argument, NULL, OPT_DETERMINISTIC},
     {"zero", no_argument, NULL, OPT_ZERO},
     {"bucket-bytes", required_argument, NULL, OPT_BUCKET_BYTES},
+    {"overlap", required_argument, NULL, OPT_OVERLAP},
     {"seed", required_argument, NULL, OPT_SEED},
     {"checkpoint", required_argument, NULL, OPT_CHECKPOINT},
     {"checkpoint-every", required_argument, NULL, OPT_CHECKPOINT_EVERY},
@@ -355,6 +360,14 @@ int td_cli_train(int argc, char **argv) {
             if (!parse_int("train", "bucket-bytes", optarg, 64, &iv))
                 return 2;
             cfg.bucket_bytes = (size_t)iv;
+            break;
+        case OPT_OVERLAP:
+            if (!strcmp(optarg, "auto") || !strcmp(optarg, "on") || !strcmp(optarg, "off"))
+                cfg.overlap = !strcmp(optarg, "auto") ? -1 : !strcmp(optarg, "on");
+            else {
+                fprintf(stderr, "tandem train: --overlap is auto, on or off, not '%s'\n", optarg);
+                return 2;
+            }
             break;
         case OPT_SEED:
             if (!parse_int("train", "seed", optarg, 0, &iv))

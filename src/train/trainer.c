@@ -331,6 +331,7 @@ static td_status setup_data_parallel(trainer *t) {
         gcfg.transport = TD_TRANSPORT_MPI;
     dcfg.deterministic = c->deterministic;
     dcfg.zero = c->zero;
+    dcfg.overlap = c->overlap;
     if (c->bucket_bytes) {
         dcfg.bucket_bytes = c->bucket_bytes;
         dcfg.first_bucket_bytes = c->bucket_bytes / 16 ? c->bucket_bytes / 16 : 1;
@@ -471,9 +472,11 @@ static td_status setup(trainer *t) {
     else if (c->strategy && strcmp(c->strategy, "single") != 0)
         return td__error(TD_ERR_INVALID_ARG, "unknown strategy '%s' for training (single, data)",
                          c->strategy);
-    else if (c->zero || c->deterministic)
+    else if (c->zero || c->deterministic || c->overlap >= 0)
         return td__error(TD_ERR_INVALID_ARG, "%s belongs to the data strategy (--strategy data)",
-                         c->zero ? "ZeRO-1 (--zero)" : "deterministic mode (--deterministic)");
+                         c->zero            ? "ZeRO-1 (--zero)"
+                         : c->deterministic ? "deterministic mode (--deterministic)"
+                                            : "overlapping the reduction (--overlap)");
     if (c->checkpoint) {
         /* Found out now, not after an epoch of training. */
         char dir[4096];

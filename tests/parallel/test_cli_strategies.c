@@ -10,7 +10,8 @@
 #include "support/dp_check.h"
 #include "support/support.h"
 
-static void train(const char *devices, const char *extra, const char *ckpt) {
+/* Runs `tandem train` and fails the test if it fails; returns its stdout. */
+static char *train_output(const char *devices, const char *extra, const char *ckpt) {
     char cmd[2048], *out = NULL, *err = NULL;
     int rc;
     snprintf(cmd, sizeof cmd,
@@ -21,8 +22,12 @@ static void train(const char *devices, const char *extra, const char *ckpt) {
     rc = td_test_run_command(cmd, &out, &err);
     if (rc != 0)
         fail_msg("'%s' exited %d: %s", cmd, rc, err ? err : "");
-    free(out);
     free(err);
+    return out;
+}
+
+static void train(const char *devices, const char *extra, const char *ckpt) {
+    free(train_output(devices, extra, ckpt));
 }
 
 /* The tensors' bytes of two checkpoints: what follows the safetensors header
@@ -80,6 +85,28 @@ static void data_strategy_matches_one_device(void **state) {
     d = checkpoint_diff("two32.safetensors", "one32.safetensors");
     if (d > 1e-5)
         fail_msg("f32: 2 devices differ from 1 by %g", d);
+}
+
+/* --overlap on: CPU devices reduce each bucket while backward goes on (by
+ * default they reduce after it); the weights are still one device's, and
+ * the end-of-run table reports a share of the reduction hidden. The small
+ * --bucket-bytes makes several buckets of the MLP's gradients. */
+static void overlap_on_the_command_line_matches_one_device(void **state) {
+    static const char *const what = "gradient reduction hidden behind backward: ";
+    char *out, *line;
+    double d;
+    train("cpu:0", "--steps 15 --precision f64", "ov1.safetensors");
+    out = train_output("cpu*2",
+                       "--steps 15 --precision f64 --strategy data --overlap on "
+                       "--bucket-bytes 65536",
+                       "ov2.safetensors");
+    line = strstr(out, what);
+    if (!line || !(atof(line + strlen(what)) > 0))
+        fail_msg("no share of the reduction hidden in: %s", out);
+    free(out);
+    d = checkpoint_diff("ov2.safetensors", "ov1.safetensors");
+    if (d > 1e-12)
+        fail_msg("overlapped, 2 devices differ from 1 by %g", d);
 }
 
 static void deterministic_runs_are_byte_identical_for_1_2_3_devices(void **state) {
@@ -177,11 +204,25 @@ static void bad_strategies_are_refused(void **state) {
     assert_non_null(strstr(err, "ZeRO-1 and deterministic mode do not go together"));
     free(out);
     free(err);
+    snprintf(cmd, sizeof cmd, "%s train --model x --data y --overlap sometimes", TD_TANDEM_EXE);
+    assert_int_equal(td_test_run_command(cmd, &out, &err), 2);
+    assert_non_null(strstr(err, "--overlap is auto, on or off, not 'sometimes'"));
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd,
+             "%s train --model %s/examples/mnist_mlp.json --data %s/data/mnist --steps 1 "
+             "--overlap on",
+             TD_TANDEM_EXE, TD_SOURCE_DIR, TD_SOURCE_DIR);
+    assert_int_equal(td_test_run_command(cmd, &out, &err), 1);
+    assert_non_null(strstr(err, "overlapping the reduction (--overlap) belongs to the data"));
+    free(out);
+    free(err);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(data_strategy_matches_one_device),
+        cmocka_unit_test(overlap_on_the_command_line_matches_one_device),
         cmocka_unit_test(deterministic_runs_are_byte_identical_for_1_2_3_devices),
         cmocka_unit_test(resuming_a_data_parallel_run_equals_never_stopping),
         cmocka_unit_test(zero_1_matches_one_device_and_resumes),
