@@ -127,6 +127,12 @@ static int setup(config *c, const char *json, int64_t batch, td_loader *loader, 
     opt.lr = 0.05;
     cfg.zero = c->zero;
     cfg.overlap = c->overlap;
+    if (c->overlap > 0) {
+        /* Several buckets, so that there is something to start during
+         * backward: at the defaults each model's gradients make one. */
+        cfg.first_bucket_bytes = 16u << 10;
+        cfg.bucket_bytes = 64u << 10;
+    }
     if (td_group_create_spec(c->spec, NULL, &c->g) != TD_OK ||
         td_dp_create(c->g, json, "model", TD_F32, 1, &opt, &cfg, &c->dp) != TD_OK ||
         next_full_batch(loader, batch, &b) || td_dp_calibrate(c->dp, &b) != TD_OK)

@@ -45,6 +45,7 @@ typedef struct dp_member {
     size_t next_bucket;
     td_comm_request **reqs; /* per parameter */
     td_status hook_status;
+    uint64_t all_started_ns; /* when the last bucket started (td_clock_ns); 0: not yet */
 
     /* Deterministic mode: one gradient copy per chunk this member runs. */
     td_tensor ***chunk_grads; /* [chunk slot][param] */
@@ -52,8 +53,9 @@ typedef struct dp_member {
     td_tensor *chunk_results; /* (chunks, 3) f64: loss, correct, count per chunk */
     td_tensor *chunk_results_all;
 
-    /* This step's outcome. */
-    double compute_s, comm_s;
+    /* This step's outcome; tail_s: from the last bucket's start (every
+     * gradient computed) to the end of the reductions. */
+    double compute_s, comm_s, tail_s;
 } dp_member;
 
 struct td_dp {
@@ -169,6 +171,8 @@ static void launch_ready_buckets(dp_member *mb) {
         for (size_t p = b->first; p < b->first + b->count; p++)
             if (!mb->ready[p])
                 return;
+        if (mb->next_bucket + 1 == dp->nbuckets)
+            mb->all_started_ns = td_clock_ns();
         for (size_t p = b->first; p < b->first + b->count; p++) {
             td_status st = start_reduction(mb, p);
             if (st != TD_OK) {
@@ -212,6 +216,8 @@ static td_status place_shards(dp_member *mb) {
 static td_status finish_reductions(dp_member *mb) {
     td_dp *dp = mb->dp;
     td_status st = mb->hook_status, wst;
+    uint64_t t0 = td_clock_ns();
+    mb->tail_s = 0;
     if (dp->cfg.zero && dp->size == 1) /* one shard: the gradient is the sum */
         return st;
     if (!dp->overlap) {
@@ -232,7 +238,15 @@ static td_status finish_reductions(dp_member *mb) {
             mb->reqs[p] = NULL;
         }
     }
-    return st == TD_OK && dp->cfg.zero ? place_shards(mb) : st;
+    if (st == TD_OK && dp->cfg.zero)
+        st = place_shards(mb);
+    /* Backward's end, for what is left of the reductions after it, is when
+     * the last bucket started: a collective engine sharing the member's core
+     * may run before the member's thread gets back here. */
+    mb->tail_s =
+        (double)(td_clock_ns() - (dp->overlap && mb->all_started_ns ? mb->all_started_ns : t0)) *
+        1e-9;
+    return st;
 }
 
 /* Creation ------------------------------------------------------------------- */
@@ -788,6 +802,7 @@ static td_status step_member(td_group *g, td_device *dev, int run_rank, int size
 
     mb->g = g; /* the whole group, or the unparked members' */
     mb->next_bucket = 0;
+    mb->all_started_ns = 0;
     mb->hook_status = TD_OK;
     memset(mb->ready, 0, dp->nparams);
     td_model_set_grad_hook(mb->model, dp->overlap ? on_grads_ready : NULL, mb);
@@ -926,9 +941,9 @@ fail:
 
 static void fill_stats(td_dp *dp, const double *all, const int64_t *counts, double step_s,
                        int64_t total, td_dp_stats *stats) {
-    /* The reduction left after the last member's backward: the least any
-     * member of this process spent in it (the others' time there includes
-     * waiting for that last member's compute, which is not communication). */
+    /* The reduction left after the last member's backward: the least tail
+     * of this process's members (the others' include waiting for that last
+     * member's compute, which is not communication). */
     double exposed = INFINITY;
     memset(stats, 0, sizeof *stats);
     stats->members = dp->size;
@@ -944,7 +959,7 @@ static void fill_stats(td_dp *dp, const double *all, const int64_t *counts, doub
         m->comm_s = mb && !m->parked ? mb->comm_s : 0;
         m->wait_s = m->parked ? 0 : fmax(0.0, step_s - m->compute_s - m->comm_s);
         if (mb && !m->parked)
-            exposed = fmin(exposed, m->comm_s);
+            exposed = fmin(exposed, mb->tail_s);
     }
     /* Without overlap (and in deterministic mode's chain) nothing is hidden. */
     stats->hidden_fraction =
