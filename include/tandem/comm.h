@@ -225,6 +225,11 @@ TD_API td_status td_allreduce_async(td_group *g, td_buffer *buf, size_t offset, 
 TD_API td_status td_comm_test(td_comm_request *req);
 /* Waits until done; returns the collective's status and carries its message. */
 TD_API td_status td_comm_wait(td_comm_request *req);
+/* When the collective ran (td_clock_ns, from its start to its end, waiting
+ * for the other members included); waits for it first. For telling how much
+ * of it ran while the caller computed. */
+TD_API td_status td_comm_request_times(td_comm_request *req, uint64_t *began_ns,
+                                       uint64_t *ended_ns);
 /* Waits when still running, then frees. NULL-safe. */
 TD_API void td_comm_request_destroy(td_comm_request *req);
 

@@ -30,6 +30,7 @@ struct td_comm_request {
     atomic_int done;
     td_status status;
     char *message;
+    uint64_t began_ns, ended_ns;  /* when it ran (td_clock_ns) */
     struct td_comm_request *next; /* in the engine's queue */
 };
 
@@ -247,7 +248,9 @@ static void *engine_main(void *p) {
         if (!e->head)
             e->tail = NULL;
         pthread_mutex_unlock(&e->lock);
+        r->began_ns = td_clock_ns();
         st = execute(m, &r->c, r->seq, TD_ALGO_AUTO);
+        r->ended_ns = td_clock_ns();
         r->status = st;
         r->message = st != TD_OK ? strdup(td_last_error()) : NULL;
         atomic_store_explicit(&r->done, 1, memory_order_release);
@@ -365,7 +368,9 @@ td_status td_collective_start(td_group *g, const td_collective *c, td_comm_reque
          * which may be waiting on this request. Either way: run it now. */
         td__engine_drain(m);
         r->seq = ++m->seq;
+        r->began_ns = td_clock_ns();
         r->status = execute(m, c, r->seq, TD_ALGO_AUTO);
+        r->ended_ns = td_clock_ns();
         r->message = r->status != TD_OK ? strdup(td_last_error()) : NULL;
         atomic_store(&r->done, 1);
         *req = r;
@@ -409,6 +414,15 @@ td_status td_comm_wait(td_comm_request *req) {
     while (!atomic_load_explicit(&req->done, memory_order_acquire))
         backoff(&rounds);
     return td_comm_test(req);
+}
+
+td_status td_comm_request_times(td_comm_request *req, uint64_t *began_ns, uint64_t *ended_ns) {
+    if (!req || !began_ns || !ended_ns)
+        return td__error(TD_ERR_INVALID_ARG, "td_comm_request_times: an argument is NULL");
+    (void)td_comm_wait(req); /* a failed collective ran too */
+    *began_ns = req->began_ns;
+    *ended_ns = req->ended_ns;
+    return TD_OK;
 }
 
 void td_comm_request_destroy(td_comm_request *req) {

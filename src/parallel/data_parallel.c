@@ -45,7 +45,7 @@ typedef struct dp_member {
     size_t next_bucket;
     td_comm_request **reqs; /* per parameter */
     td_status hook_status;
-    uint64_t all_started_ns; /* when the last bucket started (td_clock_ns); 0: not yet */
+    uint64_t all_started_ns; /* when the last bucket started: backward's end (td_clock_ns) */
 
     /* Deterministic mode: one gradient copy per chunk this member runs. */
     td_tensor ***chunk_grads; /* [chunk slot][param] */
@@ -53,9 +53,9 @@ typedef struct dp_member {
     td_tensor *chunk_results; /* (chunks, 3) f64: loss, correct, count per chunk */
     td_tensor *chunk_results_all;
 
-    /* This step's outcome; tail_s: from the last bucket's start (every
-     * gradient computed) to the end of the reductions. */
-    double compute_s, comm_s, tail_s;
+    /* This step's outcome; with overlap also how long the reductions ran
+     * (reduce_s) and how much of that after backward's end (exposed_s). */
+    double compute_s, comm_s, reduce_s, exposed_s;
 } dp_member;
 
 struct td_dp {
@@ -69,10 +69,9 @@ struct td_dp {
     bucket *buckets;
     size_t nbuckets, nparams;
     int64_t labels_per_sample;
-    int64_t features;   /* floats per sample for feature inputs */
-    int64_t tokens;     /* tokens per sample for token inputs */
-    double sync_comm_s; /* a full gradient all-reduce, not overlapped (calibration) */
-    int overlap;        /* resolved for the members of this step (cfg.overlap may be -1) */
+    int64_t features; /* floats per sample for feature inputs */
+    int64_t tokens;   /* tokens per sample for token inputs */
+    int overlap;      /* resolved for the members of this step (cfg.overlap may be -1) */
 
     /* Parking: members the balancer leaves out sit out whole steps, so the
      * steps run on a group of the others (made when the set changes), and
@@ -216,8 +215,8 @@ static td_status place_shards(dp_member *mb) {
 static td_status finish_reductions(dp_member *mb) {
     td_dp *dp = mb->dp;
     td_status st = mb->hook_status, wst;
-    uint64_t t0 = td_clock_ns();
-    mb->tail_s = 0;
+    uint64_t began, ended;
+    mb->reduce_s = mb->exposed_s = 0;
     if (dp->cfg.zero && dp->size == 1) /* one shard: the gradient is the sum */
         return st;
     if (!dp->overlap) {
@@ -234,18 +233,28 @@ static td_status finish_reductions(dp_member *mb) {
             wst = td_comm_wait(mb->reqs[p]);
             if (st == TD_OK)
                 st = wst;
+            /* A collective engine sharing the member's core may run the last
+             * bucket before the member's thread returns from backward, so
+             * what ran after backward is told by the clock, not by when the
+             * member got here. */
+            if (td_comm_request_times(mb->reqs[p], &began, &ended) == TD_OK) {
+                mb->reduce_s += (double)(ended - began) * 1e-9;
+                if (ended > mb->all_started_ns)
+                    mb->exposed_s +=
+                        (double)(ended -
+                                 (began > mb->all_started_ns ? began : mb->all_started_ns)) *
+                        1e-9;
+            }
             td_comm_request_destroy(mb->reqs[p]);
             mb->reqs[p] = NULL;
         }
     }
-    if (st == TD_OK && dp->cfg.zero)
+    if (st == TD_OK && dp->cfg.zero) {
+        began = td_clock_ns();
         st = place_shards(mb);
-    /* Backward's end, for what is left of the reductions after it, is when
-     * the last bucket started: a collective engine sharing the member's core
-     * may run before the member's thread gets back here. */
-    mb->tail_s =
-        (double)(td_clock_ns() - (dp->overlap && mb->all_started_ns ? mb->all_started_ns : t0)) *
-        1e-9;
+        mb->reduce_s += (double)(td_clock_ns() - began) * 1e-9;
+        mb->exposed_s += (double)(td_clock_ns() - began) * 1e-9;
+    }
     return st;
 }
 
@@ -708,27 +717,11 @@ static td_status calibrate_member(td_group *g, td_device *dev, int rank, int siz
     dp_member *mb = member_of(w->dp, rank);
     td_batch part = slice_of(w->dp, w->batch, 0, w->batch->n >= 4 ? w->batch->n / 4 : w->batch->n);
     double v[STAT_WORDS] = {0, 0, 0, 0, 0};
-    uint64_t c1;
     td_status st;
     td_model_set_grad_hook(mb->model, NULL, NULL);
     if ((st = time_passes(dev, mb, w->batch, &v[3])) != TD_OK ||
         (st = time_passes(dev, mb, &part, &v[4])) != TD_OK)
         return st;
-    /* The cost of reducing every gradient at once, for the hidden fraction:
-     * the fastest of a few, each after a one-number all-reduce that lines
-     * the members up, so that no member's wait for another's passes is in
-     * it. */
-    v[2] = INFINITY;
-    for (int i = 0; i < CALIBRATION_WARMUP + CALIBRATION_RUNS; i++) {
-        if ((st = td_allreduce_tensor(g, mb->scalar, TD_REDUCE_SUM)) != TD_OK)
-            return st;
-        c1 = td_clock_ns();
-        for (size_t p = 0; p < w->dp->nparams; p++)
-            if ((st = td_allreduce_tensor(g, td_model_grad(mb->model, p), TD_REDUCE_SUM)) != TD_OK)
-                return st;
-        if (i >= CALIBRATION_WARMUP)
-            v[2] = fmin(v[2], (double)(td_clock_ns() - c1) * 1e-9);
-    }
     return gather_stats(g, mb, w, v);
 }
 
@@ -771,12 +764,9 @@ td_status td_dp_calibrate(td_dp *dp, const td_batch *batch) {
         return st;
     n1 = (double)batch->n;
     n2 = (double)(batch->n >= 4 ? batch->n / 4 : batch->n);
-    dp->sync_comm_s = INFINITY;
-    for (int r = 0; r < dp->size; r++) {
+    for (int r = 0; r < dp->size; r++)
         fit_costs(n1, fmax(all[r * STAT_WORDS + 3], 1e-9), n2, fmax(all[r * STAT_WORDS + 4], 1e-9),
                   &fixed[r], &per[r]);
-        dp->sync_comm_s = fmin(dp->sync_comm_s, all[r * STAT_WORDS + 2]);
-    }
     if ((st = td_balancer_set_costs(dp->balancer, fixed, per)) != TD_OK)
         return st;
     for (int r = 0; r < dp->size; r++)
@@ -941,10 +931,10 @@ fail:
 
 static void fill_stats(td_dp *dp, const double *all, const int64_t *counts, double step_s,
                        int64_t total, td_dp_stats *stats) {
-    /* The reduction left after the last member's backward: the least tail
-     * of this process's members (the others' include waiting for that last
-     * member's compute, which is not communication). */
-    double exposed = INFINITY;
+    /* The share of its reductions' time that ran before backward ended, on
+     * the member of this process whose backward ended last: the others'
+     * reductions include waiting for it, which is not communication. */
+    const dp_member *last = NULL;
     memset(stats, 0, sizeof *stats);
     stats->members = dp->size;
     stats->step_s = step_s;
@@ -958,14 +948,13 @@ static void fill_stats(td_dp *dp, const double *all, const int64_t *counts, doub
         m->compute_s = all[r * STAT_WORDS + 3];
         m->comm_s = mb && !m->parked ? mb->comm_s : 0;
         m->wait_s = m->parked ? 0 : fmax(0.0, step_s - m->compute_s - m->comm_s);
-        if (mb && !m->parked)
-            exposed = fmin(exposed, mb->tail_s);
+        if (mb && !m->parked && (!last || mb->all_started_ns > last->all_started_ns))
+            last = mb;
     }
     /* Without overlap (and in deterministic mode's chain) nothing is hidden. */
-    stats->hidden_fraction =
-        dp->sync_comm_s > 0 && isfinite(exposed) && !dp->cfg.deterministic && dp->overlap
-            ? fmin(1.0, fmax(0.0, 1.0 - exposed / dp->sync_comm_s))
-            : 0.0;
+    stats->hidden_fraction = last && last->reduce_s > 0 && !dp->cfg.deterministic && dp->overlap
+                                 ? fmin(1.0, fmax(0.0, 1.0 - last->exposed_s / last->reduce_s))
+                                 : 0.0;
 }
 
 /* The group this step runs on: the whole one, or (parked members leaving

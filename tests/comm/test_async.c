@@ -27,6 +27,7 @@ static td_status async_fn(td_group *g, td_device *dev, int rank, int n, void *ar
     td_buffer *b[BUCKETS] = {0};
     td_comm_request *req[BUCKETS] = {0};
     td_buffer *sync_buf = NULL;
+    uint64_t started[BUCKETS], prev_end = 0;
     double *host = NULL;
     td_status st = TD_OK;
     volatile double busy = 0;
@@ -46,6 +47,7 @@ static td_status async_fn(td_group *g, td_device *dev, int rank, int n, void *ar
         goto done;
     /* Started one after another, as a backward pass would finish buckets. */
     for (int k = 0; k < BUCKETS && st == TD_OK; k++) {
+        started[k] = td_clock_ns();
         st = td_allreduce_async(g, b[k], 0, sizes[k], TD_F64, TD_REDUCE_SUM, &req[k]);
         for (int i = 0; i < 20000; i++)
             busy += i * 0.5;
@@ -66,8 +68,15 @@ static td_status async_fn(td_group *g, td_device *dev, int rank, int n, void *ar
     if (host[0] != n)
         note(a, "sync max", rank, 0, host[0], n);
     for (int k = 0; k < BUCKETS; k++) {
-        if ((st = td_comm_wait(req[k])) != TD_OK)
+        uint64_t began, ended;
+        if ((st = td_comm_wait(req[k])) != TD_OK ||
+            (st = td_comm_request_times(req[k], &began, &ended)) != TD_OK)
             goto done;
+        /* Each ran after it was started and after the one before it (one
+         * engine per member, in order), and ended before it was waited for. */
+        if (!(began >= started[k] && began >= prev_end && ended >= began && ended <= td_clock_ns()))
+            note(a, "request times", rank, (size_t)k, (double)began, (double)ended);
+        prev_end = ended;
         if ((st = td_buffer_read(b[k], 0, host, sizes[k] * 8)) != TD_OK)
             goto done;
         for (size_t i = 0; i < sizes[k]; i++) {
@@ -96,6 +105,8 @@ done:
 
 static void async_collectives_overlap_and_keep_order(void **state) {
     static const char *const specs[] = {"cpu*1", "cpu*2", "cpu*3"};
+    uint64_t began, ended;
+    TD_ASSERT_STATUS(td_comm_request_times(NULL, &began, &ended), TD_ERR_INVALID_ARG);
     for (int i = 0; i < 3; i++) {
         td_group *g = NULL;
         async_args a;

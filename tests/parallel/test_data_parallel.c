@@ -122,6 +122,33 @@ static void data_parallel_equals_one_device_with_and_without_overlap(void **stat
     td_dp_data_destroy(d);
 }
 
+/* One bucket starts when backward has ended, so none of it can be hidden:
+ * the hidden fraction counts what ran after that by the clock, whenever the
+ * member's thread got back (on CPU devices the collective engine shares its
+ * core and may have run it all by then). */
+static void one_bucket_hides_nothing(void **state) {
+    td_dp_data *d = make_data();
+    td_group *g = NULL;
+    td_dp *dp = NULL;
+    td_dp_config cfg = TD_DP_CONFIG_INIT;
+    td_optimizer_config o = sgd();
+    cfg.overlap = 1;
+    cfg.first_bucket_bytes = cfg.bucket_bytes = (size_t)1 << 30;
+    TD_ASSERT_OK(td_group_create_spec("cpu*2", NULL, &g));
+    TD_ASSERT_OK(td_dp_create(g, model_json, "dp_test", TD_F32, 5, &o, &cfg, &dp));
+    TD_ASSERT_OK(td_dp_calibrate(dp, &d->batch[0]));
+    for (int s = 0; s < STEPS; s++) {
+        td_step_result res;
+        td_dp_stats stats;
+        TD_ASSERT_OK(td_dp_step(dp, &d->batch[s], (uint64_t)s, &res, &stats));
+        if (stats.hidden_fraction != 0)
+            fail_msg("step %d: %g of one bucket's reduction hidden", s, stats.hidden_fraction);
+    }
+    td_dp_destroy(dp);
+    td_group_destroy(g);
+    td_dp_data_destroy(d);
+}
+
 static void deterministic_mode_is_bitwise_the_same_for_1_2_3_devices(void **state) {
     static const char *specs[3] = {"cpu:0", "cpu*2", "cpu*3"};
     static const double speeds[3][3] = {{1, 0, 0}, {1, 3, 0}, {2, 1, 5}};
@@ -436,6 +463,7 @@ static void zero_1_refuses_what_it_cannot_do(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(data_parallel_equals_one_device_with_and_without_overlap),
+        cmocka_unit_test(one_bucket_hides_nothing),
         cmocka_unit_test(deterministic_mode_is_bitwise_the_same_for_1_2_3_devices),
         cmocka_unit_test(alternate_evaluation_equals_one_device_exactly),
         cmocka_unit_test(a_slowed_device_gets_a_smaller_share),
