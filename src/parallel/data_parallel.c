@@ -209,13 +209,27 @@ static td_status place_shards(dp_member *mb) {
     return st;
 }
 
+/* Adds a finished request's run to the member's reduction time, and the
+ * part of it after backward's end (the last bucket's start) to the exposed
+ * time. By the clock, not by when the member's thread came back from
+ * backward: a collective engine sharing the member's core may have run the
+ * last bucket before that. */
+static void count_run(dp_member *mb, td_comm_request *req) {
+    uint64_t began, ended, end_of_backward = mb->all_started_ns;
+    if (td_comm_request_times(req, &began, &ended) != TD_OK)
+        return;
+    mb->reduce_s += (double)(ended - began) * 1e-9;
+    if (ended > end_of_backward)
+        mb->exposed_s +=
+            (double)(ended - (began > end_of_backward ? began : end_of_backward)) * 1e-9;
+}
+
 /* Marks every gradient ready, starts what is left and waits for all.
  * Without overlap the reductions run right here on the member's thread: an
  * asynchronous start would only add a hand-off to the collective engine. */
 static td_status finish_reductions(dp_member *mb) {
     td_dp *dp = mb->dp;
     td_status st = mb->hook_status, wst;
-    uint64_t began, ended;
     mb->reduce_s = mb->exposed_s = 0;
     if (dp->cfg.zero && dp->size == 1) /* one shard: the gradient is the sum */
         return st;
@@ -233,27 +247,18 @@ static td_status finish_reductions(dp_member *mb) {
             wst = td_comm_wait(mb->reqs[p]);
             if (st == TD_OK)
                 st = wst;
-            /* A collective engine sharing the member's core may run the last
-             * bucket before the member's thread returns from backward, so
-             * what ran after backward is told by the clock, not by when the
-             * member got here. */
-            if (td_comm_request_times(mb->reqs[p], &began, &ended) == TD_OK) {
-                mb->reduce_s += (double)(ended - began) * 1e-9;
-                if (ended > mb->all_started_ns)
-                    mb->exposed_s +=
-                        (double)(ended -
-                                 (began > mb->all_started_ns ? began : mb->all_started_ns)) *
-                        1e-9;
-            }
+            count_run(mb, mb->reqs[p]);
             td_comm_request_destroy(mb->reqs[p]);
             mb->reqs[p] = NULL;
         }
     }
     if (st == TD_OK && dp->cfg.zero) {
-        began = td_clock_ns();
+        uint64_t began = td_clock_ns();
+        double took;
         st = place_shards(mb);
-        mb->reduce_s += (double)(td_clock_ns() - began) * 1e-9;
-        mb->exposed_s += (double)(td_clock_ns() - began) * 1e-9;
+        took = (double)(td_clock_ns() - began) * 1e-9;
+        mb->reduce_s += took;
+        mb->exposed_s += took;
     }
     return st;
 }
