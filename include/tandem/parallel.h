@@ -146,10 +146,10 @@ typedef struct td_dp_stats {
     int members;
     double step_s;  /* wall time of the whole step */
     double ideal_s; /* total compute work / sum of speeds */
-    /* Share of the reduction hidden behind backward: 1 - what was left of it
-     * after the last member's backward (from its last bucket's start) / a
-     * whole reduction on its own (timed by td_dp_calibrate; 0 without
-     * calibration or without overlap). */
+    /* Share of the reduction hidden behind backward: on this process's member
+     * whose backward ended last (its last bucket's start), the part of its
+     * reductions' run time (td_comm_request_times) before that; 0 without
+     * overlap. */
     double hidden_fraction;
     td_dp_member_stats m[TD_DP_MAX_MEMBERS];
     char stragglers[512]; /* lines naming devices that slowed down, or "" */

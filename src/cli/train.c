@@ -362,8 +362,10 @@ int td_cli_train(int argc, char **argv) {
             cfg.bucket_bytes = (size_t)iv;
             break;
         case OPT_OVERLAP:
-            if (!strcmp(optarg, "auto") || !strcmp(optarg, "on") || !strcmp(optarg, "off"))
-                cfg.overlap = !strcmp(optarg, "auto") ? -1 : !strcmp(optarg, "on");
+            if (!strcmp(optarg, "auto"))
+                cfg.overlap = -1;
+            else if (!strcmp(optarg, "on") || !strcmp(optarg, "off"))
+                cfg.overlap = !strcmp(optarg, "on");
             else {
                 fprintf(stderr, "tandem train: --overlap is auto, on or off, not '%s'\n", optarg);
                 return 2;

@@ -25,6 +25,7 @@ void td_test_skip(const char *why) {
     exit(77);
 }
 
+/* mkdtemp's template: it replaces the six Xs with a unique name. */
 static char tmpdir[] = "/tmp/td_test_XXXXXX";
 
 int td_test_tmpdir_setup(void **state) {
