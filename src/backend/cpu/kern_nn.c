@@ -12,10 +12,8 @@ typedef struct rows_args {
     int64_t rows, cols;
     double eps, scale, grad_scale;
     const void *x, *g, *b, *m, *r, *dy;
-    void *y, *mean, *rstd, *dx, *dg, *db;
+    void *y, *mean, *rstd, *dx;
     const int32_t *labels;
-    int acc;
-    int bad; /* first bad label row + 1, per part */
     int64_t bad_row[TD_CPU_MAX_PUS];
     double loss[TD_CPU_MAX_PUS];
     int64_t correct[TD_CPU_MAX_PUS];
@@ -33,6 +31,18 @@ static void run_parts(void *ctx, double work, td_cpu_part_fn fn, void *arg) {
     else
         td__cpu_parallel(ctx, fn, arg);
 }
+
+/* A part's share of the rows, run by the element type's function NAME_rows_T. */
+#define DEFINE_ROWS_PART(NAME)                                                                     \
+    static void NAME##_part(void *p, int part, int nparts) {                                       \
+        rows_args *a = p;                                                                          \
+        size_t r0, r1;                                                                             \
+        td__part_range((size_t)a->rows, part, nparts, &r0, &r1);                                   \
+        if (a->dt == TD_F32)                                                                       \
+            NAME##_rows_f32(a, r0, r1);                                                            \
+        else                                                                                       \
+            NAME##_rows_f64(a, r0, r1);                                                            \
+    }
 
 /* Softmax cross-entropy -------------------------------------------------------- */
 
@@ -207,15 +217,7 @@ td_status td__cpu_xent(void *ctx, td_dtype dt, int64_t rows, int64_t classes, co
 DEFINE_LN(float, f32, sqrtf)
 DEFINE_LN(double, f64, sqrt)
 
-static void ln_fwd_part(void *p, int part, int nparts) {
-    rows_args *a = p;
-    size_t r0, r1;
-    td__part_range((size_t)a->rows, part, nparts, &r0, &r1);
-    if (a->dt == TD_F32)
-        ln_fwd_rows_f32(a, r0, r1);
-    else
-        ln_fwd_rows_f64(a, r0, r1);
-}
+DEFINE_ROWS_PART(ln_fwd)
 
 td_status td__cpu_layernorm_fwd(void *ctx, td_dtype dt, int64_t rows, int64_t cols, double eps,
                                 const void *x, const void *gamma, const void *beta, void *y,
@@ -601,25 +603,9 @@ td_status td__cpu_pool_bwd(void *ctx, td_dtype dt, td_pool_kind kind, const td_c
 DEFINE_CSM(float, f32, expf)
 DEFINE_CSM(double, f64, exp)
 
-static void csm_fwd_part(void *p, int part, int nparts) {
-    rows_args *a = p;
-    size_t r0, r1;
-    td__part_range((size_t)a->rows, part, nparts, &r0, &r1);
-    if (a->dt == TD_F32)
-        csm_fwd_rows_f32(a, r0, r1);
-    else
-        csm_fwd_rows_f64(a, r0, r1);
-}
+DEFINE_ROWS_PART(csm_fwd)
 
-static void csm_bwd_part(void *p, int part, int nparts) {
-    rows_args *a = p;
-    size_t r0, r1;
-    td__part_range((size_t)a->rows, part, nparts, &r0, &r1);
-    if (a->dt == TD_F32)
-        csm_bwd_rows_f32(a, r0, r1);
-    else
-        csm_bwd_rows_f64(a, r0, r1);
-}
+DEFINE_ROWS_PART(csm_bwd)
 
 td_status td__cpu_causal_softmax_fwd(void *ctx, td_dtype dt, int64_t rows, int64_t t, double scale,
                                      const void *s, void *p) {

@@ -223,193 +223,202 @@ static td_reduce_op local_op(td_reduce_op op) {
     return op == TD_REDUCE_MEAN ? TD_REDUCE_SUM : op;
 }
 
+/* An MPI call failed: the group fails, naming the collective. */
+static td_status mpi_collective_failed(td__member *m, const td__op *o, int rc) {
+    mpi_error(rc, "an MPI collective");
+    return td__group_fail(m->g, m->rank, "collective #%llu: %s", (unsigned long long)o->seq,
+                          td_last_error());
+}
+
 #define MAX_PIECE ((size_t)1 << 30) /* MPI counts are ints */
+
+/* A process leader's all-reduce, broadcast or reduce of o->count elements
+ * of buf across processes, in pieces MPI's int counts can take; an
+ * all-reduce reads from in when it is not buf. owner is the process that
+ * sends the broadcast or receives the reduction. */
+static td_status mpi_pieces(td__member *m, const td__op *o, const void *in, void *buf, int owner) {
+    td_status st = TD_OK;
+    mpi_state *s = m->g->mpi;
+    const size_t es = td_dtype_size(o->dtype);
+    MPI_Datatype type = mpi_type(o->dtype);
+    for (size_t done = 0; done < o->count; done += MAX_PIECE) {
+        int n = (int)(o->count - done < MAX_PIECE ? o->count - done : MAX_PIECE), rc;
+        char *p = (char *)buf + done * es;
+        MPI_Request req;
+        if (o->kind == TD_COLL_BROADCAST)
+            rc = MPI_Ibcast(p, n, type, owner, s->comm, &req);
+        else if (o->kind == TD_COLL_REDUCE)
+            rc = MPI_Ireduce(owner == s->process ? MPI_IN_PLACE : p, p, n, type, mpi_op(o->op),
+                             owner, s->comm, &req);
+        else
+            rc = MPI_Iallreduce(in == buf ? MPI_IN_PLACE : (const char *)in + done * es, p, n, type,
+                                mpi_op(o->op), s->comm, &req);
+        if (rc != MPI_SUCCESS)
+            return mpi_collective_failed(m, o, rc);
+        TD_TRY(mpi_wait(m, &req, o));
+    }
+fail:
+    return st;
+}
+
+/* The process owning rank: ranks are numbered process by process. */
+static int owner_of(const mpi_state *s, int rank) {
+    int owner = 0;
+    while (owner + 1 < s->nprocs && s->offsets[owner + 1] <= rank)
+        owner++;
+    return owner;
+}
+
+/* Reduce-scatter and all-gather hand MPI each process's count (int, checked
+ * beforehand) and offset. */
+static td_status mpi_counts(const td__op *o, const mpi_state *s, int **counts, int **displs) {
+    *counts = malloc(sizeof **counts * (size_t)s->nprocs);
+    *displs = malloc(sizeof **displs * (size_t)s->nprocs);
+    if (!*counts || !*displs) {
+        free(*counts);
+        free(*displs);
+        return td__error(TD_ERR_OUT_OF_MEMORY, "out of memory in an MPI %s",
+                         td_collective_name(o->kind));
+    }
+    for (int p = 0; p < s->nprocs; p++) {
+        (*counts)[p] = s->counts[p] * (int)o->count;
+        (*displs)[p] = s->offsets[p] * (int)o->count;
+    }
+    return TD_OK;
+}
+
+/* Reduces within the process to its leader, across processes over MPI, and
+ * hands the result on within the process. */
+static td_status mpi_allreduce(td__member *m, const td__op *o) {
+    td_status st = TD_OK;
+    td_group *g = m->g;
+    const int leader = m->local == 0;
+    if (g->nlocal == 1) /* alone in this process: straight to MPI, out of place as asked */
+        TD_TRY(mpi_pieces(m, o, o->in, o->out, 0));
+    else {
+        TD_TRY(td__local_reduce(m, o->in, leader ? o->out : NULL, o->count, o->dtype,
+                                local_op(o->op), 0, 1));
+        if (leader)
+            TD_TRY(mpi_pieces(m, o, o->out, o->out, 0));
+    }
+    if (leader && o->op == TD_REDUCE_MEAN)
+        td__scale(o->out, o->count, o->dtype, g->size);
+    if (g->nlocal > 1)
+        TD_TRY(td__local_bcast(m, o->out, o->out, o->count, o->dtype, 0));
+fail:
+    return st;
+}
+
+static td_status mpi_broadcast(td__member *m, const td__op *o) {
+    td_status st = TD_OK;
+    td_group *g = m->g;
+    mpi_state *s = g->mpi;
+    int owner = owner_of(s, o->root);
+    if (owner == s->process)
+        TD_TRY(td__local_bcast(m, o->in, o->out, o->count, o->dtype, o->root - g->rank0));
+    if (m->local == 0)
+        TD_TRY(mpi_pieces(m, o, o->out, o->out, owner));
+    if (owner != s->process)
+        TD_TRY(td__local_bcast(m, o->out, o->out, o->count, o->dtype, 0));
+fail:
+    return st;
+}
+
+/* tmp: the leader's buffer of the process's partial sums (NULL elsewhere). */
+static td_status mpi_reduce(td__member *m, const td__op *o, void *tmp) {
+    td_status st = TD_OK;
+    td_group *g = m->g;
+    mpi_state *s = g->mpi;
+    int owner = owner_of(s, o->root);
+    TD_TRY(td__local_reduce(m, o->in, tmp, o->count, o->dtype, local_op(o->op), 0, 1));
+    if (m->local == 0) {
+        TD_TRY(mpi_pieces(m, o, tmp, tmp, owner));
+        if (o->op == TD_REDUCE_MEAN && owner == s->process)
+            td__scale(tmp, o->count, o->dtype, g->size);
+    }
+    if (owner == s->process)
+        TD_TRY(td__local_scatter(m, tmp, m->rank == o->root ? o->out : NULL, o->count, o->dtype, 0,
+                                 0));
+fail:
+    return st;
+}
+
+static td_status mpi_allgather(td__member *m, const td__op *o) {
+    td_group *g = m->g;
+    mpi_state *s = g->mpi;
+    const size_t es = td_dtype_size(o->dtype), total = o->count * (size_t)g->size;
+    const int leader = m->local == 0;
+    int *counts, *displs, rc;
+    MPI_Request req;
+    td_status st = TD_OK;
+    TD_TRY(td__local_gather(m, o->in,
+                            leader ? (char *)o->out + (size_t)g->rank0 * o->count * es : NULL,
+                            o->count, o->dtype, 0));
+    if (leader) {
+        TD_TRY(mpi_counts(o, s, &counts, &displs));
+        rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, o->out, counts, displs,
+                             mpi_type(o->dtype), s->comm, &req);
+        st = rc == MPI_SUCCESS ? mpi_wait(m, &req, o) : mpi_collective_failed(m, o, rc);
+        free(counts);
+        free(displs);
+        TD_TRY(st);
+    }
+    st = td__local_bcast(m, o->out, o->out, total, o->dtype, 0);
+fail:
+    return st;
+}
+
+/* tmp: the leader's buffer of the process's partial sums (NULL elsewhere). */
+static td_status mpi_reduce_scatter(td__member *m, const td__op *o, void *tmp) {
+    td_group *g = m->g;
+    mpi_state *s = g->mpi;
+    const size_t total = o->count * (size_t)g->size;
+    int *counts, *displs, rc;
+    MPI_Request req;
+    td_status st = TD_OK;
+    TD_TRY(td__local_reduce(m, o->in, tmp, total, o->dtype, local_op(o->op), 0, 1));
+    if (m->local == 0) {
+        TD_TRY(mpi_counts(o, s, &counts, &displs));
+        /* In place: the process's part lands at the start of tmp. */
+        rc = MPI_Ireduce_scatter(MPI_IN_PLACE, tmp, counts, mpi_type(o->dtype), mpi_op(o->op),
+                                 s->comm, &req);
+        st = rc == MPI_SUCCESS ? mpi_wait(m, &req, o) : mpi_collective_failed(m, o, rc);
+        free(counts);
+        free(displs);
+        TD_TRY(st);
+        if (o->op == TD_REDUCE_MEAN)
+            td__scale(tmp, (size_t)g->nlocal * o->count, o->dtype, g->size);
+    }
+    st = td__local_scatter(m, tmp, o->out, o->count, o->dtype, 0, o->count);
+fail:
+    return st;
+}
 
 td_status td__mpi_run(td__member *m, const td__op *o) {
     td_group *g = m->g;
-    mpi_state *s = g->mpi;
-    const size_t es = td_dtype_size(o->dtype);
-    const int leader = m->local == 0;
-    const int divide = o->op == TD_REDUCE_MEAN ? g->size : 1;
-    MPI_Datatype type = mpi_type(o->dtype);
-    MPI_Request req;
+    const int whole = o->kind == TD_COLL_ALLGATHER || o->kind == TD_COLL_REDUCE_SCATTER;
+    const size_t n = o->count * (whole ? (size_t)g->size : 1);
     void *tmp = NULL;
-    td_status st = TD_OK;
-    int rc = MPI_SUCCESS;
+    td_status st;
 
-    if (s->nprocs == 1)
+    if (((mpi_state *)g->mpi)->nprocs == 1)
         return td__local_run(m, o);
+    /* Every member refuses, so none waits for a leader that did. */
+    if (whole && n > INT_MAX)
+        return td__error(TD_ERR_UNSUPPORTED, "%s of %zu elements: MPI counts are ints",
+                         td_collective_name(o->kind), n);
     switch (o->kind) {
-    case TD_COLL_ALLREDUCE:
-        if (g->nlocal == 1) {
-            /* Alone in this process: straight to MPI, out of place as asked. */
-            for (size_t done = 0; done < o->count && st == TD_OK; done += MAX_PIECE) {
-                size_t n = o->count - done < MAX_PIECE ? o->count - done : MAX_PIECE;
-                const void *src = o->in == o->out ? MPI_IN_PLACE : (const char *)o->in + done * es;
-                rc = MPI_Iallreduce(src, (char *)o->out + done * es, (int)n, type, mpi_op(o->op),
-                                    s->comm, &req);
-                if (rc != MPI_SUCCESS)
-                    break;
-                st = mpi_wait(m, &req, o);
-            }
-            if (rc != MPI_SUCCESS)
-                goto mpi_fail;
-            TD_TRY(st);
-            if (divide > 1)
-                td__scale(o->out, o->count, o->dtype, divide);
-            break;
-        }
-        TD_TRY(td__local_reduce(m, o->in, leader ? o->out : NULL, o->count, o->dtype,
-                                local_op(o->op), 0, 1));
-        if (leader) {
-            for (size_t done = 0; done < o->count && st == TD_OK; done += MAX_PIECE) {
-                size_t n = o->count - done < MAX_PIECE ? o->count - done : MAX_PIECE;
-                rc = MPI_Iallreduce(MPI_IN_PLACE, (char *)o->out + done * es, (int)n, type,
-                                    mpi_op(o->op), s->comm, &req);
-                if (rc != MPI_SUCCESS)
-                    break;
-                st = mpi_wait(m, &req, o);
-            }
-            if (rc != MPI_SUCCESS)
-                goto mpi_fail;
-            TD_TRY(st);
-            if (divide > 1)
-                td__scale(o->out, o->count, o->dtype, divide);
-        }
-        TD_TRY(td__local_bcast(m, o->out, o->out, o->count, o->dtype, 0));
-        break;
-    case TD_COLL_BROADCAST: {
-        int owner = 0;
-        while (owner + 1 < s->nprocs && s->offsets[owner + 1] <= o->root)
-            owner++;
-        if (owner == s->process)
-            TD_TRY(td__local_bcast(m, o->in, o->out, o->count, o->dtype, o->root - g->rank0));
-        if (leader) {
-            for (size_t done = 0; done < o->count && st == TD_OK; done += MAX_PIECE) {
-                size_t n = o->count - done < MAX_PIECE ? o->count - done : MAX_PIECE;
-                rc = MPI_Ibcast((char *)o->out + done * es, (int)n, type, owner, s->comm, &req);
-                if (rc != MPI_SUCCESS)
-                    break;
-                st = mpi_wait(m, &req, o);
-            }
-            if (rc != MPI_SUCCESS)
-                goto mpi_fail;
-            TD_TRY(st);
-        }
-        if (owner != s->process)
-            TD_TRY(td__local_bcast(m, o->out, o->out, o->count, o->dtype, 0));
-        break;
+    case TD_COLL_ALLREDUCE: return mpi_allreduce(m, o);
+    case TD_COLL_BROADCAST: return mpi_broadcast(m, o);
+    case TD_COLL_ALLGATHER: return mpi_allgather(m, o);
+    case TD_COLL_REDUCE:
+    case TD_COLL_REDUCE_SCATTER:
+        if (m->local == 0 &&
+            !(tmp = td__aligned_alloc(n * td_dtype_size(o->dtype), "an MPI reduction")))
+            return TD_ERR_OUT_OF_MEMORY;
+        st = o->kind == TD_COLL_REDUCE ? mpi_reduce(m, o, tmp) : mpi_reduce_scatter(m, o, tmp);
+        free(tmp);
+        return st;
     }
-    case TD_COLL_REDUCE: {
-        int owner = 0;
-        while (owner + 1 < s->nprocs && s->offsets[owner + 1] <= o->root)
-            owner++;
-        if (leader && !(tmp = td__aligned_alloc(o->count * es, "an MPI reduce"))) {
-            st = TD_ERR_OUT_OF_MEMORY;
-            goto fail;
-        }
-        TD_TRY(td__local_reduce(m, o->in, tmp, o->count, o->dtype, local_op(o->op), 0, 1));
-        if (leader) {
-            for (size_t done = 0; done < o->count && st == TD_OK; done += MAX_PIECE) {
-                size_t n = o->count - done < MAX_PIECE ? o->count - done : MAX_PIECE;
-                char *p = (char *)tmp + done * es;
-                rc = MPI_Ireduce(owner == s->process ? MPI_IN_PLACE : p, p, (int)n, type,
-                                 mpi_op(o->op), owner, s->comm, &req);
-                if (rc != MPI_SUCCESS)
-                    break;
-                st = mpi_wait(m, &req, o);
-            }
-            if (rc != MPI_SUCCESS)
-                goto mpi_fail;
-            TD_TRY(st);
-            if (divide > 1 && owner == s->process)
-                td__scale(tmp, o->count, o->dtype, divide);
-        }
-        if (owner == s->process)
-            TD_TRY(td__local_scatter(m, tmp, m->rank == o->root ? o->out : NULL, o->count, o->dtype,
-                                     0, 0));
-        break;
-    }
-    case TD_COLL_ALLGATHER: {
-        int *counts = NULL, *displs = NULL;
-        size_t total = o->count * (size_t)g->size;
-        if (total > INT_MAX) {
-            st = td__error(TD_ERR_UNSUPPORTED, "allgather of %zu elements: MPI counts are ints",
-                           total);
-            goto fail;
-        }
-        TD_TRY(td__local_gather(m, o->in,
-                                leader ? (char *)o->out + (size_t)g->rank0 * o->count * es : NULL,
-                                o->count, o->dtype, 0));
-        if (leader) {
-            counts = malloc(sizeof *counts * (size_t)s->nprocs);
-            displs = malloc(sizeof *displs * (size_t)s->nprocs);
-            if (!counts || !displs) {
-                free(counts);
-                free(displs);
-                st = td__error(TD_ERR_OUT_OF_MEMORY, "out of memory in an MPI allgather");
-                goto fail;
-            }
-            for (int p = 0; p < s->nprocs; p++) {
-                counts[p] = s->counts[p] * (int)o->count;
-                displs[p] = s->offsets[p] * (int)o->count;
-            }
-            rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, o->out, counts, displs, type,
-                                 s->comm, &req);
-            if (rc == MPI_SUCCESS)
-                st = mpi_wait(m, &req, o);
-            free(counts);
-            free(displs);
-            if (rc != MPI_SUCCESS)
-                goto mpi_fail;
-            TD_TRY(st);
-        }
-        TD_TRY(td__local_bcast(m, o->out, o->out, total, o->dtype, 0));
-        break;
-    }
-    case TD_COLL_REDUCE_SCATTER: {
-        int *counts = NULL;
-        size_t total = o->count * (size_t)g->size;
-        if (total > INT_MAX) {
-            st = td__error(TD_ERR_UNSUPPORTED,
-                           "reduce-scatter of %zu elements: MPI counts are ints", total);
-            goto fail;
-        }
-        if (leader && !(tmp = td__aligned_alloc(total * es, "an MPI reduce-scatter"))) {
-            st = TD_ERR_OUT_OF_MEMORY;
-            goto fail;
-        }
-        TD_TRY(td__local_reduce(m, o->in, tmp, total, o->dtype, local_op(o->op), 0, 1));
-        if (leader) {
-            counts = malloc(sizeof *counts * (size_t)s->nprocs);
-            if (!counts) {
-                st = td__error(TD_ERR_OUT_OF_MEMORY, "out of memory in an MPI reduce-scatter");
-                goto fail;
-            }
-            for (int p = 0; p < s->nprocs; p++)
-                counts[p] = s->counts[p] * (int)o->count;
-            /* In place: the process's part lands at the start of tmp. */
-            rc = MPI_Ireduce_scatter(MPI_IN_PLACE, tmp, counts, type, mpi_op(o->op), s->comm, &req);
-            if (rc == MPI_SUCCESS)
-                st = mpi_wait(m, &req, o);
-            free(counts);
-            if (rc != MPI_SUCCESS)
-                goto mpi_fail;
-            TD_TRY(st);
-            if (divide > 1)
-                td__scale(tmp, (size_t)g->nlocal * o->count, o->dtype, divide);
-        }
-        TD_TRY(td__local_scatter(m, tmp, o->out, o->count, o->dtype, 0, o->count));
-        break;
-    }
-    }
-    free(tmp);
-    return TD_OK;
-mpi_fail:
-    mpi_error(rc, "an MPI collective");
-    st = td__group_fail(g, m->rank, "collective #%llu: %s", (unsigned long long)o->seq,
-                        td_last_error());
-fail:
-    free(tmp);
-    return st;
+    return td__error(TD_ERR_INVALID_ARG, "collective kind %d", (int)o->kind);
 }
