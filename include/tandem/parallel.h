@@ -151,6 +151,10 @@ typedef struct td_dp_stats {
      * reductions' run time (td_comm_request_times) before that; 0 without
      * overlap. */
     double hidden_fraction;
+    /* The step's gradient buckets, and how many of them the same member
+     * started from within backward (all of them with overlap, the last as
+     * backward ends; none without). */
+    int buckets, buckets_in_backward;
     td_dp_member_stats m[TD_DP_MAX_MEMBERS];
     char stragglers[512]; /* lines naming devices that slowed down, or "" */
 } td_dp_stats;

@@ -222,6 +222,7 @@ typedef struct td_train_summary {
     int root;           /* 1 in the process that reports (MPI rank 0, or the only one) */
     double hidden;      /* mean share of the gradient reduction hidden behind backward */
     double ideal_ratio; /* mean step time over the ideal (work / sum of speeds) */
+    int buckets, buckets_in_backward; /* the last step's (td_dp_stats) */
     struct td_train_member {
         char name[32];
         int64_t samples;

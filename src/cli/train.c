@@ -108,8 +108,10 @@ static void print_members(const td_train_summary *s) {
                    "the others took\n");
             break;
         }
-    printf("gradient reduction hidden behind backward: %.0f%%; step time %.2fx the ideal\n\n",
-           100 * s->hidden, s->ideal_ratio);
+    printf("gradient reduction: %d bucket%s, %d started during backward, %.0f%% of its time "
+           "hidden behind backward; step time %.2fx the ideal\n\n",
+           s->buckets, s->buckets == 1 ? "" : "s", s->buckets_in_backward, 100 * s->hidden,
+           s->ideal_ratio);
 }
 
 static const struct option options[] = {

@@ -29,4 +29,13 @@ void td__error_set_message(const char *msg);
             goto fail;                                                                             \
     } while (0)
 
+/* Evaluates a call returning td_status and returns its failure at once: for
+ * functions with nothing to release on the way out. */
+#define TD_CHECK(call)                                                                             \
+    do {                                                                                           \
+        td_status st_ = (call);                                                                    \
+        if (st_ != TD_OK)                                                                          \
+            return st_;                                                                            \
+    } while (0)
+
 #endif

@@ -9,13 +9,6 @@
 #include "core/error.h"
 #include "nn/nn-impl.h"
 
-#define TRY(call)                                                                                  \
-    do {                                                                                           \
-        td_status st_ = (call);                                                                    \
-        if (st_ != TD_OK)                                                                          \
-            return st_;                                                                            \
-    } while (0)
-
 static int64_t prod(const int64_t *s, int n) {
     int64_t p = 1;
     for (int i = 0; i < n; i++)
@@ -48,7 +41,7 @@ static int64_t rows_of(const td_tensor *t) {
 /* Linear ------------------------------------------------------------------------ */
 
 static td_status plan_same(td_layer *l, td_nn_plan *p) {
-    TRY(td__plan_tensor(p, &l->out, 1, l->out_ndim, l->out_shape));
+    TD_CHECK(td__plan_tensor(p, &l->out, 1, l->out_ndim, l->out_shape));
     return td__plan_tensor(p, &l->dout, 1, l->out_ndim, l->out_shape);
 }
 
@@ -58,19 +51,20 @@ static td_status linear_plan(td_layer *l, td_nn_plan *p, const td_tensor *x) {
 
 static td_status linear_forward(td_layer *l, const td_tensor *x, td_nn_run *r) {
     /* out (rows, out) = x (rows, in) W^T (in, out) + b */
-    TRY(td__op_matmul(&l->out, x, 0, l->param[0], 1, 1.0, 0.0));
+    TD_CHECK(td__op_matmul(&l->out, x, 0, l->param[0], 1, 1.0, 0.0));
     if (l->has_bias)
-        TRY(td__op_bias_add(&l->out, l->param[1], rows_of(&l->out), l->out_features, 1));
+        TD_CHECK(td__op_bias_add(&l->out, l->param[1], rows_of(&l->out), l->out_features, 1));
     return TD_OK;
 }
 
 static td_status linear_backward(td_layer *l, const td_tensor *x, td_tensor *dx, td_nn_run *r) {
     /* dW (out, in) = dout^T (out, rows) x (rows, in) */
-    TRY(td__op_matmul(l->grad[0], &l->dout, 1, x, 0, 1.0, r->acc ? 1.0 : 0.0));
+    TD_CHECK(td__op_matmul(l->grad[0], &l->dout, 1, x, 0, 1.0, r->acc ? 1.0 : 0.0));
     if (l->has_bias)
-        TRY(td__op_bias_grad(l->grad[1], &l->dout, rows_of(&l->dout), l->out_features, 1, r->acc));
+        TD_CHECK(
+            td__op_bias_grad(l->grad[1], &l->dout, rows_of(&l->dout), l->out_features, 1, r->acc));
     if (dx)
-        TRY(td__op_matmul(dx, &l->dout, 0, l->param[0], 0, 1.0, 0.0));
+        TD_CHECK(td__op_matmul(dx, &l->dout, 0, l->param[0], 0, 1.0, 0.0));
     return TD_OK;
 }
 
@@ -122,8 +116,8 @@ static const td_layer_vt flatten_vt = {"flatten", linear_plan, copy_forward, cop
 
 static td_status ln_plan(td_layer *l, td_nn_plan *p, const td_tensor *x) {
     int64_t rows = prod(l->in_shape, l->in_ndim - 1);
-    TRY(plan_same(l, p));
-    TRY(td__plan_tensor(p, &l->ws[0], 1, 1, &rows));
+    TD_CHECK(plan_same(l, p));
+    TD_CHECK(td__plan_tensor(p, &l->ws[0], 1, 1, &rows));
     return td__plan_tensor(p, &l->ws[1], 1, 1, &rows);
 }
 
@@ -167,15 +161,15 @@ static int att_fused(const td_device *dev) {
 static td_status att_plan(td_layer *l, td_nn_plan *p, const td_tensor *x) {
     int64_t t = l->in_shape[0], c = l->in_shape[1], h = l->heads;
     int64_t qkv[2] = {t, 3 * c}, tt[3] = {h, t, t}, tc[2] = {t, c};
-    TRY(plan_same(l, p));
-    TRY(td__plan_tensor(p, &l->ws[ATT_QKV], 1, 2, qkv));
-    TRY(td__plan_tensor(p, &l->ws[ATT_P], 1, 3, tt));
+    TD_CHECK(plan_same(l, p));
+    TD_CHECK(td__plan_tensor(p, &l->ws[ATT_QKV], 1, 2, qkv));
+    TD_CHECK(td__plan_tensor(p, &l->ws[ATT_P], 1, 3, tt));
     /* the composed path keeps raw scores apart from the probabilities */
     l->fused = att_fused(p->dev);
     if (!l->fused)
-        TRY(td__plan_tensor(p, &l->ws[ATT_S], 1, 3, tt));
-    TRY(td__plan_tensor(p, &l->ws[ATT_YH], 1, 2, tc));
-    TRY(td__plan_tensor(p, &l->ws[ATT_DQKV], 1, 2, qkv));
+        TD_CHECK(td__plan_tensor(p, &l->ws[ATT_S], 1, 3, tt));
+    TD_CHECK(td__plan_tensor(p, &l->ws[ATT_YH], 1, 2, tc));
+    TD_CHECK(td__plan_tensor(p, &l->ws[ATT_DQKV], 1, 2, qkv));
     return td__plan_tensor(p, &l->ws[ATT_DYH], 1, 2, tc);
 }
 
@@ -188,29 +182,29 @@ static td_status att_forward(td_layer *l, const td_tensor *x, td_nn_run *r) {
     int64_t n = x->shape[0], t = l->in_shape[0], c = l->in_shape[1], h = l->heads, d = c / h;
     td_tensor *qkv = &l->ws[ATT_QKV], *p = &l->ws[ATT_P], *s = &l->ws[ATT_S], *yh = &l->ws[ATT_YH];
     /* qkv (n, t, 3c) = x Wqkv^T + bqkv: q, k, v side by side, heads inside each */
-    TRY(td__op_matmul(qkv, x, 0, l->param[0], 1, 1.0, 0.0));
-    TRY(td__op_bias_add(qkv, l->param[1], n * t, 3 * c, 1));
+    TD_CHECK(td__op_matmul(qkv, x, 0, l->param[0], 1, 1.0, 0.0));
+    TD_CHECK(td__op_bias_add(qkv, l->param[1], n * t, 3 * c, 1));
     if (l->fused) {
-        TRY(td__op_attention_fwd(h, 1.0 / sqrt((double)d), qkv, p, yh));
-        TRY(td__op_matmul(&l->out, yh, 0, l->param[2], 1, 1.0, 0.0));
+        TD_CHECK(td__op_attention_fwd(h, 1.0 / sqrt((double)d), qkv, p, yh));
+        TD_CHECK(td__op_matmul(&l->out, yh, 0, l->param[2], 1, 1.0, 0.0));
         return td__op_bias_add(&l->out, l->param[3], n * t, c, 1);
     }
     for (int64_t b = 0; b < n; b++) {
         int64_t base = b * t * 3 * c;
         /* s (h, t, t) = q_h (t, d) k_h^T */
-        TRY(td__op_gemm_batched(0, 1, t, t, d, 1.0, operand(qkv, base, 3 * c, d),
-                                operand(qkv, base + c, 3 * c, d), 0.0,
-                                operand(s, b * h * t * t, t, t * t), h));
+        TD_CHECK(td__op_gemm_batched(0, 1, t, t, d, 1.0, operand(qkv, base, 3 * c, d),
+                                     operand(qkv, base + c, 3 * c, d), 0.0,
+                                     operand(s, b * h * t * t, t, t * t), h));
     }
-    TRY(td__op_causal_softmax_fwd(1.0 / sqrt((double)d), s, p));
+    TD_CHECK(td__op_causal_softmax_fwd(1.0 / sqrt((double)d), s, p));
     for (int64_t b = 0; b < n; b++) {
         int64_t base = b * t * 3 * c;
         /* yh_h (t, d) = p_h (t, t) v_h (t, d), written at column h*d of (t, c) */
-        TRY(td__op_gemm_batched(0, 0, t, d, t, 1.0, operand(p, b * h * t * t, t, t * t),
-                                operand(qkv, base + 2 * c, 3 * c, d), 0.0,
-                                operand(yh, b * t * c, c, d), h));
+        TD_CHECK(td__op_gemm_batched(0, 0, t, d, t, 1.0, operand(p, b * h * t * t, t, t * t),
+                                     operand(qkv, base + 2 * c, 3 * c, d), 0.0,
+                                     operand(yh, b * t * c, c, d), h));
     }
-    TRY(td__op_matmul(&l->out, yh, 0, l->param[2], 1, 1.0, 0.0));
+    TD_CHECK(td__op_matmul(&l->out, yh, 0, l->param[2], 1, 1.0, 0.0));
     return td__op_bias_add(&l->out, l->param[3], n * t, c, 1);
 }
 
@@ -220,41 +214,41 @@ static td_status att_backward(td_layer *l, const td_tensor *x, td_tensor *dx, td
               *dqkv = &l->ws[ATT_DQKV], *dyh = &l->ws[ATT_DYH];
     double beta = r->acc ? 1.0 : 0.0;
     /* output projection */
-    TRY(td__op_matmul(l->grad[2], &l->dout, 1, yh, 0, 1.0, beta));
-    TRY(td__op_bias_grad(l->grad[3], &l->dout, n * t, c, 1, r->acc));
-    TRY(td__op_matmul(dyh, &l->dout, 0, l->param[2], 0, 1.0, 0.0));
+    TD_CHECK(td__op_matmul(l->grad[2], &l->dout, 1, yh, 0, 1.0, beta));
+    TD_CHECK(td__op_bias_grad(l->grad[3], &l->dout, n * t, c, 1, r->acc));
+    TD_CHECK(td__op_matmul(dyh, &l->dout, 0, l->param[2], 0, 1.0, 0.0));
     if (l->fused) {
-        TRY(td__op_attention_bwd(h, 1.0 / sqrt((double)d), qkv, p, dyh, dqkv));
+        TD_CHECK(td__op_attention_bwd(h, 1.0 / sqrt((double)d), qkv, p, dyh, dqkv));
         goto qkv_backward;
     }
     for (int64_t b = 0; b < n; b++) {
         int64_t base = b * t * 3 * c, sb = b * h * t * t;
         /* dp_h (t, t) = dyh_h (t, d) v_h^T, kept in s */
-        TRY(td__op_gemm_batched(0, 1, t, t, d, 1.0, operand(dyh, b * t * c, c, d),
-                                operand(qkv, base + 2 * c, 3 * c, d), 0.0, operand(s, sb, t, t * t),
-                                h));
+        TD_CHECK(td__op_gemm_batched(0, 1, t, t, d, 1.0, operand(dyh, b * t * c, c, d),
+                                     operand(qkv, base + 2 * c, 3 * c, d), 0.0,
+                                     operand(s, sb, t, t * t), h));
         /* dv_h (t, d) = p_h^T dyh_h */
-        TRY(td__op_gemm_batched(1, 0, t, d, t, 1.0, operand(p, sb, t, t * t),
-                                operand(dyh, b * t * c, c, d), 0.0,
-                                operand(dqkv, base + 2 * c, 3 * c, d), h));
+        TD_CHECK(td__op_gemm_batched(1, 0, t, d, t, 1.0, operand(p, sb, t, t * t),
+                                     operand(dyh, b * t * c, c, d), 0.0,
+                                     operand(dqkv, base + 2 * c, 3 * c, d), h));
     }
     /* ds = the softmax's backward, in place */
-    TRY(td__op_causal_softmax_bwd(1.0 / sqrt((double)d), p, s, s));
+    TD_CHECK(td__op_causal_softmax_bwd(1.0 / sqrt((double)d), p, s, s));
     for (int64_t b = 0; b < n; b++) {
         int64_t base = b * t * 3 * c, sb = b * h * t * t;
         /* dq_h = ds_h (t, t) k_h (t, d); dk_h = ds_h^T q_h */
-        TRY(td__op_gemm_batched(0, 0, t, d, t, 1.0, operand(s, sb, t, t * t),
-                                operand(qkv, base + c, 3 * c, d), 0.0,
-                                operand(dqkv, base, 3 * c, d), h));
-        TRY(td__op_gemm_batched(1, 0, t, d, t, 1.0, operand(s, sb, t, t * t),
-                                operand(qkv, base, 3 * c, d), 0.0,
-                                operand(dqkv, base + c, 3 * c, d), h));
+        TD_CHECK(td__op_gemm_batched(0, 0, t, d, t, 1.0, operand(s, sb, t, t * t),
+                                     operand(qkv, base + c, 3 * c, d), 0.0,
+                                     operand(dqkv, base, 3 * c, d), h));
+        TD_CHECK(td__op_gemm_batched(1, 0, t, d, t, 1.0, operand(s, sb, t, t * t),
+                                     operand(qkv, base, 3 * c, d), 0.0,
+                                     operand(dqkv, base + c, 3 * c, d), h));
     }
 qkv_backward:
-    TRY(td__op_matmul(l->grad[0], dqkv, 1, x, 0, 1.0, beta));
-    TRY(td__op_bias_grad(l->grad[1], dqkv, n * t, 3 * c, 1, r->acc));
+    TD_CHECK(td__op_matmul(l->grad[0], dqkv, 1, x, 0, 1.0, beta));
+    TD_CHECK(td__op_bias_grad(l->grad[1], dqkv, n * t, 3 * c, 1, r->acc));
     if (dx)
-        TRY(td__op_matmul(dx, dqkv, 0, l->param[0], 0, 1.0, 0.0));
+        TD_CHECK(td__op_matmul(dx, dqkv, 0, l->param[0], 0, 1.0, 0.0));
     return TD_OK;
 }
 
@@ -282,9 +276,9 @@ static td_status conv_backward(td_layer *l, const td_tensor *x, td_tensor *dx, t
 static const td_layer_vt conv2d_vt = {"conv2d", linear_plan, conv_forward, conv_backward};
 
 static td_status pool_plan(td_layer *l, td_nn_plan *p, const td_tensor *x) {
-    TRY(plan_same(l, p));
+    TD_CHECK(plan_same(l, p));
     if (l->pool == TD_POOL_MAX)
-        TRY(td__plan_ints(p, &l->iws, (size_t)(p->n * prod(l->out_shape, l->out_ndim))));
+        TD_CHECK(td__plan_ints(p, &l->iws, (size_t)(p->n * prod(l->out_shape, l->out_ndim))));
     return TD_OK;
 }
 
@@ -305,7 +299,7 @@ static const td_layer_vt pool_vt = {"pool", pool_plan, pool_forward, pool_backwa
 /* Containers --------------------------------------------------------------------------- */
 
 static td_status child_backward(td_layer *c, const td_tensor *x, td_tensor *dx, td_nn_run *r) {
-    TRY(c->vt->backward(c, x, dx, r));
+    TD_CHECK(c->vt->backward(c, x, dx, r));
     if (c->nparams > 0 && r->model->hook)
         r->model->hook(r->model->hook_arg, c->first_param, (size_t)c->nparams);
     return TD_OK;
@@ -314,7 +308,7 @@ static td_status child_backward(td_layer *c, const td_tensor *x, td_tensor *dx, 
 static td_status seq_plan(td_layer *l, td_nn_plan *p, const td_tensor *x) {
     const td_tensor *cur = x;
     for (int i = 0; i < l->nchildren; i++) {
-        TRY(l->children[i]->vt->plan(l->children[i], p, cur));
+        TD_CHECK(l->children[i]->vt->plan(l->children[i], p, cur));
         cur = &l->children[i]->out;
     }
     l->out = l->children[l->nchildren - 1]->out;
@@ -325,7 +319,7 @@ static td_status seq_plan(td_layer *l, td_nn_plan *p, const td_tensor *x) {
 static td_status seq_forward(td_layer *l, const td_tensor *x, td_nn_run *r) {
     const td_tensor *cur = x;
     for (int i = 0; i < l->nchildren; i++) {
-        TRY(l->children[i]->vt->forward(l->children[i], cur, r));
+        TD_CHECK(l->children[i]->vt->forward(l->children[i], cur, r));
         cur = &l->children[i]->out;
     }
     return TD_OK;
@@ -335,7 +329,7 @@ static td_status seq_backward(td_layer *l, const td_tensor *x, td_tensor *dx, td
     for (int i = l->nchildren - 1; i >= 0; i--) {
         const td_tensor *xi = i ? &l->children[i - 1]->out : x;
         td_tensor *dxi = i ? &l->children[i - 1]->dout : dx;
-        TRY(child_backward(l->children[i], xi, dxi, r));
+        TD_CHECK(child_backward(l->children[i], xi, dxi, r));
     }
     return TD_OK;
 }
@@ -345,8 +339,8 @@ static const td_layer_vt sequential_vt = {"sequential", seq_plan, seq_forward, s
 /* residual: out = x + inner(x); children[0] is the inner sequential. */
 static td_status res_plan(td_layer *l, td_nn_plan *p, const td_tensor *x) {
     td_layer *in = l->children[0];
-    TRY(in->vt->plan(in, p, x));
-    TRY(td__plan_tensor(p, &l->out, 1, l->out_ndim, l->out_shape));
+    TD_CHECK(in->vt->plan(in, p, x));
+    TD_CHECK(td__plan_tensor(p, &l->out, 1, l->out_ndim, l->out_shape));
     /* d(inner out) = d(out): one buffer serves both */
     l->dout = in->dout;
     return TD_OK;
@@ -354,13 +348,13 @@ static td_status res_plan(td_layer *l, td_nn_plan *p, const td_tensor *x) {
 
 static td_status res_forward(td_layer *l, const td_tensor *x, td_nn_run *r) {
     td_layer *in = l->children[0];
-    TRY(in->vt->forward(in, x, r));
+    TD_CHECK(in->vt->forward(in, x, r));
     return td__op_add(x, &in->out, &l->out);
 }
 
 static td_status res_backward(td_layer *l, const td_tensor *x, td_tensor *dx, td_nn_run *r) {
     td_layer *in = l->children[0];
-    TRY(in->vt->backward(in, x, dx, r));
+    TD_CHECK(in->vt->backward(in, x, dx, r));
     return dx ? td__op_axpby(1.0, &l->dout, 1.0, dx) : TD_OK;
 }
 
@@ -472,7 +466,7 @@ static td_status init_uniform_fan_in(td_model *m, td_tensor *t, int64_t fan_in) 
 
 static td_status add_uniform_param(td_model *m, td_layer *l, const char *name, int ndim,
                                    const int64_t *shape, int64_t fan_in, td_tensor **p) {
-    TRY(td__model_add_param(m, l, name, ndim, shape, p));
+    TD_CHECK(td__model_add_param(m, l, name, ndim, shape, p));
     return init_uniform_fan_in(m, *p, fan_in);
 }
 
@@ -484,24 +478,24 @@ static td_status build_leaf(build_ctx *b, const char *type, td_layer *l, int in_
     if (!strcmp(type, "linear")) {
         static const char *const keys[] = {"type", "out", "bias", NULL};
         int64_t w[2];
-        TRY(check_keys(b, keys));
-        TRY(get_int(b, "out", 1, 0, 1, 1 << 24, &l->out_features));
-        TRY(get_bool(b, "bias", 1, &l->has_bias));
+        TD_CHECK(check_keys(b, keys));
+        TD_CHECK(get_int(b, "out", 1, 0, 1, 1 << 24, &l->out_features));
+        TD_CHECK(get_bool(b, "bias", 1, &l->has_bias));
         if (in_ndim < 1)
             return shape_error(b, type, "at least one dimension of", in_ndim, in);
         l->vt = &linear_vt;
         l->out_shape[in_ndim - 1] = l->out_features;
         w[0] = l->out_features;
         w[1] = in[in_ndim - 1];
-        TRY(add_uniform_param(m, l, "weight", 2, w, w[1], &l->param[0]));
+        TD_CHECK(add_uniform_param(m, l, "weight", 2, w, w[1], &l->param[0]));
         if (l->has_bias)
-            TRY(add_uniform_param(m, l, "bias", 1, w, w[1], &l->param[1]));
+            TD_CHECK(add_uniform_param(m, l, "bias", 1, w, w[1], &l->param[1]));
         return TD_OK;
     }
     if (!strcmp(type, "relu") || !strcmp(type, "gelu") || !strcmp(type, "tanh") ||
         !strcmp(type, "sigmoid")) {
         static const char *const keys[] = {"type", NULL};
-        TRY(check_keys(b, keys));
+        TD_CHECK(check_keys(b, keys));
         l->vt = &act_vt;
         l->act = !strcmp(type, "relu")   ? TD_ACT_RELU
                  : !strcmp(type, "gelu") ? TD_ACT_GELU
@@ -511,14 +505,14 @@ static td_status build_leaf(build_ctx *b, const char *type, td_layer *l, int in_
     }
     if (!strcmp(type, "dropout")) {
         static const char *const keys[] = {"type", "p", NULL};
-        TRY(check_keys(b, keys));
-        TRY(get_real(b, "p", 0.5, 0.0, 1.0, 1, &l->p));
+        TD_CHECK(check_keys(b, keys));
+        TD_CHECK(get_real(b, "p", 0.5, 0.0, 1.0, 1, &l->p));
         l->vt = &dropout_vt;
         return TD_OK;
     }
     if (!strcmp(type, "flatten")) {
         static const char *const keys[] = {"type", NULL};
-        TRY(check_keys(b, keys));
+        TD_CHECK(check_keys(b, keys));
         l->vt = &flatten_vt;
         l->out_ndim = 1;
         l->out_shape[0] = prod(in, in_ndim);
@@ -527,24 +521,24 @@ static td_status build_leaf(build_ctx *b, const char *type, td_layer *l, int in_
     if (!strcmp(type, "layernorm")) {
         static const char *const keys[] = {"type", "eps", NULL};
         int64_t c;
-        TRY(check_keys(b, keys));
-        TRY(get_real(b, "eps", 1e-5, 0.0, 1.0, 0, &l->eps));
+        TD_CHECK(check_keys(b, keys));
+        TD_CHECK(get_real(b, "eps", 1e-5, 0.0, 1.0, 0, &l->eps));
         if (in_ndim < 1)
             return shape_error(b, type, "at least one dimension of", in_ndim, in);
         l->vt = &layernorm_vt;
         c = in[in_ndim - 1];
-        TRY(td__model_add_param(m, l, "weight", 1, &c, &l->param[0]));
-        TRY(td_tensor_fill(l->param[0], 1.0));
-        TRY(td__model_add_param(m, l, "bias", 1, &c, &l->param[1]));
+        TD_CHECK(td__model_add_param(m, l, "weight", 1, &c, &l->param[0]));
+        TD_CHECK(td_tensor_fill(l->param[0], 1.0));
+        TD_CHECK(td__model_add_param(m, l, "bias", 1, &c, &l->param[1]));
         return td_tensor_fill(l->param[1], 0.0);
     }
     if (!strcmp(type, "embedding")) {
         static const char *const keys[] = {"type", "vocab", "dim", "positions", NULL};
         int64_t dim, s[2];
-        TRY(check_keys(b, keys));
-        TRY(get_int(b, "vocab", 1, 0, 1, 1 << 24, &l->vocab));
-        TRY(get_int(b, "dim", 1, 0, 1, 1 << 20, &dim));
-        TRY(get_bool(b, "positions", 1, &l->positions));
+        TD_CHECK(check_keys(b, keys));
+        TD_CHECK(get_int(b, "vocab", 1, 0, 1, 1 << 24, &l->vocab));
+        TD_CHECK(get_int(b, "dim", 1, 0, 1, 1 << 20, &dim));
+        TD_CHECK(get_bool(b, "positions", 1, &l->positions));
         if (m->kind != TD_INPUT_TOKENS || in_ndim != 1 || m->nparams != 0)
             return shape_error(b, type, "the model's tokens as", in_ndim, in);
         if (m->classes > 0 && l->vocab != m->classes)
@@ -555,14 +549,14 @@ static td_status build_leaf(build_ctx *b, const char *type, td_layer *l, int in_
         l->out_shape[1] = dim;
         s[0] = l->vocab;
         s[1] = dim;
-        TRY(td__model_add_param(m, l, "wte.weight", 2, s, &l->param[0]));
-        TRY(td_tensor_rand_normal(l->param[0], mix64(m->seed ^ mix64((uint64_t)m->nparams - 1)), 0,
-                                  0.0, 1.0));
+        TD_CHECK(td__model_add_param(m, l, "wte.weight", 2, s, &l->param[0]));
+        TD_CHECK(td_tensor_rand_normal(
+            l->param[0], mix64(m->seed ^ mix64((uint64_t)m->nparams - 1)), 0, 0.0, 1.0));
         if (l->positions) {
             s[0] = in[0];
-            TRY(td__model_add_param(m, l, "wpe.weight", 2, s, &l->param[1]));
-            TRY(td_tensor_rand_normal(l->param[1], mix64(m->seed ^ mix64((uint64_t)m->nparams - 1)),
-                                      0, 0.0, 1.0));
+            TD_CHECK(td__model_add_param(m, l, "wpe.weight", 2, s, &l->param[1]));
+            TD_CHECK(td_tensor_rand_normal(
+                l->param[1], mix64(m->seed ^ mix64((uint64_t)m->nparams - 1)), 0, 0.0, 1.0));
         }
         return TD_OK;
     }
@@ -570,9 +564,9 @@ static td_status build_leaf(build_ctx *b, const char *type, td_layer *l, int in_
         static const char *const keys[] = {"type", "heads", "causal", NULL};
         int causal;
         int64_t c, s[2];
-        TRY(check_keys(b, keys));
-        TRY(get_int(b, "heads", 1, 0, 1, 4096, &l->heads));
-        TRY(get_bool(b, "causal", 1, &causal));
+        TD_CHECK(check_keys(b, keys));
+        TD_CHECK(get_int(b, "heads", 1, 0, 1, 4096, &l->heads));
+        TD_CHECK(get_bool(b, "causal", 1, &causal));
         if (!causal)
             return field_error(b, "causal", "only causal self-attention is implemented");
         if (in_ndim != 2)
@@ -583,11 +577,11 @@ static td_status build_leaf(build_ctx *b, const char *type, td_layer *l, int in_
         l->vt = &attention_vt;
         s[0] = 3 * c;
         s[1] = c;
-        TRY(add_uniform_param(m, l, "qkv.weight", 2, s, c, &l->param[0]));
-        TRY(add_uniform_param(m, l, "qkv.bias", 1, s, c, &l->param[1]));
+        TD_CHECK(add_uniform_param(m, l, "qkv.weight", 2, s, c, &l->param[0]));
+        TD_CHECK(add_uniform_param(m, l, "qkv.bias", 1, s, c, &l->param[1]));
         s[0] = c;
-        TRY(add_uniform_param(m, l, "proj.weight", 2, s, c, &l->param[2]));
-        TRY(add_uniform_param(m, l, "proj.bias", 1, s, c, &l->param[3]));
+        TD_CHECK(add_uniform_param(m, l, "proj.weight", 2, s, c, &l->param[2]));
+        TD_CHECK(add_uniform_param(m, l, "proj.bias", 1, s, c, &l->param[3]));
         return TD_OK;
     }
     if (!strcmp(type, "conv2d") || !strcmp(type, "maxpool") || !strcmp(type, "avgpool")) {
@@ -596,19 +590,19 @@ static td_status build_leaf(build_ctx *b, const char *type, td_layer *l, int in_
         static const char *const pool_keys[] = {"type", "kernel", "stride", "padding", NULL};
         int conv = !strcmp(type, "conv2d");
         td_conv_desc *d = &l->conv;
-        TRY(check_keys(b, conv ? conv_keys : pool_keys));
+        TD_CHECK(check_keys(b, conv ? conv_keys : pool_keys));
         if (in_ndim != 3)
             return shape_error(b, type, "(channels, height, width)", in_ndim, in);
         d->c = in[0];
         d->h = in[1];
         d->w = in[2];
-        TRY(get_int(b, "kernel", 1, 0, 1, 1024, &d->kh));
+        TD_CHECK(get_int(b, "kernel", 1, 0, 1, 1024, &d->kh));
         d->kw = d->kh;
-        TRY(get_int(b, "stride", 0, conv ? 1 : d->kh, 1, 1024, &d->stride));
-        TRY(get_int(b, "padding", 0, 0, 0, 1024, &d->pad));
+        TD_CHECK(get_int(b, "stride", 0, conv ? 1 : d->kh, 1, 1024, &d->stride));
+        TD_CHECK(get_int(b, "padding", 0, 0, 0, 1024, &d->pad));
         if (conv) {
-            TRY(get_int(b, "out", 1, 0, 1, 1 << 20, &d->oc));
-            TRY(get_bool(b, "bias", 1, &l->has_bias));
+            TD_CHECK(get_int(b, "out", 1, 0, 1, 1 << 20, &d->oc));
+            TD_CHECK(get_bool(b, "bias", 1, &l->has_bias));
         } else {
             d->oc = d->c;
             if (2 * d->pad > d->kh)
@@ -624,9 +618,9 @@ static td_status build_leaf(build_ctx *b, const char *type, td_layer *l, int in_
         if (conv) {
             int64_t w[4] = {d->oc, d->c, d->kh, d->kw};
             l->vt = &conv2d_vt;
-            TRY(add_uniform_param(m, l, "weight", 4, w, d->c * d->kh * d->kw, &l->param[0]));
+            TD_CHECK(add_uniform_param(m, l, "weight", 4, w, d->c * d->kh * d->kw, &l->param[0]));
             if (l->has_bias)
-                TRY(add_uniform_param(m, l, "bias", 1, w, d->c * d->kh * d->kw, &l->param[1]));
+                TD_CHECK(add_uniform_param(m, l, "bias", 1, w, d->c * d->kh * d->kw, &l->param[1]));
         } else {
             l->vt = &pool_vt;
             l->pool = !strcmp(type, "maxpool") ? TD_POOL_MAX : TD_POOL_AVG;
@@ -742,12 +736,12 @@ static td_status seq_fill(td_model *m, const char *file, json_t *arr, const char
             static const char *const keys[] = {"type", "count", "layers", NULL};
             int64_t count;
             char w2[256];
-            TRY(check_keys(&b, keys));
-            TRY(get_int(&b, "count", 1, 0, 1, 1024, &count));
+            TD_CHECK(check_keys(&b, keys));
+            TD_CHECK(get_int(&b, "count", 1, 0, 1, 1024, &count));
             snprintf(w2, sizeof w2, "%s.layers", w);
             for (int64_t k = 0; k < count; k++)
-                TRY(seq_fill(m, file, json_object_get(spec, "layers"), w2, path, seq, cap,
-                             depth + 1));
+                TD_CHECK(seq_fill(m, file, json_object_get(spec, "layers"), w2, path, seq, cap,
+                                  depth + 1));
             continue;
         }
         snprintf(p, sizeof p, "%s.%d", path, seq->nchildren);

@@ -46,6 +46,7 @@ typedef struct dp_member {
     td_comm_request **reqs; /* per parameter */
     td_status hook_status;
     uint64_t all_started_ns; /* when the last bucket started: backward's end (td_clock_ns) */
+    int buckets_in_backward; /* started from backward's gradient hook this step */
 
     /* Deterministic mode: one gradient copy per chunk this member runs. */
     td_tensor ***chunk_grads; /* [chunk slot][param] */
@@ -187,7 +188,11 @@ static void on_grads_ready(void *arg, size_t first, size_t count) {
     dp_member *mb = arg;
     for (size_t p = first; p < first + count && p < mb->dp->nparams; p++)
         mb->ready[p] = 1;
-    launch_ready_buckets(mb);
+    {
+        size_t before = mb->next_bucket;
+        launch_ready_buckets(mb);
+        mb->buckets_in_backward += (int)(mb->next_bucket - before);
+    }
 }
 
 /* ZeRO-1, once the reduce-scatters are done: each shard into its place in
@@ -798,6 +803,7 @@ static td_status step_member(td_group *g, td_device *dev, int run_rank, int size
     mb->g = g; /* the whole group, or the unparked members' */
     mb->next_bucket = 0;
     mb->all_started_ns = 0;
+    mb->buckets_in_backward = 0;
     mb->hook_status = TD_OK;
     memset(mb->ready, 0, dp->nparams);
     td_model_set_grad_hook(mb->model, dp->overlap ? on_grads_ready : NULL, mb);
@@ -957,6 +963,8 @@ static void fill_stats(td_dp *dp, const double *all, const int64_t *counts, doub
             last = mb;
     }
     /* Without overlap (and in deterministic mode's chain) nothing is hidden. */
+    stats->buckets = (int)dp->nbuckets;
+    stats->buckets_in_backward = last ? last->buckets_in_backward : 0;
     stats->hidden_fraction = last && last->reduce_s > 0 && !dp->cfg.deterministic && dp->overlap
                                  ? fmin(1.0, fmax(0.0, 1.0 - last->exposed_s / last->reduce_s))
                                  : 0.0;

@@ -370,6 +370,8 @@ static void add_member_stats(trainer *t, const td_dp_stats *ds, td_train_summary
     t->dp_steps++;
     out->members = ds->members;
     out->hidden += ds->hidden_fraction;
+    out->buckets = ds->buckets;
+    out->buckets_in_backward = ds->buckets_in_backward;
     out->ideal_ratio += ds->ideal_s > 0 ? ds->step_s / ds->ideal_s : 0;
     for (int r = 0; r < ds->members && r < TD_DP_MAX_MEMBERS; r++) {
         struct td_train_member *m = &out->member[r];
@@ -387,8 +389,10 @@ static void add_member_stats(trainer *t, const td_dp_stats *ds, td_train_summary
     if (t->metrics) {
         fprintf(t->metrics,
                 "{\"event\":\"devices\",\"step\":%lld,\"step_s\":%.6f,"
-                "\"ideal_s\":%.6f,\"hidden\":%.4f,\"devices\":[",
-                (long long)t->state.step + 1, ds->step_s, ds->ideal_s, ds->hidden_fraction);
+                "\"ideal_s\":%.6f,\"hidden\":%.4f,\"buckets\":%d,\"buckets_in_backward\":%d,"
+                "\"devices\":[",
+                (long long)t->state.step + 1, ds->step_s, ds->ideal_s, ds->hidden_fraction,
+                ds->buckets, ds->buckets_in_backward);
         for (int r = 0; r < ds->members && r < TD_DP_MAX_MEMBERS; r++)
             fprintf(t->metrics,
                     "%s{\"name\":\"%s\",\"samples\":%lld,\"share\":%.4f,\"compute_s\":%.6f,"

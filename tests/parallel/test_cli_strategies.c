@@ -87,13 +87,16 @@ static void data_strategy_matches_one_device(void **state) {
         fail_msg("f32: 2 devices differ from 1 by %g", d);
 }
 
-/* --overlap on: CPU devices reduce each bucket while backward goes on (by
- * default they reduce after it); the weights are still one device's, and
- * the end-of-run table reports a share of the reduction hidden. The small
- * --bucket-bytes makes several buckets of the MLP's gradients. */
+/* --overlap on: CPU devices start each bucket's reduction while backward
+ * goes on (by default they reduce after it); the weights are still one
+ * device's, and the end-of-run table says how many buckets started during
+ * backward. The small --bucket-bytes makes several buckets of the MLP's
+ * gradients. (How much of the reduction that hid depends on whether the
+ * collective engine found a free core, so it is not asserted.) */
 static void overlap_on_the_command_line_matches_one_device(void **state) {
-    static const char *const what = "gradient reduction hidden behind backward: ";
+    static const char *const what = "gradient reduction: ";
     char *out, *line;
+    int buckets = 0, early = 0;
     double d;
     train("cpu:0", "--steps 15 --precision f64", "ov1.safetensors");
     out = train_output("cpu*2",
@@ -101,8 +104,11 @@ static void overlap_on_the_command_line_matches_one_device(void **state) {
                        "--bucket-bytes 65536",
                        "ov2.safetensors");
     line = strstr(out, what);
-    if (!line || !(atof(line + strlen(what)) > 0))
-        fail_msg("no share of the reduction hidden in: %s", out);
+    if (!line ||
+        sscanf(line + strlen(what), "%d buckets, %d started during backward", &buckets, &early) !=
+            2 ||
+        buckets < 2 || early != buckets)
+        fail_msg("not every bucket started during backward: %s", out);
     free(out);
     d = checkpoint_diff("ov2.safetensors", "ov1.safetensors");
     if (d > 1e-12)

@@ -104,8 +104,14 @@ static void data_parallel_equals_one_device_with_and_without_overlap(void **stat
             TD_ASSERT_OK(td_dp_step(dp, &d->batch[s], (uint64_t)s, &res, &stats));
             assert_int_equal(stats.members, 3);
             assert_true(stats.hidden_fraction >= 0 && stats.hidden_fraction <= 1);
-            if (overlap < 0) /* CPU devices reduce after backward: nothing hidden */
+            /* CPU devices reduce after backward by default: nothing hidden */
+            assert_true(stats.buckets > 1);
+            if (overlap < 0) {
                 assert_true(stats.hidden_fraction == 0);
+                assert_int_equal(stats.buckets_in_backward, 0);
+            } else {
+                assert_int_equal(stats.buckets_in_backward, stats.buckets);
+            }
             assert_int_equal(stats.m[0].samples + stats.m[1].samples + stats.m[2].samples, BATCH);
             assert_true(stats.m[2].samples > stats.m[0].samples); /* shares followed speeds */
         }

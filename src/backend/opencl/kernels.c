@@ -154,20 +154,13 @@ static double acc_at(const ocl_device *od, const unsigned char *p, size_t i) {
     }
 }
 
-#define TRY(call)                                                                                  \
-    do {                                                                                           \
-        td_status st_ = (call);                                                                    \
-        if (st_ != TD_OK)                                                                          \
-            return st_;                                                                            \
-    } while (0)
-
 /* Fill and RNG ------------------------------------------------------------------ */
 
 static td_status ocl_fill(void *ctx, void *x, td_dtype dt, size_t n, double value) {
     td_ocl_args a;
     if (n == 0)
         return TD_OK;
-    TRY(td__ocl_begin(&a, ctx, dt, TD_OCL_K_FILL));
+    TD_CHECK(td__ocl_begin(&a, ctx, dt, TD_OCL_K_FILL));
     td__ocl_arg_ptr(&a, x);
     td__ocl_arg_u64(&a, n);
     td__ocl_arg_real(&a, value);
@@ -179,7 +172,7 @@ static td_status ocl_rng(void *ctx, void *x, td_dtype dt, size_t n, td_rng_kind 
     td_ocl_args a;
     if (n == 0)
         return TD_OK;
-    TRY(td__ocl_begin(&a, ctx, dt, TD_OCL_K_RNG));
+    TD_CHECK(td__ocl_begin(&a, ctx, dt, TD_OCL_K_RNG));
     td__ocl_arg_ptr(&a, x);
     td__ocl_arg_u64(&a, n);
     td__ocl_arg_int(&a, kind == TD_RNG_NORMAL);
@@ -196,7 +189,7 @@ static td_status ocl_act_fwd(void *ctx, td_dtype dt, td_act act, size_t n, const
     td_ocl_args a;
     if (n == 0)
         return TD_OK;
-    TRY(td__ocl_begin(&a, ctx, dt, TD_OCL_K_ACT_FWD));
+    TD_CHECK(td__ocl_begin(&a, ctx, dt, TD_OCL_K_ACT_FWD));
     td__ocl_arg_int(&a, (int)act);
     td__ocl_arg_u64(&a, n);
     td__ocl_arg_ptr(&a, x);
@@ -209,7 +202,7 @@ static td_status ocl_act_bwd(void *ctx, td_dtype dt, td_act act, size_t n, const
     td_ocl_args a;
     if (n == 0)
         return TD_OK;
-    TRY(td__ocl_begin(&a, ctx, dt, TD_OCL_K_ACT_BWD));
+    TD_CHECK(td__ocl_begin(&a, ctx, dt, TD_OCL_K_ACT_BWD));
     td__ocl_arg_int(&a, (int)act);
     td__ocl_arg_u64(&a, n);
     td__ocl_arg_ptr(&a, x);
@@ -223,7 +216,7 @@ static td_status ocl_add(void *ctx, td_dtype dt, size_t n, const void *x, const 
     td_ocl_args a;
     if (n == 0)
         return TD_OK;
-    TRY(td__ocl_begin(&a, ctx, dt, TD_OCL_K_ADD));
+    TD_CHECK(td__ocl_begin(&a, ctx, dt, TD_OCL_K_ADD));
     td__ocl_arg_u64(&a, n);
     td__ocl_arg_ptr(&a, x);
     td__ocl_arg_ptr(&a, y);
@@ -236,7 +229,7 @@ static td_status ocl_axpby(void *ctx, td_dtype dt, size_t n, double alpha, const
     td_ocl_args a;
     if (n == 0)
         return TD_OK;
-    TRY(td__ocl_begin(&a, ctx, dt, TD_OCL_K_AXPBY));
+    TD_CHECK(td__ocl_begin(&a, ctx, dt, TD_OCL_K_AXPBY));
     td__ocl_arg_u64(&a, n);
     td__ocl_arg_real(&a, alpha);
     td__ocl_arg_ptr(&a, x);
@@ -250,7 +243,7 @@ static td_status ocl_dropout(void *ctx, td_dtype dt, size_t n, double p, uint64_
     td_ocl_args a;
     if (n == 0)
         return TD_OK;
-    TRY(td__ocl_begin(&a, ctx, dt, TD_OCL_K_DROPOUT));
+    TD_CHECK(td__ocl_begin(&a, ctx, dt, TD_OCL_K_DROPOUT));
     td__ocl_arg_u64(&a, n);
     td__ocl_arg_acc(&a, p);
     td__ocl_arg_acc(&a, 1.0 / (1.0 - p));
@@ -275,15 +268,15 @@ static td_status ocl_sumsq(void *ctx, td_dtype dt, size_t n, const void *x, doub
     if (parts > 256)
         parts = 256;
     chunk = (n + parts - 1) / parts;
-    TRY(td__ocl_begin(&a, od, dt, TD_OCL_K_SUMSQ));
-    TRY(td__ocl_scratch(od, parts * acc_size(od), &part));
+    TD_CHECK(td__ocl_begin(&a, od, dt, TD_OCL_K_SUMSQ));
+    TD_CHECK(td__ocl_scratch(od, parts * acc_size(od), &part));
     td__ocl_arg_u64(&a, n);
     td__ocl_arg_u64(&a, chunk);
     td__ocl_arg_u64(&a, parts);
     td__ocl_arg_ptr(&a, x);
     td__ocl_arg_mem(&a, part, 0);
-    TRY(td__ocl_run(&a, parts));
-    TRY(read_mem(od, part, 0, host, parts * acc_size(od)));
+    TD_CHECK(td__ocl_run(&a, parts));
+    TD_CHECK(read_mem(od, part, 0, host, parts * acc_size(od)));
     for (size_t i = 0; i < parts; i++)
         *out += acc_at(od, host, i);
     return TD_OK;
@@ -294,7 +287,7 @@ static td_status ocl_sgd(void *ctx, td_dtype dt, size_t n, void *w, const void *
     td_ocl_args a;
     if (n == 0)
         return TD_OK;
-    TRY(td__ocl_begin(&a, ctx, dt, TD_OCL_K_SGD));
+    TD_CHECK(td__ocl_begin(&a, ctx, dt, TD_OCL_K_SGD));
     td__ocl_arg_u64(&a, n);
     td__ocl_arg_ptr(&a, w);
     td__ocl_arg_ptr(&a, g);
@@ -315,7 +308,7 @@ static td_status ocl_adamw(void *ctx, td_dtype dt, size_t n, void *w, const void
     td_ocl_args a;
     if (n == 0)
         return TD_OK;
-    TRY(td__ocl_begin(&a, ctx, dt, TD_OCL_K_ADAMW));
+    TD_CHECK(td__ocl_begin(&a, ctx, dt, TD_OCL_K_ADAMW));
     td__ocl_arg_u64(&a, n);
     td__ocl_arg_ptr(&a, w);
     td__ocl_arg_ptr(&a, g);
@@ -341,7 +334,7 @@ static td_status ocl_bias_add(void *ctx, td_dtype dt, void *y, const void *bias,
     size_t n = (size_t)(outer * c * inner);
     if (outer <= 0 || c <= 0 || inner <= 0)
         return TD_OK;
-    TRY(td__ocl_begin(&a, ctx, dt, TD_OCL_K_BIAS_ADD));
+    TD_CHECK(td__ocl_begin(&a, ctx, dt, TD_OCL_K_BIAS_ADD));
     td__ocl_arg_ptr(&a, y);
     td__ocl_arg_ptr(&a, bias);
     td__ocl_arg_u64(&a, (uint64_t)outer);
@@ -355,7 +348,7 @@ td_status td__ocl_bias_grad(void *ctx, td_dtype dt, void *db, const void *dy, in
     td_ocl_args a;
     if (c <= 0)
         return TD_OK;
-    TRY(td__ocl_begin(&a, ctx, dt, TD_OCL_K_BIAS_GRAD));
+    TD_CHECK(td__ocl_begin(&a, ctx, dt, TD_OCL_K_BIAS_GRAD));
     td__ocl_arg_ptr(&a, db);
     td__ocl_arg_ptr(&a, outer > 0 && inner > 0 ? dy : NULL);
     td__ocl_arg_u64(&a, (uint64_t)(outer > 0 && inner > 0 ? outer : 0));
@@ -384,8 +377,8 @@ static td_status ocl_xent(void *ctx, td_dtype dt, int64_t rows, int64_t classes,
         return TD_OK;
     if (classes <= 0)
         return td__error(TD_ERR_INVALID_ARG, "cross-entropy over %lld classes", (long long)classes);
-    TRY(td__ocl_begin(&a, od, dt, TD_OCL_K_XENT));
-    TRY(td__ocl_scratch(od, nbytes, &scratch));
+    TD_CHECK(td__ocl_begin(&a, od, dt, TD_OCL_K_XENT));
+    TD_CHECK(td__ocl_scratch(od, nbytes, &scratch));
     td__ocl_arg_u64(&a, (uint64_t)rows);
     td__ocl_arg_u64(&a, (uint64_t)classes);
     td__ocl_arg_ptr(&a, logits);
@@ -395,7 +388,7 @@ static td_status ocl_xent(void *ctx, td_dtype dt, int64_t rows, int64_t classes,
     td__ocl_arg_real(&a, grad_scale);
     td__ocl_arg_mem(&a, scratch, 0);
     td__ocl_arg_mem(&a, scratch, loss_bytes);
-    TRY(td__ocl_run(&a, (size_t)rows));
+    TD_CHECK(td__ocl_run(&a, (size_t)rows));
     if (!(host = malloc(nbytes)))
         return td__error(TD_ERR_OUT_OF_MEMORY, "%s: cross-entropy: no host memory for %lld rows",
                          od->name, (long long)rows);
@@ -431,7 +424,7 @@ static td_status ocl_layernorm_fwd(void *ctx, td_dtype dt, int64_t rows, int64_t
     td_ocl_args a;
     if (rows <= 0 || cols <= 0)
         return TD_OK;
-    TRY(td__ocl_begin(&a, ctx, dt, TD_OCL_K_LAYERNORM_FWD));
+    TD_CHECK(td__ocl_begin(&a, ctx, dt, TD_OCL_K_LAYERNORM_FWD));
     td__ocl_arg_u64(&a, (uint64_t)rows);
     td__ocl_arg_u64(&a, (uint64_t)cols);
     td__ocl_arg_real(&a, eps);
@@ -454,7 +447,7 @@ static td_status ocl_layernorm_bwd(void *ctx, td_dtype dt, int64_t rows, int64_t
     if (rows < 0)
         rows = 0;
     if (dx && rows > 0) {
-        TRY(td__ocl_begin(&a, ctx, dt, TD_OCL_K_LAYERNORM_BWD_DX));
+        TD_CHECK(td__ocl_begin(&a, ctx, dt, TD_OCL_K_LAYERNORM_BWD_DX));
         td__ocl_arg_u64(&a, (uint64_t)rows);
         td__ocl_arg_u64(&a, (uint64_t)cols);
         td__ocl_arg_ptr(&a, x);
@@ -463,9 +456,9 @@ static td_status ocl_layernorm_bwd(void *ctx, td_dtype dt, int64_t rows, int64_t
         td__ocl_arg_ptr(&a, rstd);
         td__ocl_arg_ptr(&a, dy);
         td__ocl_arg_ptr(&a, dx);
-        TRY(td__ocl_run(&a, (size_t)rows));
+        TD_CHECK(td__ocl_run(&a, (size_t)rows));
     }
-    TRY(td__ocl_begin(&a, ctx, dt, TD_OCL_K_LAYERNORM_BWD_PARAMS));
+    TD_CHECK(td__ocl_begin(&a, ctx, dt, TD_OCL_K_LAYERNORM_BWD_PARAMS));
     td__ocl_arg_u64(&a, (uint64_t)rows);
     td__ocl_arg_u64(&a, (uint64_t)cols);
     td__ocl_arg_ptr(&a, rows ? x : NULL);
@@ -483,7 +476,7 @@ static td_status ocl_causal_softmax_fwd(void *ctx, td_dtype dt, int64_t rows, in
     td_ocl_args a;
     if (rows <= 0 || t <= 0)
         return TD_OK;
-    TRY(td__ocl_begin(&a, ctx, dt, TD_OCL_K_CAUSAL_SOFTMAX_FWD));
+    TD_CHECK(td__ocl_begin(&a, ctx, dt, TD_OCL_K_CAUSAL_SOFTMAX_FWD));
     td__ocl_arg_u64(&a, (uint64_t)(rows * t));
     td__ocl_arg_u64(&a, (uint64_t)t);
     td__ocl_arg_real(&a, scale);
@@ -497,7 +490,7 @@ static td_status ocl_causal_softmax_bwd(void *ctx, td_dtype dt, int64_t rows, in
     td_ocl_args a;
     if (rows <= 0 || t <= 0)
         return TD_OK;
-    TRY(td__ocl_begin(&a, ctx, dt, TD_OCL_K_CAUSAL_SOFTMAX_BWD));
+    TD_CHECK(td__ocl_begin(&a, ctx, dt, TD_OCL_K_CAUSAL_SOFTMAX_BWD));
     td__ocl_arg_u64(&a, (uint64_t)(rows * t));
     td__ocl_arg_u64(&a, (uint64_t)t);
     td__ocl_arg_real(&a, scale);
@@ -523,8 +516,8 @@ static td_status ocl_embed_fwd(void *ctx, td_dtype dt, int64_t b, int64_t t, int
     if (rows >= INT_MAX)
         return td__error(TD_ERR_INVALID_ARG, "%s: embedding of %lld positions is too large",
                          od->name, (long long)rows);
-    TRY(td__ocl_begin(&a, od, dt, TD_OCL_K_EMBED_FWD));
-    TRY(td__ocl_scratch(od, sizeof(cl_int), &flag));
+    TD_CHECK(td__ocl_begin(&a, od, dt, TD_OCL_K_EMBED_FWD));
+    TD_CHECK(td__ocl_scratch(od, sizeof(cl_int), &flag));
     TD_OCL_CHECK(
         clEnqueueFillBuffer(od->queue, flag, &none, sizeof none, 0, sizeof none, 0, NULL, NULL),
         od);
@@ -538,8 +531,8 @@ static td_status ocl_embed_fwd(void *ctx, td_dtype dt, int64_t b, int64_t t, int
     td__ocl_arg_int(&a, wpe != NULL);
     td__ocl_arg_ptr(&a, y);
     td__ocl_arg_mem(&a, flag, 0);
-    TRY(td__ocl_run(&a, (size_t)(rows * c)));
-    TRY(read_mem(od, flag, 0, &bad, sizeof bad));
+    TD_CHECK(td__ocl_run(&a, (size_t)(rows * c)));
+    TD_CHECK(read_mem(od, flag, 0, &bad, sizeof bad));
     if (bad != INT_MAX) {
         int32_t tok = 0;
         (void)read_ptr(od, tokens + bad, &tok, sizeof tok);
@@ -557,13 +550,13 @@ static td_status ocl_embed_bwd(void *ctx, td_dtype dt, int64_t b, int64_t t, int
     if (c <= 0)
         return TD_OK;
     if (!acc) {
-        TRY(ocl_fill(ctx, dwte, dt, (size_t)(vocab * c), 0.0));
+        TD_CHECK(ocl_fill(ctx, dwte, dt, (size_t)(vocab * c), 0.0));
         if (dwpe)
-            TRY(ocl_fill(ctx, dwpe, dt, (size_t)(t * c), 0.0));
+            TD_CHECK(ocl_fill(ctx, dwpe, dt, (size_t)(t * c), 0.0));
     }
     if (b * t <= 0)
         return TD_OK;
-    TRY(td__ocl_begin(&a, ctx, dt, TD_OCL_K_EMBED_BWD));
+    TD_CHECK(td__ocl_begin(&a, ctx, dt, TD_OCL_K_EMBED_BWD));
     td__ocl_arg_u64(&a, (uint64_t)(b * t));
     td__ocl_arg_u64(&a, (uint64_t)t);
     td__ocl_arg_u64(&a, (uint64_t)c);
@@ -584,7 +577,7 @@ static td_status ocl_pool_fwd(void *ctx, td_dtype dt, td_pool_kind kind, const t
     size_t planes = (size_t)(d->n * d->c);
     if (planes == 0)
         return TD_OK;
-    TRY(td__ocl_begin(&a, ctx, dt, TD_OCL_K_POOL_FWD));
+    TD_CHECK(td__ocl_begin(&a, ctx, dt, TD_OCL_K_POOL_FWD));
     td__ocl_arg_int(&a, kind == TD_POOL_AVG);
     td__ocl_arg_u64(&a, planes);
     td__ocl_arg_window(&a, d);
@@ -603,7 +596,7 @@ static td_status ocl_pool_bwd(void *ctx, td_dtype dt, td_pool_kind kind, const t
         return td__error(TD_ERR_INVALID_ARG, "max-pool backward without the forward's arg-max");
     if (planes == 0)
         return TD_OK;
-    TRY(td__ocl_begin(&a, ctx, dt, TD_OCL_K_POOL_BWD));
+    TD_CHECK(td__ocl_begin(&a, ctx, dt, TD_OCL_K_POOL_BWD));
     td__ocl_arg_int(&a, kind == TD_POOL_AVG);
     td__ocl_arg_u64(&a, planes);
     td__ocl_arg_window(&a, d);

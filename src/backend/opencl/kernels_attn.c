@@ -10,13 +10,6 @@
 #include <clblast_c.h>
 #endif
 
-#define TRY(call)                                                                                  \
-    do {                                                                                           \
-        td_status st_ = (call);                                                                    \
-        if (st_ != TD_OK)                                                                          \
-            return st_;                                                                            \
-    } while (0)
-
 /* Matrix (i, j) of an operand starts at off + i * sb + j * sh elements. */
 typedef struct pair_operand {
     cl_mem mem;
@@ -80,9 +73,10 @@ done:
 #else
     /* one strided batch over the heads per sample */
     for (int64_t bi = 0; bi < nb; bi++)
-        TRY(td__ocl_gemm_plain(od, dt, ta, tb, m, n, k, alpha, a.mem, a.off + (size_t)(bi * a.sb),
-                               a.ld, a.sh, b.mem, b.off + (size_t)(bi * b.sb), b.ld, b.sh, 0.0,
-                               c.mem, c.off + (size_t)(bi * c.sb), c.ld, c.sh, nh));
+        TD_CHECK(td__ocl_gemm_plain(od, dt, ta, tb, m, n, k, alpha, a.mem,
+                                    a.off + (size_t)(bi * a.sb), a.ld, a.sh, b.mem,
+                                    b.off + (size_t)(bi * b.sb), b.ld, b.sh, 0.0, c.mem,
+                                    c.off + (size_t)(bi * c.sb), c.ld, c.sh, nh));
     return TD_OK;
 #endif
 }
@@ -91,7 +85,7 @@ done:
 static td_status zero(ocl_device *od, td_dtype dt, cl_mem mem, size_t off, size_t n) {
 #ifdef TD_HAVE_CLBLAST
     td_ocl_args a;
-    TRY(td__ocl_begin(&a, od, dt, TD_OCL_K_FILL));
+    TD_CHECK(td__ocl_begin(&a, od, dt, TD_OCL_K_FILL));
     td__ocl_arg_mem(&a, mem, off);
     td__ocl_arg_u64(&a, n);
     td__ocl_arg_real(&a, 0.0);
@@ -105,7 +99,7 @@ static td_status zero(ocl_device *od, td_dtype dt, cl_mem mem, size_t off, size_
 static td_status resolve_elems(ocl_device *od, td_dtype dt, const void *p, cl_mem *mem,
                                size_t *off) {
     size_t bytes = 0;
-    TRY(td__ocl_resolve(od, p, mem, &bytes));
+    TD_CHECK(td__ocl_resolve(od, p, mem, &bytes));
     *off = bytes / td_dtype_size(dt);
     return TD_OK;
 }
@@ -115,7 +109,7 @@ static td_status softmax_fwd(ocl_device *od, td_dtype dt, int64_t mats, int64_t 
                              size_t off) {
     td_ocl_args a;
     size_t es = td_dtype_size(dt);
-    TRY(td__ocl_begin(&a, od, dt, TD_OCL_K_CAUSAL_SOFTMAX_FWD));
+    TD_CHECK(td__ocl_begin(&a, od, dt, TD_OCL_K_CAUSAL_SOFTMAX_FWD));
     td__ocl_arg_u64(&a, (uint64_t)(mats * t));
     td__ocl_arg_u64(&a, (uint64_t)t);
     td__ocl_arg_real(&a, 1.0); /* the scale is in the GEMM, as on the CPU */
@@ -128,7 +122,7 @@ static td_status softmax_bwd(ocl_device *od, td_dtype dt, int64_t mats, int64_t 
                              cl_mem p, size_t p_off, cl_mem dp, size_t dp_off) {
     td_ocl_args a;
     size_t es = td_dtype_size(dt);
-    TRY(td__ocl_begin(&a, od, dt, TD_OCL_K_CAUSAL_SOFTMAX_BWD));
+    TD_CHECK(td__ocl_begin(&a, od, dt, TD_OCL_K_CAUSAL_SOFTMAX_BWD));
     td__ocl_arg_u64(&a, (uint64_t)(mats * t));
     td__ocl_arg_u64(&a, (uint64_t)t);
     td__ocl_arg_real(&a, scale);
@@ -148,19 +142,19 @@ td_status td__ocl_attention_fwd(void *ctx, td_dtype dt, int64_t b, int64_t t, in
     pair_operand q, k, v, pp, yy;
     if (b <= 0 || t <= 0 || d <= 0)
         return TD_OK;
-    TRY(resolve_elems(od, dt, qkv, &qm, &qo));
-    TRY(resolve_elems(od, dt, p, &pm, &po));
-    TRY(resolve_elems(od, dt, y, &ym, &yo));
+    TD_CHECK(resolve_elems(od, dt, qkv, &qm, &qo));
+    TD_CHECK(resolve_elems(od, dt, p, &pm, &po));
+    TD_CHECK(resolve_elems(od, dt, y, &ym, &yo));
     q = (pair_operand){qm, qo, 3 * c, t * 3 * c, d};
     k = (pair_operand){qm, qo + (size_t)c, 3 * c, t * 3 * c, d};
     v = (pair_operand){qm, qo + (size_t)(2 * c), 3 * c, t * 3 * c, d};
     pp = (pair_operand){pm, po, t, h * t * t, t * t};
     yy = (pair_operand){ym, yo, c, t * c, d};
     /* p (t, t) = scale q k^T, then the causal softmax in place; y (t, d) = p v */
-    TRY(zero(od, dt, pm, po * es, (size_t)(b * h * t * t)));
-    TRY(gemm_pairs(od, dt, 0, 1, t, t, d, scale, q, k, pp, b, h));
-    TRY(softmax_fwd(od, dt, b * h, t, pm, po));
-    TRY(zero(od, dt, ym, yo * es, (size_t)(b * t * c)));
+    TD_CHECK(zero(od, dt, pm, po * es, (size_t)(b * h * t * t)));
+    TD_CHECK(gemm_pairs(od, dt, 0, 1, t, t, d, scale, q, k, pp, b, h));
+    TD_CHECK(softmax_fwd(od, dt, b * h, t, pm, po));
+    TD_CHECK(zero(od, dt, ym, yo * es, (size_t)(b * t * c)));
     return gemm_pairs(od, dt, 0, 0, t, d, t, 1.0, pp, v, yy, b, h);
 }
 
@@ -175,11 +169,11 @@ td_status td__ocl_attention_bwd(void *ctx, td_dtype dt, int64_t b, int64_t t, in
     pair_operand q, k, v, pp, dyy, dq, dk, dv, dp;
     if (b <= 0 || t <= 0 || d <= 0)
         return TD_OK;
-    TRY(resolve_elems(od, dt, qkv, &qm, &qo));
-    TRY(resolve_elems(od, dt, p, &pm, &po));
-    TRY(resolve_elems(od, dt, dy, &dym, &dyo));
-    TRY(resolve_elems(od, dt, dqkv, &dqm, &dqo));
-    TRY(td__ocl_scratch(od, (size_t)(b * h * t * t) * es, &sm));
+    TD_CHECK(resolve_elems(od, dt, qkv, &qm, &qo));
+    TD_CHECK(resolve_elems(od, dt, p, &pm, &po));
+    TD_CHECK(resolve_elems(od, dt, dy, &dym, &dyo));
+    TD_CHECK(resolve_elems(od, dt, dqkv, &dqm, &dqo));
+    TD_CHECK(td__ocl_scratch(od, (size_t)(b * h * t * t) * es, &sm));
     q = (pair_operand){qm, qo, 3 * c, t * 3 * c, d};
     k = (pair_operand){qm, qo + (size_t)c, 3 * c, t * 3 * c, d};
     v = (pair_operand){qm, qo + (size_t)(2 * c), 3 * c, t * 3 * c, d};
@@ -190,12 +184,12 @@ td_status td__ocl_attention_bwd(void *ctx, td_dtype dt, int64_t b, int64_t t, in
     dp = (pair_operand){sm, 0, t, h * t * t, t * t};
     dyy = (pair_operand){dym, dyo, c, t * c, d};
     /* dp (t, t) = dy (t, d) v^T; dv (t, d) = p^T dy */
-    TRY(zero(od, dt, sm, 0, (size_t)(b * h * t * t)));
-    TRY(gemm_pairs(od, dt, 0, 1, t, t, d, 1.0, dyy, v, dp, b, h));
-    TRY(zero(od, dt, dqm, dqo * es, (size_t)(b * t * 3 * c)));
-    TRY(gemm_pairs(od, dt, 1, 0, t, d, t, 1.0, pp, dyy, dv, b, h));
+    TD_CHECK(zero(od, dt, sm, 0, (size_t)(b * h * t * t)));
+    TD_CHECK(gemm_pairs(od, dt, 0, 1, t, t, d, 1.0, dyy, v, dp, b, h));
+    TD_CHECK(zero(od, dt, dqm, dqo * es, (size_t)(b * t * 3 * c)));
+    TD_CHECK(gemm_pairs(od, dt, 1, 0, t, d, t, 1.0, pp, dyy, dv, b, h));
     /* ds = scale p (dp - rowsum(p dp)) in place; dq = ds k; dk = ds^T q */
-    TRY(softmax_bwd(od, dt, b * h, t, scale, pm, po, sm, 0));
-    TRY(gemm_pairs(od, dt, 0, 0, t, d, t, 1.0, dp, k, dq, b, h));
+    TD_CHECK(softmax_bwd(od, dt, b * h, t, scale, pm, po, sm, 0));
+    TD_CHECK(gemm_pairs(od, dt, 0, 0, t, d, t, 1.0, dp, k, dq, b, h));
     return gemm_pairs(od, dt, 1, 0, t, d, t, 1.0, dp, q, dk, b, h);
 }

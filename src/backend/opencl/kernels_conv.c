@@ -10,13 +10,6 @@
 #include <clblast_c.h>
 #endif
 
-#define TRY(call)                                                                                  \
-    do {                                                                                           \
-        td_status st_ = (call);                                                                    \
-        if (st_ != TD_OK)                                                                          \
-            return st_;                                                                            \
-    } while (0)
-
 /* Temporaries of one convolution chunk start on these boundaries. */
 #define SCRATCH_ALIGN 4096
 /* Images per chunk are bounded so the im2col buffers stay this small. */
@@ -31,7 +24,7 @@ static td_status mat_scale(ocl_device *od, td_dtype dt, int64_t m, int64_t n, cl
                            size_t c_off, int64_t ldc, int64_t stride_c, int64_t batch,
                            double beta) {
     td_ocl_args a;
-    TRY(td__ocl_begin(&a, od, dt, TD_OCL_K_MAT_SCALE));
+    TD_CHECK(td__ocl_begin(&a, od, dt, TD_OCL_K_MAT_SCALE));
     td__ocl_arg_u64(&a, (uint64_t)batch);
     td__ocl_arg_u64(&a, (uint64_t)m);
     td__ocl_arg_u64(&a, (uint64_t)n);
@@ -89,7 +82,7 @@ td_status td__ocl_gemm_plain(ocl_device *od, td_dtype dt, int ta, int tb, int64_
         return TD_OK;
     if (k < 0)
         k = 0;
-    TRY(td__ocl_begin(&g, od, dt, TD_OCL_K_GEMM_PLAIN));
+    TD_CHECK(td__ocl_begin(&g, od, dt, TD_OCL_K_GEMM_PLAIN));
     td__ocl_arg_int(&g, ta);
     td__ocl_arg_int(&g, tb);
     td__ocl_arg_u64(&g, (uint64_t)m);
@@ -124,7 +117,7 @@ td_status td__ocl_gemm_mem(ocl_device *od, td_dtype dt, int ta, int tb, int64_t 
     if (k <= 0 || beta == 0) {
         /* k = 0 leaves beta C; with beta 0, C is zeroed first so that
          * whatever it held (NaN included) cannot leak through 0 * C. */
-        TRY(mat_scale(od, dt, m, n, c, c_off, ldc, stride_c, batch, beta));
+        TD_CHECK(mat_scale(od, dt, m, n, c, c_off, ldc, stride_c, batch, beta));
         if (k <= 0)
             return TD_OK;
     }
@@ -133,7 +126,8 @@ td_status td__ocl_gemm_mem(ocl_device *od, td_dtype dt, int ta, int tb, int64_t 
         CLBlastTranspose otb = tb ? CLBlastTransposeYes : CLBlastTransposeNo;
         CLBlastStatusCode s;
         const char *call;
-        TRY(td__ocl_kernel(od, dt, TD_OCL_K_MAT_SCALE, &(cl_kernel){NULL})); /* the fp64 check */
+        TD_CHECK(
+            td__ocl_kernel(od, dt, TD_OCL_K_MAT_SCALE, &(cl_kernel){NULL})); /* the fp64 check */
         pthread_mutex_lock(&td__clblast_lock);
         if (batch == 1 && dt == TD_F32) {
             call = "CLBlastSgemm";
@@ -171,7 +165,7 @@ td_status td__ocl_gemm_mem(ocl_device *od, td_dtype dt, int ta, int tb, int64_t 
 static td_status resolve_elems(ocl_device *od, td_dtype dt, const void *p, cl_mem *mem,
                                size_t *off) {
     size_t bytes = 0;
-    TRY(td__ocl_resolve(od, p, mem, &bytes));
+    TD_CHECK(td__ocl_resolve(od, p, mem, &bytes));
     if (bytes % td_dtype_size(dt))
         return td__error(TD_ERR_INVALID_ARG, "%s: GEMM operand %p is not aligned to %s", od->name,
                          p, td_dtype_name(dt));
@@ -188,10 +182,10 @@ td_status td__ocl_gemm_batched(void *ctx, td_dtype dt, int ta, int tb, int64_t m
     size_t ao = 0, bo = 0, co = 0;
     if (m <= 0 || n <= 0 || batch <= 0)
         return TD_OK;
-    TRY(resolve_elems(od, dt, c, &cm, &co));
+    TD_CHECK(resolve_elems(od, dt, c, &cm, &co));
     if (k > 0) {
-        TRY(resolve_elems(od, dt, a, &am, &ao));
-        TRY(resolve_elems(od, dt, b, &bm, &bo));
+        TD_CHECK(resolve_elems(od, dt, a, &am, &ao));
+        TD_CHECK(resolve_elems(od, dt, b, &bm, &bo));
     }
     return td__ocl_gemm_mem(od, dt, ta, tb, m, n, k, alpha, am, ao, lda, stride_a, bm, bo, ldb,
                             stride_b, beta, cm, co, ldc, stride_c, batch);
@@ -216,7 +210,7 @@ static int64_t chunk_images(int64_t n, size_t per_image) {
 static td_status im2col(ocl_device *od, td_dtype dt, const td_conv_desc *d, int64_t nb,
                         const void *x, cl_mem col, size_t col_off) {
     td_ocl_args a;
-    TRY(td__ocl_begin(&a, od, dt, TD_OCL_K_IM2COL));
+    TD_CHECK(td__ocl_begin(&a, od, dt, TD_OCL_K_IM2COL));
     td__ocl_arg_u64(&a, (uint64_t)nb);
     td__ocl_arg_u64(&a, (uint64_t)d->c);
     td__ocl_arg_window(&a, d);
@@ -235,17 +229,17 @@ td_status td__ocl_conv2d_fwd(void *ctx, td_dtype dt, const td_conv_desc *d, cons
     size_t wo = 0, col_bytes = align_up((size_t)(ckk * nb * ohw) * es);
     if (d->n <= 0)
         return TD_OK;
-    TRY(resolve_elems(od, dt, w, &wm, &wo));
-    TRY(td__ocl_scratch(od, col_bytes + (size_t)(d->oc * nb * ohw) * es, &scratch));
+    TD_CHECK(resolve_elems(od, dt, w, &wm, &wo));
+    TD_CHECK(td__ocl_scratch(od, col_bytes + (size_t)(d->oc * nb * ohw) * es, &scratch));
     for (int64_t i0 = 0; i0 < d->n; i0 += nb) {
         int64_t cnt = d->n - i0 < nb ? d->n - i0 : nb, cols = cnt * ohw;
         td_ocl_args a;
-        TRY(im2col(od, dt, d, cnt, (const char *)x + (size_t)(i0 * d->c * d->h * d->w) * es,
-                   scratch, 0));
+        TD_CHECK(im2col(od, dt, d, cnt, (const char *)x + (size_t)(i0 * d->c * d->h * d->w) * es,
+                        scratch, 0));
         /* yt (oc, cnt ohw) = w (oc, ckk) col (ckk, cnt ohw) */
-        TRY(td__ocl_gemm_mem(od, dt, 0, 0, d->oc, cols, ckk, 1.0, wm, wo, ckk, 0, scratch, 0, cols,
-                             0, 0.0, scratch, col_bytes / es, cols, 0, 1));
-        TRY(td__ocl_begin(&a, od, dt, TD_OCL_K_CONV_OUT));
+        TD_CHECK(td__ocl_gemm_mem(od, dt, 0, 0, d->oc, cols, ckk, 1.0, wm, wo, ckk, 0, scratch, 0,
+                                  cols, 0, 0.0, scratch, col_bytes / es, cols, 0, 1));
+        TD_CHECK(td__ocl_begin(&a, od, dt, TD_OCL_K_CONV_OUT));
         td__ocl_arg_u64(&a, (uint64_t)cnt);
         td__ocl_arg_u64(&a, (uint64_t)d->oc);
         td__ocl_arg_u64(&a, (uint64_t)ohw);
@@ -253,7 +247,7 @@ td_status td__ocl_conv2d_fwd(void *ctx, td_dtype dt, const td_conv_desc *d, cons
         td__ocl_arg_ptr(&a, bias);
         td__ocl_arg_int(&a, bias != NULL);
         td__ocl_arg_ptr(&a, (char *)y + (size_t)(i0 * d->oc * ohw) * es);
-        TRY(td__ocl_run(&a, (size_t)(cnt * d->oc * ohw)));
+        TD_CHECK(td__ocl_run(&a, (size_t)(cnt * d->oc * ohw)));
     }
     return TD_OK;
 }
@@ -268,42 +262,42 @@ td_status td__ocl_conv2d_bwd(void *ctx, td_dtype dt, const td_conv_desc *d, cons
     size_t wo = 0, dwo = 0;
     size_t col_bytes = align_up((size_t)(ckk * nb * ohw) * es);
     size_t dyt_bytes = align_up((size_t)(d->oc * nb * ohw) * es);
-    TRY(resolve_elems(od, dt, w, &wm, &wo));
-    TRY(resolve_elems(od, dt, dw, &dwm, &dwo));
+    TD_CHECK(resolve_elems(od, dt, w, &wm, &wo));
+    TD_CHECK(resolve_elems(od, dt, dw, &dwm, &dwo));
     if (db)
-        TRY(td__ocl_bias_grad(od, dt, db, d->n > 0 ? dy : NULL, d->n, d->oc, ohw, acc));
+        TD_CHECK(td__ocl_bias_grad(od, dt, db, d->n > 0 ? dy : NULL, d->n, d->oc, ohw, acc));
     if (d->n <= 0)
         return acc ? TD_OK : mat_scale(od, dt, d->oc, ckk, dwm, dwo, ckk, 0, 1, 0.0);
-    TRY(td__ocl_scratch(od, col_bytes + dyt_bytes + (dx ? col_bytes : 0), &scratch));
+    TD_CHECK(td__ocl_scratch(od, col_bytes + dyt_bytes + (dx ? col_bytes : 0), &scratch));
     for (int64_t i0 = 0; i0 < d->n; i0 += nb) {
         int64_t cnt = d->n - i0 < nb ? d->n - i0 : nb, cols = cnt * ohw;
         td_ocl_args a;
-        TRY(im2col(od, dt, d, cnt, (const char *)x + (size_t)(i0 * d->c * d->h * d->w) * es,
-                   scratch, 0));
-        TRY(td__ocl_begin(&a, od, dt, TD_OCL_K_CONV_DY_T));
+        TD_CHECK(im2col(od, dt, d, cnt, (const char *)x + (size_t)(i0 * d->c * d->h * d->w) * es,
+                        scratch, 0));
+        TD_CHECK(td__ocl_begin(&a, od, dt, TD_OCL_K_CONV_DY_T));
         td__ocl_arg_u64(&a, (uint64_t)cnt);
         td__ocl_arg_u64(&a, (uint64_t)d->oc);
         td__ocl_arg_u64(&a, (uint64_t)ohw);
         td__ocl_arg_ptr(&a, (const char *)dy + (size_t)(i0 * d->oc * ohw) * es);
         td__ocl_arg_mem(&a, scratch, col_bytes);
-        TRY(td__ocl_run(&a, (size_t)(cnt * d->oc * ohw)));
+        TD_CHECK(td__ocl_run(&a, (size_t)(cnt * d->oc * ohw)));
         /* dw (oc, ckk) (+)= dyt (oc, cnt ohw) col^T (cnt ohw, ckk) */
-        TRY(td__ocl_gemm_mem(od, dt, 0, 1, d->oc, ckk, cols, 1.0, scratch, col_bytes / es, cols, 0,
-                             scratch, 0, cols, 0, i0 == 0 && !acc ? 0.0 : 1.0, dwm, dwo, ckk, 0,
-                             1));
+        TD_CHECK(td__ocl_gemm_mem(od, dt, 0, 1, d->oc, ckk, cols, 1.0, scratch, col_bytes / es,
+                                  cols, 0, scratch, 0, cols, 0, i0 == 0 && !acc ? 0.0 : 1.0, dwm,
+                                  dwo, ckk, 0, 1));
         if (!dx)
             continue;
         /* dcol (ckk, cnt ohw) = w^T (ckk, oc) dyt (oc, cnt ohw), then back to pixels */
-        TRY(td__ocl_gemm_mem(od, dt, 1, 0, ckk, cols, d->oc, 1.0, wm, wo, ckk, 0, scratch,
-                             col_bytes / es, cols, 0, 0.0, scratch, (col_bytes + dyt_bytes) / es,
-                             cols, 0, 1));
-        TRY(td__ocl_begin(&a, od, dt, TD_OCL_K_COL2IM));
+        TD_CHECK(td__ocl_gemm_mem(od, dt, 1, 0, ckk, cols, d->oc, 1.0, wm, wo, ckk, 0, scratch,
+                                  col_bytes / es, cols, 0, 0.0, scratch,
+                                  (col_bytes + dyt_bytes) / es, cols, 0, 1));
+        TD_CHECK(td__ocl_begin(&a, od, dt, TD_OCL_K_COL2IM));
         td__ocl_arg_u64(&a, (uint64_t)cnt);
         td__ocl_arg_u64(&a, (uint64_t)d->c);
         td__ocl_arg_window(&a, d);
         td__ocl_arg_mem(&a, scratch, col_bytes + dyt_bytes);
         td__ocl_arg_ptr(&a, (char *)dx + (size_t)(i0 * d->c * d->h * d->w) * es);
-        TRY(td__ocl_run(&a, (size_t)(cnt * d->c * d->h * d->w)));
+        TD_CHECK(td__ocl_run(&a, (size_t)(cnt * d->c * d->h * d->w)));
     }
     return TD_OK;
 }
