@@ -79,15 +79,12 @@ static void rng_and_fill_match_the_cpu(void **state) {
 }
 
 int main(void) {
-    td_device_list *list = NULL;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(info_reports_a_real_gpu),
         cmocka_unit_test(copies_between_cpu_gpu_and_logical_gpus),
         cmocka_unit_test(out_of_memory_is_a_status),
         cmocka_unit_test(rng_and_fill_match_the_cpu),
     };
-    if (td_devices_open("cuda:0", &list) != TD_OK)
-        td_test_skip("no CUDA device");
-    td_device_list_destroy(list);
+    td_test_require_devices("cuda:0", "CUDA device");
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

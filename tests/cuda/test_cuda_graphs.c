@@ -339,10 +339,7 @@ int main(void) {
         cmocka_unit_test(default_staging_chunks_large_copies),
         cmocka_unit_test(a_copy_waits_for_the_source),
     };
-    td_device_list *list = NULL;
-    if (td_devices_open("cuda:0", &list) != TD_OK)
-        td_test_skip("no CUDA device");
-    td_device_list_destroy(list);
+    td_test_require_devices("cuda:0", "CUDA device");
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
 

@@ -19,9 +19,6 @@ int main(void) {
         cmocka_unit_test(logical_gpus_train_like_one_device),
         cmocka_unit_test(cpu_and_cuda_train_like_one_device),
     };
-    td_device_list *list = NULL;
-    if (td_devices_open("cuda:0", &list) != TD_OK)
-        td_test_skip("no CUDA device");
-    td_device_list_destroy(list);
+    td_test_require_devices("cuda:0", "CUDA device");
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

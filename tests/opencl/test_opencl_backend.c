@@ -96,15 +96,12 @@ static void kernels_match_the_cpu_backend(void **state) {
 }
 
 int main(void) {
-    td_device_list *list = NULL;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(split_gives_sub_devices_that_share_the_compute_units),
         cmocka_unit_test(copies_cross_backends_and_sub_devices),
         cmocka_unit_test(budgets_apply_to_opencl_devices),
         cmocka_unit_test(kernels_match_the_cpu_backend),
     };
-    if (td_devices_open("opencl:0.0", &list) != TD_OK)
-        td_test_skip("no OpenCL device");
-    td_device_list_destroy(list);
+    td_test_require_devices("opencl:0.0", "OpenCL device");
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -46,9 +46,6 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(a_mixed_group_trains_mnist_to_the_floor),
     };
-    td_device_list *list = NULL;
-    if (td_devices_open("opencl:0.0", &list) != TD_OK)
-        td_test_skip("no OpenCL device");
-    td_device_list_destroy(list);
+    td_test_require_devices("opencl:0.0", "OpenCL device");
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

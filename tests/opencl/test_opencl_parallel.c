@@ -56,9 +56,6 @@ int main(void) {
         cmocka_unit_test(cpu_and_opencl_train_like_one_device),
         cmocka_unit_test(a_lost_opencl_member_is_named_and_the_survivor_trains_on),
     };
-    td_device_list *list = NULL;
-    if (td_devices_open("opencl:0.0", &list) != TD_OK)
-        td_test_skip("no OpenCL device");
-    td_device_list_destroy(list);
+    td_test_require_devices("opencl:0.0", "OpenCL device");
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

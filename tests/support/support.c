@@ -25,6 +25,17 @@ void td_test_skip(const char *why) {
     exit(77);
 }
 
+void td_test_require_devices(const char *spec, const char *what) {
+    td_device_list *list = NULL;
+    char why[512];
+    if (td_devices_open(spec, &list) == TD_OK) {
+        td_device_list_destroy(list);
+        return;
+    }
+    snprintf(why, sizeof why, "no %s (%s)", what, td_last_error());
+    td_test_skip(why);
+}
+
 /* mkdtemp's template: it replaces the six Xs with a unique name. */
 static char tmpdir[] = "/tmp/td_test_XXXXXX";
 

@@ -38,6 +38,10 @@ void td_test_assert_message_contains(const char *needle);
 /* Exits 77 (counted as skipped by ctest) after printing "skipped: why". */
 void td_test_skip(const char *why) __attribute__((noreturn));
 
+/* Skips the test program ("skipped: no WHAT (tandem's message)") unless the
+ * devices of spec open. */
+void td_test_require_devices(const char *spec, const char *what);
+
 /* Runs a command, captures its stdout and stderr into malloc'ed strings, and
  * returns its exit status (or -1). */
 int td_test_run_command(const char *cmd, char **out, char **err);
