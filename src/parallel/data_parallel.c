@@ -962,9 +962,9 @@ static void fill_stats(td_dp *dp, const double *all, const int64_t *counts, doub
         if (mb && !m->parked && (!last || mb->all_started_ns > last->all_started_ns))
             last = mb;
     }
-    /* Without overlap (and in deterministic mode's chain) nothing is hidden. */
     stats->buckets = (int)dp->nbuckets;
     stats->buckets_in_backward = last ? last->buckets_in_backward : 0;
+    /* Without overlap (and in deterministic mode's chain) nothing is hidden. */
     stats->hidden_fraction = last && last->reduce_s > 0 && !dp->cfg.deterministic && dp->overlap
                                  ? fmin(1.0, fmax(0.0, 1.0 - last->exposed_s / last->reduce_s))
                                  : 0.0;
