@@ -107,9 +107,11 @@ TD_API double td_balancer_ideal_seconds(const td_balancer *b, int64_t total);
  * The gradients are reduce-scattered (each member gets the sum of its shard)
  * instead of all-reduced, bucket by bucket during backward when overlapping,
  * each member updates its shard of the weights, and the weights are
- * all-gathered. The weights equal those of the replicated optimizer. It
- * parks no device (a parked member's shard would go without updates) and
- * does not go with deterministic mode. Checkpoints take the whole state:
+ * all-gathered. The weights equal those of the replicated optimizer. A
+ * parked member stays in the group (it holds the only copy of its shard):
+ * it takes no samples and runs no pass, but updates its shard and gathers
+ * the weights, so it never falls behind. It does not go with deterministic
+ * mode. Checkpoints take the whole state:
  * td_dp_gather_optimizer and td_dp_scatter_optimizer move it between the
  * shards and one whole optimizer. */
 

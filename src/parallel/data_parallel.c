@@ -449,7 +449,7 @@ td_status td_dp_create(td_group *g, const char *model_json, const char *name, td
     dp->overlap = resolve_overlap(dp, NULL);
     /* Parking runs steps on a group of the unparked members, which a
      * process cannot make alone when the group spans several. */
-    if (dp->nlocal != dp->size || dp->cfg.zero)
+    if (dp->nlocal != dp->size)
         dp->cfg.balancer.park = 0;
     TD_TRY(td_balancer_create(dp->size, names, &dp->cfg.balancer, &dp->balancer));
     memset(&w, 0, sizeof w);
@@ -953,12 +953,14 @@ static void fill_stats(td_dp *dp, const double *all, const int64_t *counts, doub
     for (int r = 0; r < dp->size; r++) {
         td_dp_member_stats *m = &stats->m[r];
         dp_member *mb = member_of(dp, r);
+        int sat_out; /* the whole step; a parked ZeRO-1 member only computes nothing */
         m->samples = counts[r];
         m->share = total ? (double)counts[r] / (double)total : 0;
         m->parked = td_balancer_parked(dp->balancer, r) && !dp->cfg.deterministic;
+        sat_out = m->parked && !dp->cfg.zero;
         m->compute_s = all[r * STAT_WORDS + 3];
-        m->comm_s = mb && !m->parked ? mb->comm_s : 0;
-        m->wait_s = m->parked ? 0 : fmax(0.0, step_s - m->compute_s - m->comm_s);
+        m->comm_s = mb && !sat_out ? mb->comm_s : 0;
+        m->wait_s = sat_out ? 0 : fmax(0.0, step_s - m->compute_s - m->comm_s);
         if (mb && !m->parked && (!last || mb->all_started_ns > last->all_started_ns))
             last = mb;
     }
@@ -968,6 +970,30 @@ static void fill_stats(td_dp *dp, const double *all, const int64_t *counts, doub
     stats->hidden_fraction = last && last->reduce_s > 0 && !dp->cfg.deterministic && dp->overlap
                                  ? fmin(1.0, fmax(0.0, 1.0 - last->exposed_s / last->reduce_s))
                                  : 0.0;
+}
+
+/* ZeRO-1: a parked member holds the only copy of its shard of the optimizer
+ * state, which every step updates, so it stays in the group: no samples,
+ * no forward or backward, but its part of the reductions, its shard's
+ * update and the weights' gather. Its replica never falls behind. */
+static td_status zero_step_group(td_dp *dp, const unsigned char *parked, td_group **g, int *ranks,
+                                 int *n) {
+    *g = dp->g;
+    *n = dp->size;
+    for (int r = 0; r < dp->size; r++)
+        ranks[r] = r;
+    dp->overlap = resolve_overlap(dp, NULL);
+    if (memcmp(parked, dp->active_parked, (size_t)dp->size) != 0) {
+        memcpy(dp->active_parked, parked, (size_t)dp->size);
+        for (int r = 0; r < dp->size; r++)
+            if (parked[r])
+                TD_LOG_INFO("data parallel: %s is parked: its fixed cost of %.3g ms per pass "
+                            "exceeds the step the others take; it takes no samples and keeps "
+                            "updating its shard of the optimizer state (ZeRO-1)",
+                            td_device_name(td_group_device(dp->g, r)),
+                            td_balancer_fixed_seconds(dp->balancer, r) * 1e3);
+    }
+    return TD_OK;
 }
 
 /* The group this step runs on: the whole one, or (parked members leaving
@@ -989,6 +1015,8 @@ static td_status step_group(td_dp *dp, td_group **g, int *ranks, int *n) {
         dp->overlap = resolve_overlap(dp, NULL);
         return TD_OK;
     }
+    if (dp->cfg.zero)
+        return zero_step_group(dp, parked, g, ranks, n);
     dp->overlap = resolve_overlap(dp, parked);
     if (!dp->active || memcmp(parked, dp->active_parked, (size_t)dp->size) != 0) {
         td_group_destroy(dp->active);
@@ -1059,7 +1087,7 @@ td_status td_dp_step(td_dp *dp, const td_batch *batch, uint64_t step, td_step_re
     for (int k = 0; k < nrun; k++)
         memcpy(&all[ranks[k] * STAT_WORDS], &rows[k * STAT_WORDS], sizeof *rows * STAT_WORDS);
     for (int r = 0; r < dp->size; r++)
-        if (td_balancer_parked(dp->balancer, r) && !dp->cfg.deterministic)
+        if (td_balancer_parked(dp->balancer, r) && !dp->cfg.deterministic && !dp->cfg.zero)
             dp->stale[r] = 1;
     memset(res, 0, sizeof *res);
     if (dp->cfg.deterministic) {

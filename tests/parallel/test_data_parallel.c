@@ -432,6 +432,48 @@ static void zero_1_keeps_a_shard_each_and_trains_like_one_device(void **state) {
     td_dp_data_destroy(d);
 }
 
+/* ZeRO-1 with cpu:1 costing 30 ms more per pass: parked, it stays in the
+ * group, since it holds the only copy of its shard of the optimizer state.
+ * It takes no samples and runs no pass, but still updates its shard and
+ * gathers the weights, so its replica never falls behind; when its costs
+ * say it helps again it takes samples at once. Training equals one
+ * device's throughout. */
+static void zero_1_parks_a_device_inside_the_group(void **state) {
+    static const double equal[2] = {0, 0}, per[2] = {1e-5, 1e-5};
+    td_dp_data *d = make_data();
+    td_device_list *one = NULL;
+    td_group *g = NULL;
+    td_dp *dp = NULL;
+    td_dp_config cfg = TD_DP_CONFIG_INIT;
+    td_optimizer_config o = sgd();
+    td_step_result ref_res, res;
+    td_model *ref;
+    TD_ASSERT_OK(td_devices_open("cpu:0", &one));
+    ref = train_single(td_device_list_get(one, 0), TD_F64, d, &ref_res);
+    cfg.zero = 1;
+    cfg.rebalance = 0;
+    TD_ASSERT_OK(td_group_create_spec("cpu:0,cpu:1{latency=30}", NULL, &g));
+    TD_ASSERT_OK(td_dp_create(g, model_json, "dp_test", TD_F64, 5, &o, &cfg, &dp));
+    TD_ASSERT_OK(td_dp_calibrate(dp, &d->batch[0]));
+    for (int s = 0; s < STEPS; s++) {
+        td_dp_stats stats;
+        if (s == 2) /* the costs change: both equal now, so cpu:1 comes back */
+            TD_ASSERT_OK(td_balancer_set_costs(td_dp_balancer(dp), equal, per));
+        TD_ASSERT_OK(td_dp_step(dp, &d->batch[s], (uint64_t)s, &res, &stats));
+        assert_int_equal(stats.m[1].parked, s < 2);
+        assert_int_equal(stats.m[1].samples == 0, s < 2);
+        /* Parked: no pass on cpu:1, so none of its 30 ms. */
+        if (s < 2 && stats.m[1].compute_s > 0.015)
+            fail_msg("step %d: parked cpu:1 computed for %.3g s", s, stats.m[1].compute_s);
+    }
+    td_dp_assert_like_one_device(dp, 2, ref, &res, &ref_res, BATCH, 1e-12, "ZeRO-1, parked");
+    td_dp_destroy(dp);
+    td_group_destroy(g);
+    td_model_destroy(ref);
+    td_device_list_destroy(one);
+    td_dp_data_destroy(d);
+}
+
 static void zero_1_refuses_what_it_cannot_do(void **state) {
     td_group *g = NULL;
     td_dp *dp = NULL;
@@ -475,6 +517,7 @@ int main(void) {
         cmocka_unit_test(a_slowed_device_gets_a_smaller_share),
         cmocka_unit_test(a_device_with_a_large_fixed_cost_is_parked_and_comes_back),
         cmocka_unit_test(zero_1_keeps_a_shard_each_and_trains_like_one_device),
+        cmocka_unit_test(zero_1_parks_a_device_inside_the_group),
         cmocka_unit_test(zero_1_refuses_what_it_cannot_do),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
