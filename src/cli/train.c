@@ -104,8 +104,8 @@ static void print_members(const td_train_summary *s) {
                s->member[r].comm_s, s->member[r].wait_s, (long long)s->member[r].parked_steps);
     for (int r = 0; r < s->members && r < TD_DP_MAX_MEMBERS; r++)
         if (s->member[r].parked_steps) {
-            printf("parked: steps a device sat out, its fixed cost per pass exceeding the step "
-                   "the others took\n");
+            printf("parked: steps a device took no samples, its fixed cost per pass exceeding "
+                   "the step the others took\n");
             break;
         }
     printf("gradient reduction: %d bucket%s, %d started during backward, %.0f%% of its time "
