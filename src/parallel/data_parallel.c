@@ -953,7 +953,7 @@ static void fill_stats(td_dp *dp, const double *all, const int64_t *counts, doub
     for (int r = 0; r < dp->size; r++) {
         td_dp_member_stats *m = &stats->m[r];
         dp_member *mb = member_of(dp, r);
-        int sat_out; /* the whole step; a parked ZeRO-1 member only computes nothing */
+        int sat_out; /* the whole step out (a parked ZeRO-1 member still reduces) */
         m->samples = counts[r];
         m->share = total ? (double)counts[r] / (double)total : 0;
         m->parked = td_balancer_parked(dp->balancer, r) && !dp->cfg.deterministic;
