@@ -96,7 +96,7 @@ static void data_strategy_matches_one_device(void **state) {
 static void overlap_on_the_command_line_matches_one_device(void **state) {
     static const char *const what = "gradient reduction: ";
     char *out, *line;
-    int buckets = 0, early = 0;
+    int buckets = 0, in_backward = 0;
     double d;
     train("cpu:0", "--steps 15 --precision f64", "ov1.safetensors");
     out = train_output("cpu*2",
@@ -105,9 +105,9 @@ static void overlap_on_the_command_line_matches_one_device(void **state) {
                        "ov2.safetensors");
     line = strstr(out, what);
     if (!line ||
-        sscanf(line + strlen(what), "%d buckets, %d started during backward", &buckets, &early) !=
-            2 ||
-        buckets < 2 || early != buckets)
+        sscanf(line + strlen(what), "%d buckets, %d started during backward", &buckets,
+               &in_backward) != 2 ||
+        buckets < 2 || in_backward != buckets)
         fail_msg("not every bucket started during backward: %s", out);
     free(out);
     d = checkpoint_diff("ov2.safetensors", "ov1.safetensors");

@@ -396,12 +396,13 @@ fail:
 
 td_status td__mpi_run(td__member *m, const td__op *o) {
     td_group *g = m->g;
+    const mpi_state *s = g->mpi;
     const int whole = o->kind == TD_COLL_ALLGATHER || o->kind == TD_COLL_REDUCE_SCATTER;
     const size_t n = o->count * (whole ? (size_t)g->size : 1);
     void *tmp = NULL;
     td_status st;
 
-    if (((mpi_state *)g->mpi)->nprocs == 1)
+    if (s->nprocs == 1)
         return td__local_run(m, o);
     /* Every member refuses, so none waits for a leader that did. */
     if (whole && n > INT_MAX)
