@@ -46,7 +46,7 @@ typedef struct dp_member {
     td_comm_request **reqs; /* per parameter */
     td_status hook_status;
     uint64_t all_started_ns; /* when the last bucket started: backward's end (td_clock_ns) */
-    int buckets_in_backward; /* started from backward's gradient hook this step */
+    int buckets_in_backward; /* of this step's, started from backward's gradient hook */
 
     /* Deterministic mode: one gradient copy per chunk this member runs. */
     td_tensor ***chunk_grads; /* [chunk slot][param] */
@@ -188,11 +188,7 @@ static void on_grads_ready(void *arg, size_t first, size_t count) {
     dp_member *mb = arg;
     for (size_t p = first; p < first + count && p < mb->dp->nparams; p++)
         mb->ready[p] = 1;
-    {
-        size_t before = mb->next_bucket;
-        launch_ready_buckets(mb);
-        mb->buckets_in_backward += (int)(mb->next_bucket - before);
-    }
+    launch_ready_buckets(mb);
 }
 
 /* ZeRO-1, once the reduce-scatters are done: each shard into its place in
@@ -235,6 +231,7 @@ static void count_run(dp_member *mb, td_comm_request *req) {
 static td_status finish_reductions(dp_member *mb) {
     td_dp *dp = mb->dp;
     td_status st = mb->hook_status, wst;
+    mb->buckets_in_backward = (int)mb->next_bucket; /* the hook's, as backward has ended */
     mb->reduce_s = mb->exposed_s = 0;
     if (dp->cfg.zero && dp->size == 1) /* one shard: the gradient is the sum */
         return st;
@@ -803,7 +800,6 @@ static td_status step_member(td_group *g, td_device *dev, int run_rank, int size
     mb->g = g; /* the whole group, or the unparked members' */
     mb->next_bucket = 0;
     mb->all_started_ns = 0;
-    mb->buckets_in_backward = 0;
     mb->hook_status = TD_OK;
     memset(mb->ready, 0, dp->nparams);
     td_model_set_grad_hook(mb->model, dp->overlap ? on_grads_ready : NULL, mb);
@@ -972,28 +968,22 @@ static void fill_stats(td_dp *dp, const double *all, const int64_t *counts, doub
                                  : 0.0;
 }
 
-/* ZeRO-1: a parked member holds the only copy of its shard of the optimizer
- * state, which every step updates, so it stays in the group: no samples,
- * no forward or backward, but its part of the reductions, its shard's
- * update and the weights' gather. Its replica never falls behind. */
-static td_status zero_step_group(td_dp *dp, const unsigned char *parked, td_group **g, int *ranks,
-                                 int *n) {
-    *g = dp->g;
-    *n = dp->size;
+/* Notes a parked set in dp->active_parked and logs its members when it
+ * changed; returns whether it did. */
+static int note_parked_set(td_dp *dp, const unsigned char *parked) {
+    if (!memcmp(parked, dp->active_parked, (size_t)dp->size))
+        return 0;
+    memcpy(dp->active_parked, parked, (size_t)dp->size);
     for (int r = 0; r < dp->size; r++)
-        ranks[r] = r;
-    dp->overlap = resolve_overlap(dp, NULL);
-    if (memcmp(parked, dp->active_parked, (size_t)dp->size) != 0) {
-        memcpy(dp->active_parked, parked, (size_t)dp->size);
-        for (int r = 0; r < dp->size; r++)
-            if (parked[r])
-                TD_LOG_INFO("data parallel: %s is parked: its fixed cost of %.3g ms per pass "
-                            "exceeds the step the others take; it takes no samples and keeps "
-                            "updating its shard of the optimizer state (ZeRO-1)",
-                            td_device_name(td_group_device(dp->g, r)),
-                            td_balancer_fixed_seconds(dp->balancer, r) * 1e3);
-    }
-    return TD_OK;
+        if (parked[r])
+            TD_LOG_INFO("data parallel: %s is parked: its fixed cost of %.3g ms per pass exceeds "
+                        "the step the others take%s",
+                        td_device_name(td_group_device(dp->g, r)),
+                        td_balancer_fixed_seconds(dp->balancer, r) * 1e3,
+                        dp->cfg.zero ? "; it takes no samples and keeps updating its shard of "
+                                       "the optimizer state (ZeRO-1)"
+                                     : "");
+    return 1;
 }
 
 /* The group this step runs on: the whole one, or (parked members leaving
@@ -1001,35 +991,37 @@ static td_status zero_step_group(td_dp *dp, const unsigned char *parked, td_grou
  * run's ranks to dp->g's; *n gets how many take part. */
 static td_status step_group(td_dp *dp, td_group **g, int *ranks, int *n) {
     unsigned char parked[TD_DP_MAX_MEMBERS];
-    int excluded[TD_DP_MAX_MEMBERS], nx = 0;
-    *n = 0;
+    int excluded[TD_DP_MAX_MEMBERS], nx = 0, changed = 0;
     for (int r = 0; r < dp->size; r++) {
         parked[r] = !dp->cfg.deterministic && td_balancer_parked(dp->balancer, r);
         if (parked[r])
             excluded[nx++] = r;
-        else
-            ranks[(*n)++] = r;
     }
-    if (nx == 0) {
+    if (nx > 0)
+        changed = note_parked_set(dp, parked);
+    /* With ZeRO-1 a parked member holds the only copy of its shard of the
+     * optimizer state, which every step updates, so it stays in the group:
+     * no samples, no forward or backward, but its part of the reductions,
+     * its shard's update and the weights' gather. It never falls behind. */
+    if (nx == 0 || dp->cfg.zero) {
         *g = dp->g;
+        *n = dp->size;
+        for (int r = 0; r < dp->size; r++)
+            ranks[r] = r;
         dp->overlap = resolve_overlap(dp, NULL);
         return TD_OK;
     }
-    if (dp->cfg.zero)
-        return zero_step_group(dp, parked, g, ranks, n);
+    *n = 0;
+    for (int r = 0; r < dp->size; r++)
+        if (!parked[r])
+            ranks[(*n)++] = r;
     dp->overlap = resolve_overlap(dp, parked);
-    if (!dp->active || memcmp(parked, dp->active_parked, (size_t)dp->size) != 0) {
+    if (changed || !dp->active) {
         td_group_destroy(dp->active);
         dp->active = NULL;
         td_status st = td_group_shrink(dp->g, excluded, (size_t)nx, &dp->active);
         if (st != TD_OK)
             return st;
-        memcpy(dp->active_parked, parked, (size_t)dp->size);
-        for (int k = 0; k < nx; k++)
-            TD_LOG_INFO("data parallel: %s is parked: its fixed cost of %.3g ms per pass "
-                        "exceeds the step the others take",
-                        td_device_name(td_group_device(dp->g, excluded[k])),
-                        td_balancer_fixed_seconds(dp->balancer, excluded[k]) * 1e3);
     }
     *g = dp->active;
     return TD_OK;
