@@ -227,6 +227,15 @@ done:
     return st;
 }
 
+/* Runs a request's collective and publishes its outcome and when it ran. */
+static void run_request(td__member *m, td_comm_request *r) {
+    r->began_ns = td_clock_ns();
+    r->status = execute(m, &r->c, r->seq, TD_ALGO_AUTO);
+    r->ended_ns = td_clock_ns();
+    r->message = r->status != TD_OK ? strdup(td_last_error()) : NULL;
+    atomic_store_explicit(&r->done, 1, memory_order_release);
+}
+
 /* The engine ---------------------------------------------------------------- */
 
 static void *engine_main(void *p) {
@@ -235,7 +244,6 @@ static void *engine_main(void *p) {
     td__comm_set_current(m);
     for (;;) {
         td_comm_request *r;
-        td_status st;
         pthread_mutex_lock(&e->lock);
         while (!e->head && !e->stopping)
             pthread_cond_wait(&e->wake, &e->lock);
@@ -248,12 +256,7 @@ static void *engine_main(void *p) {
         if (!e->head)
             e->tail = NULL;
         pthread_mutex_unlock(&e->lock);
-        r->began_ns = td_clock_ns();
-        st = execute(m, &r->c, r->seq, TD_ALGO_AUTO);
-        r->ended_ns = td_clock_ns();
-        r->status = st;
-        r->message = st != TD_OK ? strdup(td_last_error()) : NULL;
-        atomic_store_explicit(&r->done, 1, memory_order_release);
+        run_request(m, r);
         atomic_fetch_add_explicit(&m->async_done, 1, memory_order_release);
     }
     return NULL;
@@ -368,11 +371,7 @@ td_status td_collective_start(td_group *g, const td_collective *c, td_comm_reque
          * which may be waiting on this request. Either way: run it now. */
         td__engine_drain(m);
         r->seq = ++m->seq;
-        r->began_ns = td_clock_ns();
-        r->status = execute(m, c, r->seq, TD_ALGO_AUTO);
-        r->ended_ns = td_clock_ns();
-        r->message = r->status != TD_OK ? strdup(td_last_error()) : NULL;
-        atomic_store(&r->done, 1);
+        run_request(m, r);
         *req = r;
         return TD_OK;
     }
