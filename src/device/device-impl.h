@@ -111,15 +111,11 @@ td_status td__device_sink_add(td_device_sink *sink, const td_backend_ops *ops, c
 void td__device_throttle(td_device *dev, uint64_t start_ns);
 double td__device_slowdown(const td_device *dev);
 
-/* The registered backends, in listing order (cpu first). */
-const td_backend_ops *const *td__backends(size_t *count);
-
-extern const td_backend_ops td__cpu_backend;
-#ifdef TD_HAVE_CUDA
-extern const td_backend_ops td__cuda_backend;
-#endif
-#ifdef TD_HAVE_OPENCL
-extern const td_backend_ops td__opencl_backend;
-#endif
+/* The backends built in, in listing order (cpu first), NULL-terminated, and
+ * one line for each backend left out at configure time ("cuda: not built in
+ * (why)"), NULL-terminated. Defined by the backends layer (src/backend/
+ * backends.c): this layer names no backend. */
+const td_backend_ops *const *td__backends(void);
+const char *const *td__backends_left_out(void);
 
 #endif

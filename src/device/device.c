@@ -48,47 +48,26 @@ td_device *td_device_current(void) {
 
 /* Backends ----------------------------------------------------------------- */
 
-static const td_backend_ops *const all_backends[] = {
-    &td__cpu_backend,
-#ifdef TD_HAVE_CUDA
-    &td__cuda_backend,
-#endif
-#ifdef TD_HAVE_OPENCL
-    &td__opencl_backend,
-#endif
-};
-
-const td_backend_ops *const *td__backends(size_t *count) {
-    *count = sizeof all_backends / sizeof *all_backends;
-    return all_backends;
-}
-
 static const td_backend_ops *find_backend(const char *name) {
-    for (size_t i = 0; i < sizeof all_backends / sizeof *all_backends; i++)
-        if (!strcmp(all_backends[i]->name, name))
-            return all_backends[i];
+    for (const td_backend_ops *const *b = td__backends(); *b; b++)
+        if (!strcmp((*b)->name, name))
+            return *b;
     return NULL;
 }
 
 /* "cpu: cpu:0, cpu:1; cuda: none (...)" for error messages. */
 static void describe_all(char *buf, size_t n) {
     size_t used = 0;
+    const td_backend_ops *const *b;
+    const char *const *missing;
     buf[0] = '\0';
-    for (size_t i = 0; i < sizeof all_backends / sizeof *all_backends && used + 1 < n; i++) {
+    for (b = td__backends(); *b && used + 1 < n; b++) {
         char line[512];
-        all_backends[i]->describe(line, sizeof line);
-        used += (size_t)snprintf(buf + used, n - used, "%s%s", i ? "; " : "", line);
+        (*b)->describe(line, sizeof line);
+        used += (size_t)snprintf(buf + used, n - used, "%s%s", used ? "; " : "", line);
     }
-#ifndef TD_HAVE_CUDA
-    if (used + 1 < n)
-        used += (size_t)snprintf(buf + used, n - used,
-                                 "; cuda: not built in (no nvcc at configure time)");
-#endif
-#ifndef TD_HAVE_OPENCL
-    if (used + 1 < n)
-        snprintf(buf + used, n - used,
-                 "; opencl: not built in (no OpenCL headers at configure time)");
-#endif
+    for (missing = td__backends_left_out(); *missing && used + 1 < n; missing++)
+        used += (size_t)snprintf(buf + used, n - used, "; %s", *missing);
 }
 
 /* Events and tasks --------------------------------------------------------- */
@@ -374,8 +353,8 @@ static td_status open_item(const td_spec_item *item, td_device_sink *sink) {
         int want_all = !strcmp(item->backend, "all");
         int gpus = 0;
         td_status st;
-        for (size_t i = 0; i < sizeof all_backends / sizeof *all_backends; i++) {
-            const td_backend_ops *bk = all_backends[i];
+        for (const td_backend_ops *const *each = td__backends(); *each; each++) {
+            const td_backend_ops *bk = *each;
             td_spec_item every = *item;
             int n;
             if (!want_all && (!strcmp(bk->name, "cpu") || !strcmp(bk->name, "opencl")))
@@ -396,7 +375,7 @@ static td_status open_item(const td_spec_item *item, td_device_sink *sink) {
         if (!want_all && gpus == 0) {
             td_spec_item cpu = *item;
             snprintf(cpu.backend, sizeof cpu.backend, "cpu");
-            return td__cpu_backend.open(&cpu, sink);
+            return find_backend("cpu")->open(&cpu, sink);
         }
         return TD_OK;
     }

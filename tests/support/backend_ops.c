@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "backend/backends.h"
 #include "device/device-impl.h"
 #include "tensor/ops.h"
 

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend/backends.h"
 #include "backend/cpu/cpu-impl.h"
 #include "core/alloc.h"
 #include "core/error.h"

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backends.h"
 #include "backend/cuda/cuda-impl.h"
 #include "core/alloc.h"
 #include "core/error.h"

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backends.h"
 #include "backend/opencl/opencl-impl.h"
 #include "core/alloc.h"
 #include "core/error.h"

@@ -1,0 +1,16 @@
+#ifndef TD_BACKEND_BACKENDS_H
+#define TD_BACKEND_BACKENDS_H
+
+#include "device/device-impl.h"
+
+/* Each backend's operations, defined in its own folder. The device layer
+ * never names them: it reaches them through td__backends(). */
+extern const td_backend_ops td__cpu_backend;
+#ifdef TD_HAVE_CUDA
+extern const td_backend_ops td__cuda_backend;
+#endif
+#ifdef TD_HAVE_OPENCL
+extern const td_backend_ops td__opencl_backend;
+#endif
+
+#endif
