@@ -82,17 +82,8 @@ static void attn_fwd_part(void *arg, int part, int nparts) {
 
 td_status td__cpu_attention_fwd(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t c, int64_t h,
                                 double scale, const void *qkv, void *p, void *y) {
-    attn_args a;
-    memset(&a, 0, sizeof a);
-    a.dt = dt;
-    a.b = b;
-    a.t = t;
-    a.c = c;
-    a.h = h;
-    a.scale = scale;
-    a.qkv = qkv;
-    a.pw = p;
-    a.y = y;
+    attn_args a = {
+        .dt = dt, .b = b, .t = t, .c = c, .h = h, .scale = scale, .qkv = qkv, .pw = p, .y = y};
     td__cpu_parallel(ctx, attn_fwd_part, &a);
     return TD_OK;
 }
@@ -130,18 +121,16 @@ static void attn_bwd_part(void *arg, int part, int nparts) {
 td_status td__cpu_attention_bwd(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t c, int64_t h,
                                 double scale, const void *qkv, const void *p, const void *dy,
                                 void *dqkv) {
-    attn_args a;
-    memset(&a, 0, sizeof a);
-    a.dt = dt;
-    a.b = b;
-    a.t = t;
-    a.c = c;
-    a.h = h;
-    a.scale = scale;
-    a.qkv = qkv;
-    a.p = p;
-    a.dy = dy;
-    a.dqkv = dqkv;
+    attn_args a = {.dt = dt,
+                   .b = b,
+                   .t = t,
+                   .c = c,
+                   .h = h,
+                   .scale = scale,
+                   .qkv = qkv,
+                   .p = p,
+                   .dy = dy,
+                   .dqkv = dqkv};
     td__cpu_parallel(ctx, attn_bwd_part, &a);
     if (a.failed)
         return td__error(TD_ERR_OUT_OF_MEMORY, "attention backward: no scratch memory");

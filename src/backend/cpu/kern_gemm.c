@@ -352,14 +352,7 @@ static void conv_fwd_part(void *p, int part, int nparts) {
 
 td_status td__cpu_conv2d_fwd(void *ctx, td_dtype dt, const td_conv_desc *d, const void *x,
                              const void *w, const void *bias, void *y) {
-    conv_args a;
-    memset(&a, 0, sizeof a);
-    a.dt = dt;
-    a.d = d;
-    a.x = x;
-    a.w = w;
-    a.bias = bias;
-    a.y = y;
+    conv_args a = {.dt = dt, .d = d, .x = x, .w = w, .bias = bias, .y = y};
     td__cpu_parallel(ctx, conv_fwd_part, &a);
     if (a.failed)
         return td__error(TD_ERR_OUT_OF_MEMORY, "conv2d: no memory for the im2col buffer");
@@ -439,16 +432,9 @@ static void conv_bwd_part(void *p, int part, int nparts) {
 
 td_status td__cpu_conv2d_bwd(void *ctx, td_dtype dt, const td_conv_desc *d, const void *x,
                              const void *w, const void *dy, void *dx, void *dw, void *db, int acc) {
-    conv_args a;
+    conv_args a = {.dt = dt, .d = d, .x = x, .w = w, .dy = dy, .dx = dx};
     int nparts = td__cpu_threads(ctx);
     int64_t ckk = d->c * d->kh * d->kw, total = d->oc * ckk + d->oc;
-    memset(&a, 0, sizeof a);
-    a.dt = dt;
-    a.d = d;
-    a.x = x;
-    a.w = w;
-    a.dy = dy;
-    a.dx = dx;
     td__cpu_parallel(ctx, conv_bwd_part, &a);
     if (a.failed)
         return td__error(TD_ERR_OUT_OF_MEMORY, "conv2d backward: no memory for its buffers");

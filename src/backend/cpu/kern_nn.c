@@ -108,16 +108,14 @@ static void xent_part(void *p, int part, int nparts) {
 td_status td__cpu_xent(void *ctx, td_dtype dt, int64_t rows, int64_t classes, const void *logits,
                        const int32_t *labels, void *dlogits, double grad_scale, double *loss_sum,
                        int64_t *correct) {
-    rows_args a;
+    rows_args a = {.dt = dt,
+                   .rows = rows,
+                   .cols = classes,
+                   .x = logits,
+                   .labels = labels,
+                   .dx = dlogits,
+                   .grad_scale = grad_scale};
     int parts = parts_for(ctx, (double)rows * (double)classes);
-    memset(&a, 0, sizeof a);
-    a.dt = dt;
-    a.rows = rows;
-    a.cols = classes;
-    a.x = logits;
-    a.labels = labels;
-    a.dx = dlogits;
-    a.grad_scale = grad_scale;
     *loss_sum = 0;
     *correct = 0;
     if (rows <= 0)
@@ -222,18 +220,16 @@ DEFINE_ROWS_PART(ln_fwd)
 td_status td__cpu_layernorm_fwd(void *ctx, td_dtype dt, int64_t rows, int64_t cols, double eps,
                                 const void *x, const void *gamma, const void *beta, void *y,
                                 void *mean, void *rstd) {
-    rows_args a;
-    memset(&a, 0, sizeof a);
-    a.dt = dt;
-    a.rows = rows;
-    a.cols = cols;
-    a.eps = eps;
-    a.x = x;
-    a.g = gamma;
-    a.b = beta;
-    a.y = y;
-    a.mean = mean;
-    a.rstd = rstd;
+    rows_args a = {.dt = dt,
+                   .rows = rows,
+                   .cols = cols,
+                   .eps = eps,
+                   .x = x,
+                   .g = gamma,
+                   .b = beta,
+                   .y = y,
+                   .mean = mean,
+                   .rstd = rstd};
     run_parts(ctx, (double)rows * (double)cols, ln_fwd_part, &a);
     return TD_OK;
 }
@@ -258,18 +254,16 @@ static void ln_bwd_part(void *p, int part, int nparts) {
 td_status td__cpu_layernorm_bwd(void *ctx, td_dtype dt, int64_t rows, int64_t cols, const void *x,
                                 const void *gamma, const void *mean, const void *rstd,
                                 const void *dy, void *dx, void *dgamma, void *dbeta, int acc) {
-    rows_args a;
+    rows_args a = {.dt = dt,
+                   .rows = rows,
+                   .cols = cols,
+                   .x = x,
+                   .g = gamma,
+                   .m = mean,
+                   .r = rstd,
+                   .dy = dy,
+                   .dx = dx};
     int parts = parts_for(ctx, (double)rows * (double)cols);
-    memset(&a, 0, sizeof a);
-    a.dt = dt;
-    a.rows = rows;
-    a.cols = cols;
-    a.x = x;
-    a.g = gamma;
-    a.m = mean;
-    a.r = rstd;
-    a.dy = dy;
-    a.dx = dx;
     run_parts(ctx, (double)rows * (double)cols, ln_bwd_part, &a);
     if (a.failed)
         return td__error(TD_ERR_OUT_OF_MEMORY, "layer norm backward: no scratch memory");
@@ -328,18 +322,16 @@ static void embed_fwd_part(void *p, int part, int nparts) {
 
 td_status td__cpu_embed_fwd(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t c, int64_t vocab,
                             const int32_t *tokens, const void *wte, const void *wpe, void *y) {
-    embed_args a;
+    embed_args a = {.dt = dt,
+                    .b = b,
+                    .t = t,
+                    .c = c,
+                    .vocab = vocab,
+                    .tokens = tokens,
+                    .wte = wte,
+                    .wpe = wpe,
+                    .y = y};
     int parts = parts_for(ctx, (double)(b * t * c));
-    memset(&a, 0, sizeof a);
-    a.dt = dt;
-    a.b = b;
-    a.t = t;
-    a.c = c;
-    a.vocab = vocab;
-    a.tokens = tokens;
-    a.wte = wte;
-    a.wpe = wpe;
-    a.y = y;
     run_parts(ctx, (double)(b * t * c), embed_fwd_part, &a);
     for (int i = 0; i < parts; i++)
         if (a.bad[i] >= 0)
@@ -392,18 +384,16 @@ static void embed_bwd_part(void *p, int part, int nparts) {
 td_status td__cpu_embed_bwd(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t c, int64_t vocab,
                             const int32_t *tokens, const void *dy, void *dwte, void *dwpe,
                             int acc) {
-    embed_args a;
-    memset(&a, 0, sizeof a);
-    a.dt = dt;
-    a.b = b;
-    a.t = t;
-    a.c = c;
-    a.vocab = vocab;
-    a.tokens = tokens;
-    a.dy = dy;
-    a.dwte = dwte;
-    a.dwpe = dwpe;
-    a.acc = acc;
+    embed_args a = {.dt = dt,
+                    .b = b,
+                    .t = t,
+                    .c = c,
+                    .vocab = vocab,
+                    .tokens = tokens,
+                    .dy = dy,
+                    .dwte = dwte,
+                    .dwpe = dwpe,
+                    .acc = acc};
     run_parts(ctx, (double)(b * t * c) + (double)(vocab * c), embed_bwd_part, &a);
     return TD_OK;
 }
@@ -609,29 +599,15 @@ DEFINE_ROWS_PART(csm_bwd)
 
 td_status td__cpu_causal_softmax_fwd(void *ctx, td_dtype dt, int64_t rows, int64_t t, double scale,
                                      const void *s, void *p) {
-    rows_args a;
-    memset(&a, 0, sizeof a);
-    a.dt = dt;
-    a.rows = rows * t;
-    a.cols = t;
-    a.scale = scale;
-    a.x = s;
-    a.y = p;
+    rows_args a = {.dt = dt, .rows = rows * t, .cols = t, .scale = scale, .x = s, .y = p};
     run_parts(ctx, (double)(rows * t * t), csm_fwd_part, &a);
     return TD_OK;
 }
 
 td_status td__cpu_causal_softmax_bwd(void *ctx, td_dtype dt, int64_t rows, int64_t t, double scale,
                                      const void *p, const void *dp, void *ds) {
-    rows_args a;
-    memset(&a, 0, sizeof a);
-    a.dt = dt;
-    a.rows = rows * t;
-    a.cols = t;
-    a.scale = scale;
-    a.x = p;
-    a.dy = dp;
-    a.dx = ds;
+    rows_args a = {
+        .dt = dt, .rows = rows * t, .cols = t, .scale = scale, .x = p, .dy = dp, .dx = ds};
     run_parts(ctx, (double)(rows * t * t), csm_bwd_part, &a);
     return TD_OK;
 }
