@@ -12,18 +12,7 @@
 
 /* Runs `tandem train` and fails the test if it fails; returns its stdout. */
 static char *train_output(const char *devices, const char *extra, const char *ckpt) {
-    char cmd[2048], *out = NULL, *err = NULL;
-    int rc;
-    snprintf(cmd, sizeof cmd,
-             "%s train --model %s/examples/mnist_mlp.json --data %s/data/mnist --batch 64 "
-             "--lr 0.05 --eval-samples 200 --no-epoch-eval --quiet --devices '%s' %s "
-             "--checkpoint %s/%s",
-             TD_TANDEM_EXE, TD_SOURCE_DIR, TD_SOURCE_DIR, devices, extra, td_test_tmpdir(), ckpt);
-    rc = td_test_run_command(cmd, &out, &err);
-    if (rc != 0)
-        fail_msg("'%s' exited %d: %s", cmd, rc, err ? err : "");
-    free(err);
-    return out;
+    return td_dp_train_cli("", devices, extra, ckpt);
 }
 
 static void train(const char *devices, const char *extra, const char *ckpt) {

@@ -11,25 +11,15 @@
 
 /* Runs `tandem train` (under mpirun when np > 0) and fails the test if it fails. */
 static char *train(int np, const char *devices, const char *extra, const char *ckpt) {
-    char cmd[2048], *out = NULL, *err = NULL;
-    int rc, n = 0;
+    char launcher[512] = "";
     if (np > 0)
         /* Open MPI as root needs these; its plugins' own allocations are not ours to leak-check. */
-        n = snprintf(cmd, sizeof cmd,
-                     "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-                     "ASAN_OPTIONS=detect_leaks=0 mpirun --oversubscribe --mca btl self,vader "
-                     "-np %d ",
-                     np);
-    snprintf(cmd + n, sizeof cmd - (size_t)n,
-             "%s train --model %s/examples/mnist_mlp.json --data %s/data/mnist --batch 64 "
-             "--lr 0.05 --eval-samples 200 --no-epoch-eval --quiet --devices '%s' %s "
-             "--checkpoint %s/%s",
-             TD_TANDEM_EXE, TD_SOURCE_DIR, TD_SOURCE_DIR, devices, extra, td_test_tmpdir(), ckpt);
-    rc = td_test_run_command(cmd, &out, &err);
-    if (rc != 0)
-        fail_msg("'%s' exited %d: %s", cmd, rc, err ? err : "");
-    free(err);
-    return out;
+        snprintf(launcher, sizeof launcher,
+                 "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+                 "ASAN_OPTIONS=detect_leaks=0 mpirun --oversubscribe --mca btl self,vader "
+                 "-np %d ",
+                 np);
+    return td_dp_train_cli(launcher, devices, extra, ckpt);
 }
 
 static void two_processes_train_one_model(void **state) {

@@ -42,6 +42,14 @@ double td_dp_weights_diff(td_model *a, td_model *b);
 /* td_dp_weights_diff of two checkpoints' weights, loaded on cpu:0. */
 double td_dp_checkpoint_diff(const char *path_a, const char *path_b);
 
+/* Runs `[launcher ]tandem train` on the MNIST MLP (batch 64, lr 0.05, 200
+ * test samples, quiet) on `devices` with the `extra` options, its checkpoint
+ * saved as ckpt in the test directory; fails the test if it fails. Returns
+ * its standard output, which the caller frees. launcher: "" or "mpirun
+ * ...". */
+char *td_dp_train_cli(const char *launcher, const char *devices, const char *extra,
+                      const char *ckpt);
+
 /* Fails unless each of the first `members` replicas of dp equals ref within
  * tol, and the last step's result res is ref_res's for a batch of `batch`
  * samples; prints each replica's difference. `what` ("f64 on cpu*3", say)
