@@ -103,11 +103,12 @@ struct td_buffer {
 td_status td__device_sink_add(td_device_sink *sink, const td_backend_ops *ops, const char *name,
                               void *ctx, const td_device_options *opts);
 
-/* The {slowdown=F} and {latency=MS} options made real: called after a phase
- * of work that began at start_ns (td_clock_ns), it spins (F - 1) times that
- * phase's length plus MS milliseconds, so the device takes F times as long
- * plus a fixed cost per phase (as a driver's launch overhead adds). Does
- * nothing when F is 1 and MS 0. */
+/* The {slowdown=F} and {latency=MS} options made real: called on the
+ * device's thread after a pass that began at start_ns (td_clock_ns; the nn
+ * layer calls it at the end of every forward and backward pass), it spins
+ * (F - 1) times that pass's length plus MS milliseconds, so the device takes
+ * F times as long plus a fixed cost per pass (as a driver's launch overhead
+ * adds). Does nothing when F is 1 and MS 0. */
 void td__device_throttle(td_device *dev, uint64_t start_ns);
 double td__device_slowdown(const td_device *dev);
 

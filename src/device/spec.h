@@ -12,9 +12,9 @@ typedef struct td_device_options {
     int has_cores, cores; /* cores=N: how many logical CPUs a CPU device owns */
     int has_mem;          /* mem=512M: memory budget in bytes */
     uint64_t mem;
-    int has_slowdown; /* slowdown=3: every kernel takes 3x as long */
+    int has_slowdown; /* slowdown=3: every pass takes 3x as long */
     double slowdown;
-    int has_latency; /* latency=2: every phase of work takes 2 ms more */
+    int has_latency; /* latency=2: every pass takes 2 ms more */
     double latency_ms;
     int has_split, split; /* split=2: one device presented as 2 */
 } td_device_options;

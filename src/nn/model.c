@@ -8,6 +8,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "device/device-impl.h"
 #include "device/graph.h"
 #include "nn/nn-impl.h"
 
@@ -341,6 +342,7 @@ static td_status step_task(td_device *dev, void *arg) {
     td_status st;
     td_step_result res = {0, 0, 0};
     int done = 0;
+    uint64_t start = td_clock_ns();
     if ((st = prepare(m, a->batch->n)) != TD_OK)
         return st;
     if ((st = load_batch(m, a->batch)) != TD_OK)
@@ -352,6 +354,9 @@ static td_status step_task(td_device *dev, void *arg) {
     res.count = (int64_t)((size_t)a->batch->n * labels_per_sample(m));
     if (a->out)
         *a->out = res;
+    /* A device slowed on purpose ({slowdown=F}, {latency=MS}) is slowed
+     * here, whatever strategy runs it. */
+    td__device_throttle(dev, start);
     return TD_OK;
 }
 

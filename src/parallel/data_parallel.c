@@ -710,7 +710,6 @@ static td_status time_passes(td_device *dev, dp_member *mb, const td_batch *batc
         uint64_t c0 = td_clock_ns();
         if ((st = td_model_train_step(mb->model, batch, 1.0, 0, 0, &r)) != TD_OK)
             return st;
-        td__device_throttle(dev, c0);
         if (i >= CALIBRATION_WARMUP)
             *out = fmin(*out, (double)(td_clock_ns() - c0) * 1e-9);
     }
@@ -806,7 +805,6 @@ static td_status step_member(td_group *g, td_device *dev, int run_rank, int size
     c0 = td_clock_ns();
     if (slice.n > 0) {
         st = td_model_train_step(mb->model, &slice, scale, 0, w->step, &r);
-        td__device_throttle(dev, c0);
     } else {
         /* A member with no samples this step adds zeros to the sum. */
         for (size_t p = 0; p < dp->nparams && st == TD_OK; p++)
@@ -898,7 +896,6 @@ static td_status step_member_deterministic(td_group *g, td_device *dev, int rank
         res[chunk * 3 + 1] = (double)r.correct;
         res[chunk * 3 + 2] = (double)r.count;
     }
-    td__device_throttle(dev, c0);
     c1 = td_clock_ns();
     /* The chain: rank d folds its chunks, in order, into the running sum it
      * received, and hands it on; the fold order is the chunk order whatever
@@ -1127,10 +1124,8 @@ static td_status evaluate_member(td_group *g, td_device *dev, int rank, int size
     for (size_t i = 0; i < w->nbatches; i++) {
         if (w->owner[i] != rank)
             continue;
-        uint64_t c0 = td_clock_ns();
         if ((st = td_model_evaluate(mb->model, &w->batches[i], &w->per_batch[i])) != TD_OK)
             return st;
-        td__device_throttle(dev, c0);
     }
     return TD_OK;
 }

@@ -1,7 +1,7 @@
 /* Model files: the shipped examples load with the expected parameters, bad
  * files give messages that name the file, the layer and the field, seeds give
  * the same weights on every device, and the step API keeps its promises
- * (accumulation, the gradient hook, determinism). */
+ * (accumulation, the gradient hook, determinism, a slowed device's passes). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -235,6 +235,34 @@ static void step_accumulates_hooks_and_repeats_bitwise(void **state) {
     td_device_list_destroy(list);
 }
 
+/* {latency=MS} and {slowdown=F} hold for a model's passes whatever runs
+ * them, here with no strategy at all: the throttle spins to its deadline,
+ * so a pass cannot take less than the added milliseconds (a lower bound,
+ * which a slow machine only exceeds). */
+static void a_slowed_device_is_slowed_without_a_strategy(void **state) {
+    td_device_list *list = td_test_open("cpu:0{latency=40}");
+    td_model *m = NULL;
+    float x[2 * 784] = {0};
+    int32_t labels[2] = {3, 7};
+    td_batch b = {2, x, NULL, labels};
+    td_step_result r;
+    uint64_t t0;
+    TD_ASSERT_OK(td_model_load(TD_SOURCE_DIR "/examples/mnist_mlp.json",
+                               td_device_list_get(list, 0), TD_F32, 1, &m));
+    t0 = td_clock_ns();
+    TD_ASSERT_OK(td_model_train_step(m, &b, 0.5, 0, 0, &r));
+    if (td_clock_ns() - t0 < 40000000u)
+        fail_msg("a training pass on a device with latency=40 took %.1f ms",
+                 (double)(td_clock_ns() - t0) * 1e-6);
+    t0 = td_clock_ns();
+    TD_ASSERT_OK(td_model_evaluate(m, &b, &r));
+    if (td_clock_ns() - t0 < 40000000u)
+        fail_msg("an evaluation pass on a device with latency=40 took %.1f ms",
+                 (double)(td_clock_ns() - t0) * 1e-6);
+    td_model_destroy(m);
+    td_device_list_destroy(list);
+}
+
 static void optimizer_schedule_and_clipping(void **state) {
     td_device_list *list = td_test_open("cpu:0");
     td_model *m = NULL;
@@ -308,6 +336,7 @@ int main(void) {
         cmocka_unit_test(seed_gives_same_weights_on_every_device),
         cmocka_unit_test(step_accumulates_hooks_and_repeats_bitwise),
         cmocka_unit_test(optimizer_schedule_and_clipping),
+        cmocka_unit_test(a_slowed_device_is_slowed_without_a_strategy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
