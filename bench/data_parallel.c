@@ -5,7 +5,9 @@
  * alone), the share of the slowed pair's step spent reducing (the slowest
  * member's), and the share of the gradient reduction hidden behind
  * backward when two devices overlap it (CPU devices do not by default: see
- * specs below); prints the floors and whether they hold.
+ * specs below); prints the floors and whether they hold. It also runs the
+ * two pairs with nothing between their devices (at_once below), which tells
+ * what of a floor's shortfall is the machine's and what the strategy's.
  *
  * Cores can change pace for seconds to a minute at a time (a virtual
  * machine's where the host runs them), so one measurement can land in a
@@ -231,6 +233,100 @@ static void teardown(config *c) {
     td_group_destroy(c->g);
 }
 
+/* Two devices working at once with nothing between them: one group, a
+ * replica and optimizer of its own on each member, each step a td_group_run
+ * in which every member trains its slice of the batch and steps its own
+ * optimizer, with no reduction. Each member times its own work, so the
+ * window's speed is the sum of the members' speeds while both work: the
+ * ideal for a pair of these devices on this machine, with the pair's
+ * threads (one caller polling, a thread per device). */
+typedef struct at_once {
+    const char *spec;
+    td_group *g;
+    td_model *m[2];
+    td_optimizer *opt[2];
+    const char *json;
+    td_batch b;
+    int64_t n[2];     /* the step's samples per member */
+    int64_t features; /* floats per sample */
+    uint64_t busy[2];
+    int64_t samples[2];
+    double sps[MAX_WINDOWS];
+} at_once;
+
+static td_status at_once_create(td_group *g, td_device *dev, int rank, int size, void *arg) {
+    at_once *a = arg;
+    td_optimizer_config opt = TD_OPTIMIZER_CONFIG_INIT;
+    td_status st;
+    (void)g, (void)size;
+    opt.lr = 0.05;
+    if ((st = td_model_load_string(a->json, "model", dev, TD_F32, 1, &a->m[rank])) != TD_OK)
+        return st;
+    return td_optimizer_create(a->m[rank], &opt, &a->opt[rank]);
+}
+
+static td_status at_once_step(td_group *g, td_device *dev, int rank, int size, void *arg) {
+    at_once *a = arg;
+    td_batch slice = a->b;
+    td_step_result r;
+    uint64_t t0 = td_clock_ns();
+    td_status st;
+    (void)g, (void)dev, (void)size;
+    slice.n = a->n[rank];
+    slice.x += (rank ? a->n[0] : 0) * a->features;
+    slice.labels += rank ? a->n[0] : 0;
+    if ((st = td_model_train_step(a->m[rank], &slice, 1.0 / (double)a->b.n, 0, 0, &r)) != TD_OK ||
+        (st = td_optimizer_step(a->opt[rank], NULL)) != TD_OK)
+        return st;
+    a->busy[rank] += td_clock_ns() - t0;
+    a->samples[rank] += slice.n;
+    return TD_OK;
+}
+
+static int at_once_setup(at_once *a, const char *spec, const char *json) {
+    int64_t shape[TD_MAX_DIMS];
+    int dims;
+    a->spec = spec;
+    a->json = json;
+    if (td_group_create_spec(spec, NULL, &a->g) != TD_OK ||
+        td_group_run(a->g, at_once_create, a) != TD_OK)
+        return 1;
+    dims = td_model_input_shape(a->m[0], shape);
+    a->features = 1;
+    for (int d = 0; d < dims; d++)
+        a->features *= shape[d];
+    return 0;
+}
+
+static void at_once_teardown(at_once *a) {
+    for (int r = 0; r < 2; r++) {
+        td_optimizer_destroy(a->opt[r]);
+        td_model_destroy(a->m[r]);
+    }
+    td_group_destroy(a->g);
+}
+
+/* A window of `steps` steps with `share1` of each batch on the second
+ * member (after an untimed step, as in measure). */
+static int at_once_window(at_once *a, int w, int steps, double share1, int64_t batch,
+                          td_loader *loader) {
+    for (int s = -1; s < steps; s++) {
+        if (next_full_batch(loader, batch, &a->b))
+            return 1;
+        a->n[1] = (int64_t)llround(share1 * (double)batch);
+        a->n[0] = batch - a->n[1];
+        if (s == 0)
+            memset(a->busy, 0, sizeof a->busy), memset(a->samples, 0, sizeof a->samples);
+        if (td_group_run(a->g, at_once_step, a) != TD_OK)
+            return 1;
+    }
+    a->sps[w] = 0;
+    for (int r = 0; r < 2; r++)
+        if (a->busy[r])
+            a->sps[w] += (double)a->samples[r] / ((double)a->busy[r] * 1e-9);
+    return 0;
+}
+
 /* One model's configurations, kept for the whole run, and each run's
  * ratios: [0] the optimizer replicated, [1] ZeRO-1. */
 typedef struct model_bench {
@@ -243,11 +339,12 @@ typedef struct model_bench {
     config cf[NCONFIGS];
     double eff[2][MAX_RUNS], vs_ideal[2][MAX_RUNS];
     double overlap_vs[MAX_RUNS]; /* cpu*2 with overlap forced on over cpu*2 without */
-    /* cpu:0 and the slowed device alone, each in its own group but both at
-     * once, in samples/s: what the two cores give when both work. */
-    double side[2][MAX_WINDOWS];
-    double vs_side[2][MAX_RUNS];
-    td_loader *side_loader; /* the slowed device's batches then: loaders are not shared */
+    /* [0] cpu*2 with half the batch each, [1] the slowed pair with its
+     * shares, each device training on its own (at_once), and each run's
+     * ratios against them: the two-device pair's speed over [0] and the
+     * slowed pair's step time over [1]'s, for both optimizer modes. */
+    at_once both[2];
+    double vs_both[2][MAX_RUNS], vs_slowed_both[2][MAX_RUNS];
 } model_bench;
 
 /* 0: cpu:0 alone; 3: the slowed one alone; 1, 2 and 4, 5: two devices, and
@@ -272,7 +369,8 @@ static int model_setup(model_bench *m, const bench_opts *o, td_dataset *train) {
         return 1;
     }
     if (td_loader_create(train, m->batch, 7, 1, &m->loader) != TD_OK ||
-        td_loader_create(train, m->batch, 8, 1, &m->side_loader) != TD_OK)
+        at_once_setup(&m->both[0], "cpu*2", m->json) ||
+        at_once_setup(&m->both[1], "cpu:0,cpu:1{slowdown=3}", m->json))
         goto fail;
     for (int c = 0; c < NCONFIGS; c++) {
         m->cf[c].spec = specs[c];
@@ -287,57 +385,6 @@ fail:
     return 1;
 }
 
-/* The slowed device's side of a side-by-side window: steps (the loader's
- * time left out, as in measure) until told to stop. */
-typedef struct side_job {
-    const model_bench *m;
-    atomic_int stop;
-    double sps;
-    int failed;
-} side_job;
-
-static void *side_steps(void *arg) {
-    side_job *j = arg;
-    uint64_t busy = 0;
-    int64_t samples = 0;
-    td_step_result r;
-    td_batch b;
-    while (!atomic_load(&j->stop)) {
-        uint64_t t0;
-        if (next_full_batch(j->m->side_loader, j->m->batch, &b)) {
-            j->failed = 1;
-            return NULL;
-        }
-        t0 = td_clock_ns();
-        if (td_dp_step(j->m->cf[3].dp, &b, 0, &r, NULL) != TD_OK) {
-            j->failed = 1;
-            return NULL;
-        }
-        busy += td_clock_ns() - t0;
-        samples += b.n;
-    }
-    j->sps = busy ? (double)samples / ((double)busy * 1e-9) : 0;
-    return NULL;
-}
-
-/* cpu:0 alone (configuration 0) and the slowed device alone (3) at once:
- * the caller measures a window of the first while a thread steps the
- * second; cf[0]'s own record keeps the windows it ran alone. */
-static int side_window(model_bench *m, int w) {
-    side_job j = {m, 0, 0, 0};
-    window_stats s = {0, 0, 0, 0};
-    pthread_t t;
-    int bad;
-    if (pthread_create(&t, NULL, side_steps, &j))
-        return 1;
-    bad = measure(&m->cf[0], w, m->batch, m->loader, &s);
-    atomic_store(&j.stop, 1);
-    pthread_join(t, NULL);
-    m->side[0][w] = s.sps;
-    m->side[1][w] = j.sps;
-    return bad || j.failed;
-}
-
 /* Run r: o->windows rounds, the configurations taking turns window by
  * window, and the run's ratios from the medians of its own windows. */
 static int model_run(model_bench *m, const bench_opts *o, int r) {
@@ -346,19 +393,25 @@ static int model_run(model_bench *m, const bench_opts *o, int r) {
         int bad = 0;
         for (int c = 0; c < NCONFIGS && !bad; c++)
             bad = window(&m->cf[c], w, m->batch, m->loader);
-        if (bad || side_window(m, w)) {
+        if (bad || at_once_window(&m->both[0], w, m->cf[1].steps, 0.5, m->batch, m->loader) ||
+            at_once_window(&m->both[1], w, m->cf[2].steps,
+                           td_balancer_share(td_dp_balancer(m->cf[2].dp), 1), m->batch,
+                           m->loader)) {
             fprintf(stderr, "bench: %s: %s\n", m->name, td_last_error());
             return 1;
         }
     }
     double one = median(m->cf[0].sps + first, W);
     double ideal = one + median(m->cf[3].sps + first, W);
-    double side = median(m->side[0] + first, W) + median(m->side[1] + first, W);
+    double both = median(m->both[0].sps + first, W),
+           slowed_both = median(m->both[1].sps + first, W);
     for (int mode = 0; mode < 2; mode++) {
+        double pair = median(m->cf[mode ? 4 : 1].sps + first, W);
         double slowed = median(m->cf[mode ? 5 : 2].sps + first, W);
-        m->eff[mode][r] = median(m->cf[mode ? 4 : 1].sps + first, W) / one / 2.0;
+        m->eff[mode][r] = pair / one / 2.0;
         m->vs_ideal[mode][r] = ideal / slowed;
-        m->vs_side[mode][r] = side / slowed;
+        m->vs_both[mode][r] = pair / both;
+        m->vs_slowed_both[mode][r] = slowed_both / slowed;
     }
     m->overlap_vs[r] = median(m->cf[OVERLAPPED].sps + first, W) / median(m->cf[1].sps + first, W);
     return 0;
@@ -377,12 +430,14 @@ static int model_report(const model_bench *m, const bench_opts *o, int judge) {
     const config *cf = m->cf;
     const int n = o->runs * o->windows;
     double one = median(cf[0].sps, n), slow_alone = median(cf[3].sps, n);
-    double side0 = median(m->side[0], n), side1 = median(m->side[1], n);
+    double both = median(m->both[0].sps, n), slowed_both = median(m->both[1].sps, n);
     int failed = 0;
-    printf("%-8s %5lld side by side: cpu:0 %.0f and the slowed device %.0f samples/s, %.0f in "
-           "all; the slowed pair at %.2fx that\n",
-           m->name, (long long)m->batch, side0, side1, side0 + side1,
-           median(m->vs_side[0], o->runs));
+    printf("%-8s %5lld at once, no communication: cpu*2 %.0f samples/s (%.1f%% of twice one "
+           "device alone), the two-device pair at %.1f%% of that; cpu:0 and the slowed device "
+           "%.0f, the slowed pair's step %.2fx that\n",
+           m->name, (long long)m->batch, both, 100 * both / one / 2,
+           100 * median(m->vs_both[0], o->runs), slowed_both,
+           median(m->vs_slowed_both[0], o->runs));
     printf("%-8s %5lld overlap forced on cpu*2: %.0f%% of the reduction hidden behind backward, "
            "%.0f samples/s, %.3fx the default's\n",
            m->name, (long long)m->batch, 100 * median(cf[OVERLAPPED].hidden, n),
@@ -401,7 +456,8 @@ static int model_report(const model_bench *m, const bench_opts *o, int judge) {
         if (o->runs > 1) {
             print_runs("efficiency", m->eff[mode], o->runs, 1);
             print_runs("slowed pair / ideal", m->vs_ideal[mode], o->runs, 0);
-            print_runs("slowed pair / side-by-side ideal", m->vs_side[mode], o->runs, 0);
+            print_runs("two-device pair / the same at once", m->vs_both[mode], o->runs, 1);
+            print_runs("slowed pair / the same at once", m->vs_slowed_both[mode], o->runs, 0);
         }
         if (m->floor > 0) {
             ok = eff >= m->floor;
@@ -425,7 +481,8 @@ static void model_teardown(model_bench *m) {
     for (int c = 0; c < NCONFIGS; c++)
         teardown(&m->cf[c]);
     td_loader_destroy(m->loader);
-    td_loader_destroy(m->side_loader);
+    for (int k = 0; k < 2; k++)
+        at_once_teardown(&m->both[k]);
     free(m->json);
 }
 
@@ -472,8 +529,9 @@ int main(int argc, char **argv) {
            "steps) in turn, so the machine's drift hits all; speeds are medians of all windows,\n"
            "efficiency and step / ideal the medians of the runs' own ratios.\n"
            "ideal with one device slowed 3x: the sum of the two devices' speeds alone (the\n"
-           "floor's); side by side: the same two single-device groups running at once, which\n"
-           "is what the two cores give when both work (reported, not judged);\n"
+           "floor's); at once: the same two devices in one group, each training a replica of\n"
+           "its own on its part of each batch with no communication, each timing its own\n"
+           "work: what the two cores give when both work (reported, not judged);\n"
            "comm: the slowed pair's reduction time over its step time; reduce: the two-device\n"
            "pair's reduction in us, from the member that waited least (how quickly the devices\n"
            "reach each other during this run); overlap: the two-device pair again with its\n"
