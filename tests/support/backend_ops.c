@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
 #include "backend/backends.h"
+#include "core/error.h"
 #include "device/device-impl.h"
 #include "tensor/ops.h"
 
