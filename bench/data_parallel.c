@@ -241,7 +241,6 @@ static void teardown(config *c) {
  * ideal for a pair of these devices on this machine, with the pair's
  * threads (one caller polling, a thread per device). */
 typedef struct at_once {
-    const char *spec;
     td_group *g;
     td_model *m[2];
     td_optimizer *opt[2];
@@ -288,7 +287,6 @@ static td_status at_once_step(td_group *g, td_device *dev, int rank, int size, v
 static int at_once_setup(at_once *a, const char *spec, const char *json) {
     int64_t shape[TD_MAX_DIMS];
     int dims;
-    a->spec = spec;
     a->json = json;
     if (td_group_create_spec(spec, NULL, &a->g) != TD_OK ||
         td_group_run(a->g, at_once_create, a) != TD_OK)
