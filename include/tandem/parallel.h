@@ -140,7 +140,8 @@ typedef struct td_dp_member_stats {
     double share;     /* its share when the step was split */
     double compute_s; /* forward and backward */
     double comm_s;    /* waiting for reductions after its backward ended (exposed) */
-    double wait_s;    /* idle until the slowest member finished */
+    double update_s;  /* the optimizer step (and ZeRO-1's gather of the weights) */
+    double wait_s;    /* the rest of the step: idle until the slowest member finished */
     int parked;       /* sat the step out (see td_balancer_parked) */
 } td_dp_member_stats;
 

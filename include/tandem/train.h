@@ -229,6 +229,7 @@ typedef struct td_train_summary {
         double share;         /* of all samples */
         double compute_s;     /* forward and backward */
         double comm_s;        /* waiting for reductions after backward (exposed) */
+        double update_s;      /* the optimizer step (and ZeRO-1's gather of the weights) */
         double wait_s;        /* idle until the slowest member finished */
         int64_t parked_steps; /* steps it sat out (see td_balancer_parked) */
     } member[TD_DP_MAX_MEMBERS];

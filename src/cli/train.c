@@ -96,12 +96,13 @@ enum {
 
 /* The data strategy's table: each device's share and where its time went. */
 static void print_members(const td_train_summary *s) {
-    printf("\n%-14s %9s %7s %11s %10s %10s %8s\n", "device", "samples", "share", "compute s",
-           "comm s", "wait s", "parked");
+    printf("\n%-14s %9s %7s %11s %10s %10s %10s %8s\n", "device", "samples", "share", "compute s",
+           "comm s", "update s", "wait s", "parked");
     for (int r = 0; r < s->members && r < TD_DP_MAX_MEMBERS; r++)
-        printf("%-14s %9lld %6.1f%% %11.3f %10.3f %10.3f %8lld\n", s->member[r].name,
+        printf("%-14s %9lld %6.1f%% %11.3f %10.3f %10.3f %10.3f %8lld\n", s->member[r].name,
                (long long)s->member[r].samples, 100 * s->member[r].share, s->member[r].compute_s,
-               s->member[r].comm_s, s->member[r].wait_s, (long long)s->member[r].parked_steps);
+               s->member[r].comm_s, s->member[r].update_s, s->member[r].wait_s,
+               (long long)s->member[r].parked_steps);
     for (int r = 0; r < s->members && r < TD_DP_MAX_MEMBERS; r++)
         if (s->member[r].parked_steps) {
             printf("parked: steps a device took no samples, its fixed cost per pass exceeding "

@@ -15,8 +15,9 @@
 #include "tensor/tensor-impl.h"
 
 /* Per rank and step, gathered on every member: loss sum, correct, count,
- * compute seconds, and one more number for calibration. */
-#define STAT_WORDS 5
+ * compute seconds, communication seconds (calibration: the quarter batch's
+ * seconds) and the update's seconds. */
+#define STAT_WORDS 6
 
 typedef struct bucket {
     size_t first, count; /* parameters [first, first + count) */
@@ -54,9 +55,9 @@ typedef struct dp_member {
     td_tensor *chunk_results; /* (chunks, 3) f64: loss, correct, count per chunk */
     td_tensor *chunk_results_all;
 
-    /* This step's outcome; with overlap also how long the reductions ran
-     * (reduce_s) and how much of that after backward's end (exposed_s). */
-    double compute_s, comm_s, reduce_s, exposed_s;
+    /* With overlap, how long this step's reductions ran (reduce_s) and how
+     * much of that after backward's end (exposed_s). */
+    double reduce_s, exposed_s;
 } dp_member;
 
 struct td_dp {
@@ -722,7 +723,7 @@ static td_status calibrate_member(td_group *g, td_device *dev, int rank, int siz
     dp_work *w = arg;
     dp_member *mb = member_of(w->dp, rank);
     td_batch part = slice_of(w->dp, w->batch, 0, w->batch->n >= 4 ? w->batch->n / 4 : w->batch->n);
-    double v[STAT_WORDS] = {0, 0, 0, 0, 0};
+    double v[STAT_WORDS] = {0};
     td_status st;
     td_model_set_grad_hook(mb->model, NULL, NULL);
     if ((st = time_passes(dev, mb, w->batch, &v[3])) != TD_OK ||
@@ -793,7 +794,7 @@ static td_status step_member(td_group *g, td_device *dev, int run_rank, int size
     double scale = 1.0 / (double)(w->batch->n * dp->labels_per_sample);
     td_step_result r = {0, 0, 0};
     double v[STAT_WORDS];
-    uint64_t c0, c1;
+    uint64_t c0, c1, u0; /* compute, communication and update start */
     td_status st = TD_OK;
 
     mb->g = g; /* the whole group, or the unparked members' */
@@ -815,8 +816,7 @@ static td_status step_member(td_group *g, td_device *dev, int run_rank, int size
         st = finish_reductions(mb);
     else
         (void)finish_reductions(mb);
-    mb->compute_s = (double)(c1 - c0) * 1e-9;
-    mb->comm_s = (double)(td_clock_ns() - c1) * 1e-9;
+    u0 = td_clock_ns();
     if (st != TD_OK)
         return st;
     if ((st = td_optimizer_step(mb->opt, NULL)) != TD_OK)
@@ -826,8 +826,9 @@ static td_status step_member(td_group *g, td_device *dev, int run_rank, int size
     v[0] = r.loss_sum;
     v[1] = (double)r.correct;
     v[2] = (double)r.count;
-    v[3] = mb->compute_s;
-    v[4] = 0;
+    v[3] = (double)(c1 - c0) * 1e-9;
+    v[4] = (double)(u0 - c1) * 1e-9;
+    v[5] = (double)(td_clock_ns() - u0) * 1e-9;
     return gather_stats(g, mb, w, v);
 }
 
@@ -864,8 +865,8 @@ static td_status step_member_deterministic(td_group *g, td_device *dev, int rank
     const int64_t nchunks = (B + C - 1) / C;
     double scale = 1.0 / (double)(B * dp->labels_per_sample);
     int64_t res_shape[2] = {nchunks, 3};
-    double *res = NULL, v[STAT_WORDS] = {0, 0, 0, 0, 0};
-    uint64_t c0, c1;
+    double *res = NULL, v[STAT_WORDS] = {0};
+    uint64_t c0, c1, u0; /* compute, communication and update start */
     td_status st;
 
     mb->g = g;
@@ -916,15 +917,16 @@ static td_status step_member_deterministic(td_group *g, td_device *dev, int rank
         for (size_t p = 0; p < dp->nparams; p++)
             TD_TRY(td_broadcast_tensor(g, td_model_grad(mb->model, p), d));
     }
-    mb->compute_s = (double)(c1 - c0) * 1e-9;
-    mb->comm_s = (double)(td_clock_ns() - c1) * 1e-9;
+    u0 = td_clock_ns();
     TD_TRY(td_optimizer_step(mb->opt, NULL));
+    v[3] = (double)(c1 - c0) * 1e-9;
+    v[4] = (double)(u0 - c1) * 1e-9;
+    v[5] = (double)(td_clock_ns() - u0) * 1e-9;
     /* Each chunk's numbers come from one rank and zeros from the others, so
      * the sum is exact; the fold over chunks happens in order on the host. */
     TD_TRY(td_tensor_write_f64(mb->chunk_results, res, (size_t)nchunks * 3));
     TD_TRY(td_allreduce(g, mb->chunk_results->buf, 0, mb->chunk_results_all->buf, 0,
                         (size_t)nchunks * 3, dp->stat_dtype, TD_REDUCE_SUM));
-    v[3] = mb->compute_s;
     if (mb == w->reader)
         TD_TRY(td_tensor_read_f64(mb->chunk_results_all, w->chunk_rows, (size_t)nchunks * 3));
     st = gather_stats(g, mb, w, v);
@@ -952,8 +954,9 @@ static void fill_stats(td_dp *dp, const double *all, const int64_t *counts, doub
         m->parked = td_balancer_parked(dp->balancer, r) && !dp->cfg.deterministic;
         sat_out = m->parked && !dp->cfg.zero;
         m->compute_s = all[r * STAT_WORDS + 3];
-        m->comm_s = mb && !sat_out ? mb->comm_s : 0;
-        m->wait_s = sat_out ? 0 : fmax(0.0, step_s - m->compute_s - m->comm_s);
+        m->comm_s = sat_out ? 0 : all[r * STAT_WORDS + 4];
+        m->update_s = sat_out ? 0 : all[r * STAT_WORDS + 5];
+        m->wait_s = sat_out ? 0 : fmax(0.0, step_s - m->compute_s - m->comm_s - m->update_s);
         if (mb && !m->parked && (!last || mb->all_started_ns > last->all_started_ns))
             last = mb;
     }

@@ -383,6 +383,7 @@ static void add_member_stats(trainer *t, const td_dp_stats *ds, td_train_summary
         m->samples += ds->m[r].samples;
         m->compute_s += ds->m[r].compute_s;
         m->comm_s += ds->m[r].comm_s;
+        m->update_s += ds->m[r].update_s;
         m->wait_s += ds->m[r].wait_s;
         m->parked_steps += ds->m[r].parked;
     }
@@ -396,9 +397,9 @@ static void add_member_stats(trainer *t, const td_dp_stats *ds, td_train_summary
         for (int r = 0; r < ds->members && r < TD_DP_MAX_MEMBERS; r++)
             fprintf(t->metrics,
                     "%s{\"name\":\"%s\",\"samples\":%lld,\"share\":%.4f,\"compute_s\":%.6f,"
-                    "\"comm_s\":%.6f,\"wait_s\":%.6f,\"parked\":%s}",
+                    "\"comm_s\":%.6f,\"update_s\":%.6f,\"wait_s\":%.6f,\"parked\":%s}",
                     r ? "," : "", out->member[r].name, (long long)ds->m[r].samples, ds->m[r].share,
-                    ds->m[r].compute_s, ds->m[r].comm_s, ds->m[r].wait_s,
+                    ds->m[r].compute_s, ds->m[r].comm_s, ds->m[r].update_s, ds->m[r].wait_s,
                     ds->m[r].parked ? "true" : "false");
         fputs("]}\n", t->metrics);
     }

@@ -255,6 +255,16 @@ static void a_slowed_device_gets_a_smaller_share(void **state) {
         fail_msg("the slowed device's share is %.3f (about 0.25 expected)",
                  td_balancer_share(td_dp_balancer(dp), 1));
     assert_true(stats.m[1].samples < stats.m[0].samples);
+    /* Each member's parts are its own intervals inside the step: compute,
+     * then the reduction, then the update; what is left is waiting. */
+    for (int r = 0; r < 2; r++) {
+        const td_dp_member_stats *m = &stats.m[r];
+        assert_true(m->compute_s > 0 && m->comm_s > 0 && m->update_s > 0 && m->wait_s >= 0);
+        if (m->compute_s + m->comm_s + m->update_s > stats.step_s)
+            fail_msg("member %d: compute %g + comm %g + update %g s exceed the step's %g s", r,
+                     m->compute_s, m->comm_s, m->update_s, stats.step_s);
+        assert_true(fabs(m->compute_s + m->comm_s + m->update_s + m->wait_s - stats.step_s) < 1e-9);
+    }
     td_dp_destroy(dp);
     td_group_destroy(g);
     free(x);

@@ -1,6 +1,7 @@
 /* `mpirun -np 2 tandem train --strategy data`: one model trained across two
  * processes (Open MPI), against one device. Skipped where tandem was built
  * without MPI or mpirun is missing. */
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,15 +23,43 @@ static char *train(int np, const char *devices, const char *extra, const char *c
     return td_dp_train_cli(launcher, devices, extra, ckpt);
 }
 
+/* The metrics file's last "devices" line: both ranks' parts of the step,
+ * the other process's included (gathered, not only this process's own). */
+static void assert_devices_timed(const char *path) {
+    char *text = (char *)td_test_read_file(path, NULL), *line, *last = NULL;
+    json_t *root, *devs;
+    assert_non_null(text);
+    for (line = strtok(text, "\n"); line; line = strtok(NULL, "\n"))
+        if (strstr(line, "\"event\":\"devices\""))
+            last = line;
+    assert_non_null(last);
+    root = json_loads(last, 0, NULL);
+    assert_non_null(root);
+    devs = json_object_get(root, "devices");
+    assert_int_equal(json_array_size(devs), 2);
+    for (size_t r = 0; r < 2; r++) {
+        json_t *d = json_array_get(devs, r);
+        double comm = json_real_value(json_object_get(d, "comm_s"));
+        double update = json_real_value(json_object_get(d, "update_s"));
+        if (!(comm > 0 && update > 0))
+            fail_msg("rank %zu: comm_s %g, update_s %g in %s", r, comm, update, last);
+    }
+    json_decref(root);
+    free(text);
+}
+
 static void two_processes_train_one_model(void **state) {
-    char cmp[1024], *out;
+    char cmp[1024], metrics[1024], *out;
     /* Deterministic mode: two processes give exactly one device's weights. */
     free(train(0, "cpu:0", "--steps 12 --strategy data --deterministic", "one.safetensors"));
-    out = train(2, "cpu", "--steps 12 --strategy data --deterministic", "mpi.safetensors");
+    snprintf(metrics, sizeof metrics, "--steps 12 --strategy data --deterministic --metrics %s",
+             td_test_tmp("mpi.jsonl"));
+    out = train(2, "cpu", metrics, "mpi.safetensors");
     /* Rank 0 alone reports: one summary table, two members. */
     assert_non_null(strstr(out, "rank 1"));
     assert_null(strstr(strstr(out, "final test accuracy") + 1, "final test accuracy"));
     free(out);
+    assert_devices_timed(td_test_tmp("mpi.jsonl"));
     snprintf(cmp, sizeof cmp, "cmp -s %s/one.safetensors %s/mpi.safetensors", td_test_tmpdir(),
              td_test_tmpdir());
     if (system(cmp) != 0)
