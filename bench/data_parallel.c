@@ -276,7 +276,8 @@ static td_status at_once_step(td_group *g, td_device *dev, int rank, int size, v
     slice.labels += rank ? a->n[0] : 0;
     if (slice.n == 0) /* a parked member */
         return TD_OK;
-    if ((st = td_model_train_step(a->m[rank], &slice, 1.0 / (double)a->b.n, 0, 0, &r)) != TD_OK ||
+    if ((st = td_model_train_slice(a->m[rank], &slice, rank ? a->n[0] : 0, 1.0 / (double)a->b.n, 0,
+                                   0, &r)) != TD_OK ||
         (st = td_optimizer_step(a->opt[rank], NULL)) != TD_OK)
         return st;
     a->busy[rank] += td_clock_ns() - t0;

@@ -67,6 +67,13 @@ TD_API const char *td_model_json(const td_model *m);
  * the loss sum and accuracy counts. */
 TD_API td_status td_model_train_step(td_model *m, const td_batch *batch, double grad_scale,
                                      int accumulate, uint64_t dropout_step, td_step_result *out);
+/* td_model_train_step over a slice of a larger batch whose first sample is
+ * sample `first` of that batch. Dropout draws each sample's mask by its place
+ * in the whole batch, so slices trained apart (on several devices, or in
+ * chunks) drop exactly what one pass over the whole batch would. */
+TD_API td_status td_model_train_slice(td_model *m, const td_batch *slice, int64_t first,
+                                      double grad_scale, int accumulate, uint64_t dropout_step,
+                                      td_step_result *out);
 /* Forward only, in inference mode (no dropout). */
 TD_API td_status td_model_evaluate(td_model *m, const td_batch *batch, td_step_result *out);
 

@@ -86,10 +86,17 @@ static uint64_t dropout_stream(const td_layer *l, const td_nn_run *r) {
     return mix64(r->dropout_seed ^ mix64((uint64_t)l->uid + 0x5eed));
 }
 
+/* Where the pass's masks start in the step's stream: each sample's mask
+ * follows from its place in the whole batch, so a batch cut into slices (on
+ * several devices, or in chunks) drops what the whole batch would. */
+static uint64_t dropout_offset(const td_layer *l, const td_nn_run *r) {
+    return (uint64_t)r->first_sample * (uint64_t)prod(l->in_shape, l->in_ndim);
+}
+
 static td_status dropout_forward(td_layer *l, const td_tensor *x, td_nn_run *r) {
     if (!r->train || l->p == 0)
         return td__op_copy(x, &l->out);
-    return td__op_dropout(l->p, dropout_stream(l, r), 0, x, &l->out);
+    return td__op_dropout(l->p, dropout_stream(l, r), dropout_offset(l, r), x, &l->out);
 }
 
 static td_status dropout_backward(td_layer *l, const td_tensor *x, td_tensor *dx, td_nn_run *r) {
@@ -97,7 +104,7 @@ static td_status dropout_backward(td_layer *l, const td_tensor *x, td_tensor *dx
         return TD_OK;
     if (!r->train || l->p == 0)
         return td__op_copy(&l->dout, dx);
-    return td__op_dropout(l->p, dropout_stream(l, r), 0, &l->dout, dx);
+    return td__op_dropout(l->p, dropout_stream(l, r), dropout_offset(l, r), &l->dout, dx);
 }
 
 static const td_layer_vt dropout_vt = {"dropout", linear_plan, dropout_forward, dropout_backward};

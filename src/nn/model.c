@@ -168,6 +168,7 @@ typedef struct step_args {
     int accumulate, train;
     uint64_t dropout_step;
     td_step_result *out;
+    int64_t first; /* the batch's first sample's place in the whole batch */
 } step_args;
 
 static uint64_t mix64(uint64_t x) {
@@ -229,6 +230,7 @@ static td_status run_passes(td_model *m, const step_args *a, double *loss_sum, i
     r.train = a->train;
     r.acc = a->accumulate;
     r.dropout_seed = mix64(m->seed ^ mix64(a->dropout_step ^ 0xD80F00D5ull));
+    r.first_sample = a->first;
     r.tokens = m->kind == TD_INPUT_TOKENS ? &m->tokens : NULL;
     if ((st = m->root->vt->forward(m->root, &m->input, &r)) != TD_OK)
         return st;
@@ -371,12 +373,20 @@ static td_status run_step(td_model *m, const td_batch *batch, step_args *a) {
 
 td_status td_model_train_step(td_model *m, const td_batch *batch, double grad_scale, int accumulate,
                               uint64_t dropout_step, td_step_result *out) {
-    step_args a = {m, batch, grad_scale, accumulate, 1, dropout_step, out};
-    return run_step(m, batch, &a);
+    return td_model_train_slice(m, batch, 0, grad_scale, accumulate, dropout_step, out);
+}
+
+td_status td_model_train_slice(td_model *m, const td_batch *slice, int64_t first, double grad_scale,
+                               int accumulate, uint64_t dropout_step, td_step_result *out) {
+    step_args a = {m, slice, grad_scale, accumulate, 1, dropout_step, out, first};
+    if (first < 0)
+        return td__error(TD_ERR_INVALID_ARG, "model step: a slice cannot start at sample %lld",
+                         (long long)first);
+    return run_step(m, slice, &a);
 }
 
 td_status td_model_evaluate(td_model *m, const td_batch *batch, td_step_result *out) {
-    step_args a = {m, batch, 0.0, 0, 0, 0, out};
+    step_args a = {m, batch, 0.0, 0, 0, 0, out, 0};
     return run_step(m, batch, &a);
 }
 

@@ -26,6 +26,7 @@ typedef struct td_nn_run {
     int train;               /* dropout on */
     int acc;                 /* add parameter gradients to what is there */
     uint64_t dropout_seed;   /* stream for this step; each layer mixes in its id */
+    int64_t first_sample;    /* the pass's first sample's place in the whole batch */
     const td_buffer *tokens; /* (n, t) int32 for token models */
 } td_nn_run;
 

@@ -805,7 +805,7 @@ static td_status step_member(td_group *g, td_device *dev, int run_rank, int size
     td_model_set_grad_hook(mb->model, dp->overlap ? on_grads_ready : NULL, mb);
     c0 = td_clock_ns();
     if (slice.n > 0) {
-        st = td_model_train_step(mb->model, &slice, scale, 0, w->step, &r);
+        st = td_model_train_slice(mb->model, &slice, w->offsets[rank], scale, 0, w->step, &r);
     } else {
         /* A member with no samples this step adds zeros to the sum. */
         for (size_t p = 0; p < dp->nparams && st == TD_OK; p++)
@@ -890,7 +890,7 @@ static td_status step_member_deterministic(td_group *g, td_device *dev, int rank
         int64_t n = B - first < C ? B - first : C;
         td_batch slice = slice_of(dp, w->batch, first, n);
         td_step_result r;
-        TD_TRY(td_model_train_step(mb->model, &slice, scale, 0, w->step, &r));
+        TD_TRY(td_model_train_slice(mb->model, &slice, first, scale, 0, w->step, &r));
         for (size_t p = 0; p < dp->nparams; p++)
             TD_TRY(td__op_copy(td_model_grad(mb->model, p), mb->chunk_grads[k][p]));
         res[chunk * 3 + 0] = r.loss_sum;

@@ -2,7 +2,8 @@
  * batches, its reductions after backward and overlapped; deterministic mode
  * across 1, 2 and 3 devices; `alternate` evaluation against one device;
  * balancing with a slowed device; parking a device with a large fixed cost,
- * and its coming back; ZeRO-1. */
+ * and its coming back; ZeRO-1. The model has a dropout layer: each slice
+ * must drop what one pass over the whole batch drops. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +25,7 @@ static const char *model_json =
     "{\"name\": \"dp_test\", \"input\": {\"shape\": [12]}, \"layers\": ["
     "{\"type\": \"linear\", \"out\": 16}, {\"type\": \"tanh\"},"
     "{\"type\": \"linear\", \"out\": 9}, {\"type\": \"relu\"},"
-    "{\"type\": \"linear\", \"out\": 5}]}";
+    "{\"type\": \"dropout\", \"p\": 0.25}, {\"type\": \"linear\", \"out\": 5}]}";
 
 static td_dp_data *make_data(void) {
     return td_dp_data_create(STEPS, BATCH, FEATURES, CLASSES, 77, 78);
