@@ -9,7 +9,6 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "device/device-impl.h"
 #include "tandem/parallel.h"
 #include "tensor/ops.h"
 #include "tensor/tensor-impl.h"
@@ -703,7 +702,7 @@ static td_status gather_stats(td_group *g, dp_member *mb, const dp_work *w,
 #define CALIBRATION_RUNS   3
 
 /* The fastest of CALIBRATION_RUNS passes over batch, after a warm-up. */
-static td_status time_passes(td_device *dev, dp_member *mb, const td_batch *batch, double *out) {
+static td_status time_passes(dp_member *mb, const td_batch *batch, double *out) {
     td_step_result r;
     td_status st;
     *out = INFINITY;
@@ -726,8 +725,8 @@ static td_status calibrate_member(td_group *g, td_device *dev, int rank, int siz
     double v[STAT_WORDS] = {0};
     td_status st;
     td_model_set_grad_hook(mb->model, NULL, NULL);
-    if ((st = time_passes(dev, mb, w->batch, &v[3])) != TD_OK ||
-        (st = time_passes(dev, mb, &part, &v[4])) != TD_OK)
+    if ((st = time_passes(mb, w->batch, &v[3])) != TD_OK ||
+        (st = time_passes(mb, &part, &v[4])) != TD_OK)
         return st;
     return gather_stats(g, mb, w, v);
 }
@@ -785,6 +784,14 @@ td_status td_dp_calibrate(td_dp *dp, const td_batch *batch) {
 
 /* A step ------------------------------------------------------------------------ */
 
+/* A member's timings into its step numbers: compute from c0, communication
+ * from c1, and the update from u0 until now. */
+static void put_times(double v[STAT_WORDS], uint64_t c0, uint64_t c1, uint64_t u0) {
+    v[3] = (double)(c1 - c0) * 1e-9;
+    v[4] = (double)(u0 - c1) * 1e-9;
+    v[5] = (double)(td_clock_ns() - u0) * 1e-9;
+}
+
 static td_status step_member(td_group *g, td_device *dev, int run_rank, int size, void *arg) {
     dp_work *w = arg;
     td_dp *dp = w->dp;
@@ -826,9 +833,7 @@ static td_status step_member(td_group *g, td_device *dev, int run_rank, int size
     v[0] = r.loss_sum;
     v[1] = (double)r.correct;
     v[2] = (double)r.count;
-    v[3] = (double)(c1 - c0) * 1e-9;
-    v[4] = (double)(u0 - c1) * 1e-9;
-    v[5] = (double)(td_clock_ns() - u0) * 1e-9;
+    put_times(v, c0, c1, u0);
     return gather_stats(g, mb, w, v);
 }
 
@@ -919,9 +924,7 @@ static td_status step_member_deterministic(td_group *g, td_device *dev, int rank
     }
     u0 = td_clock_ns();
     TD_TRY(td_optimizer_step(mb->opt, NULL));
-    v[3] = (double)(c1 - c0) * 1e-9;
-    v[4] = (double)(u0 - c1) * 1e-9;
-    v[5] = (double)(td_clock_ns() - u0) * 1e-9;
+    put_times(v, c0, c1, u0);
     /* Each chunk's numbers come from one rank and zeros from the others, so
      * the sum is exact; the fold over chunks happens in order on the host. */
     TD_TRY(td_tensor_write_f64(mb->chunk_results, res, (size_t)nchunks * 3));
@@ -933,6 +936,17 @@ static td_status step_member_deterministic(td_group *g, td_device *dev, int rank
 fail:
     free(res);
     return st;
+}
+
+/* Whether member r is parked this step (deterministic mode never parks). */
+static int is_parked(const td_dp *dp, int r) {
+    return !dp->cfg.deterministic && td_balancer_parked(dp->balancer, r);
+}
+
+/* Whether a parked member sits the whole step out: it leaves the group and
+ * its replica falls behind, unless ZeRO-1 keeps it in for its shard. */
+static int sits_out(const td_dp *dp, int r) {
+    return is_parked(dp, r) && !dp->cfg.zero;
 }
 
 static void fill_stats(td_dp *dp, const double *all, const int64_t *counts, double step_s,
@@ -948,15 +962,15 @@ static void fill_stats(td_dp *dp, const double *all, const int64_t *counts, doub
     for (int r = 0; r < dp->size; r++) {
         td_dp_member_stats *m = &stats->m[r];
         dp_member *mb = member_of(dp, r);
-        int sat_out; /* the whole step out (a parked ZeRO-1 member still reduces) */
         m->samples = counts[r];
         m->share = total ? (double)counts[r] / (double)total : 0;
-        m->parked = td_balancer_parked(dp->balancer, r) && !dp->cfg.deterministic;
-        sat_out = m->parked && !dp->cfg.zero;
+        m->parked = is_parked(dp, r);
+        /* A member that sat the step out has a row of zeros. */
         m->compute_s = all[r * STAT_WORDS + 3];
-        m->comm_s = sat_out ? 0 : all[r * STAT_WORDS + 4];
-        m->update_s = sat_out ? 0 : all[r * STAT_WORDS + 5];
-        m->wait_s = sat_out ? 0 : fmax(0.0, step_s - m->compute_s - m->comm_s - m->update_s);
+        m->comm_s = all[r * STAT_WORDS + 4];
+        m->update_s = all[r * STAT_WORDS + 5];
+        m->wait_s =
+            sits_out(dp, r) ? 0 : fmax(0.0, step_s - m->compute_s - m->comm_s - m->update_s);
         if (mb && !m->parked && (!last || mb->all_started_ns > last->all_started_ns))
             last = mb;
     }
@@ -993,7 +1007,7 @@ static td_status step_group(td_dp *dp, td_group **g, int *ranks, int *n) {
     unsigned char parked[TD_DP_MAX_MEMBERS];
     int excluded[TD_DP_MAX_MEMBERS], nx = 0, changed = 0;
     for (int r = 0; r < dp->size; r++) {
-        parked[r] = !dp->cfg.deterministic && td_balancer_parked(dp->balancer, r);
+        parked[r] = (unsigned char)is_parked(dp, r);
         if (parked[r])
             excluded[nx++] = r;
     }
@@ -1079,7 +1093,7 @@ td_status td_dp_step(td_dp *dp, const td_batch *batch, uint64_t step, td_step_re
     for (int k = 0; k < nrun; k++)
         memcpy(&all[ranks[k] * STAT_WORDS], &rows[k * STAT_WORDS], sizeof *rows * STAT_WORDS);
     for (int r = 0; r < dp->size; r++)
-        if (td_balancer_parked(dp->balancer, r) && !dp->cfg.deterministic && !dp->cfg.zero)
+        if (sits_out(dp, r))
             dp->stale[r] = 1;
     memset(res, 0, sizeof *res);
     if (dp->cfg.deterministic) {
