@@ -272,6 +272,21 @@ static void a_slowed_device_gets_a_smaller_share(void **state) {
     free(y);
 }
 
+/* cpu:0 beside cpu:1 costing 30 ms more per pass ({latency=30}), with
+ * ZeRO-1 or not, calibrated on d's first batch (which parks cpu:1); the
+ * shares then stay as the test sets them. */
+static td_dp *make_parking_dp(const td_dp_data *d, int zero, td_group **g) {
+    td_dp *dp = NULL;
+    td_dp_config cfg = TD_DP_CONFIG_INIT;
+    td_optimizer_config o = sgd();
+    cfg.zero = zero;
+    cfg.rebalance = 0;
+    TD_ASSERT_OK(td_group_create_spec("cpu:0,cpu:1{latency=30}", NULL, g));
+    TD_ASSERT_OK(td_dp_create(*g, model_json, "dp_test", TD_F64, 5, &o, &cfg, &dp));
+    TD_ASSERT_OK(td_dp_calibrate(dp, &d->batch[0]));
+    return dp;
+}
+
 /* cpu:1 costs 30 ms more per pass ({latency=30}), far more than cpu:0's
  * whole step: calibration measures that fixed cost and the balancer parks
  * it. Training goes on without it and equals one device; evaluation leaves
@@ -282,8 +297,7 @@ static void a_device_with_a_large_fixed_cost_is_parked_and_comes_back(void **sta
     td_dp_data *d = make_data();
     td_device_list *one = NULL;
     td_group *g = NULL;
-    td_dp *dp = NULL;
-    td_dp_config cfg = TD_DP_CONFIG_INIT;
+    td_dp *dp;
     td_optimizer_config o = sgd();
     td_model *ref = NULL;
     td_optimizer *ref_opt = NULL;
@@ -294,10 +308,7 @@ static void a_device_with_a_large_fixed_cost_is_parked_and_comes_back(void **sta
     TD_ASSERT_OK(
         td_model_load_string(model_json, "dp_test", td_device_list_get(one, 0), TD_F64, 5, &ref));
     TD_ASSERT_OK(td_optimizer_create(ref, &o, &ref_opt));
-    cfg.rebalance = 0;
-    TD_ASSERT_OK(td_group_create_spec("cpu:0,cpu:1{latency=30}", NULL, &g));
-    TD_ASSERT_OK(td_dp_create(g, model_json, "dp_test", TD_F64, 5, &o, &cfg, &dp));
-    TD_ASSERT_OK(td_dp_calibrate(dp, &d->batch[0]));
+    dp = make_parking_dp(d, 0, &g);
     if (td_balancer_fixed_seconds(td_dp_balancer(dp), 1) < 0.02)
         fail_msg("cpu:1's fixed cost measured %.3g s (30 ms added per pass)",
                  td_balancer_fixed_seconds(td_dp_balancer(dp), 1));
@@ -454,18 +465,12 @@ static void zero_1_parks_a_device_inside_the_group(void **state) {
     td_dp_data *d = make_data();
     td_device_list *one = NULL;
     td_group *g = NULL;
-    td_dp *dp = NULL;
-    td_dp_config cfg = TD_DP_CONFIG_INIT;
-    td_optimizer_config o = sgd();
+    td_dp *dp;
     td_step_result ref_res, res;
     td_model *ref;
     TD_ASSERT_OK(td_devices_open("cpu:0", &one));
     ref = train_single(td_device_list_get(one, 0), TD_F64, d, &ref_res);
-    cfg.zero = 1;
-    cfg.rebalance = 0;
-    TD_ASSERT_OK(td_group_create_spec("cpu:0,cpu:1{latency=30}", NULL, &g));
-    TD_ASSERT_OK(td_dp_create(g, model_json, "dp_test", TD_F64, 5, &o, &cfg, &dp));
-    TD_ASSERT_OK(td_dp_calibrate(dp, &d->batch[0]));
+    dp = make_parking_dp(d, 1, &g);
     for (int s = 0; s < STEPS; s++) {
         td_dp_stats stats;
         if (s == 2) /* the costs change: both equal now, so cpu:1 comes back */
