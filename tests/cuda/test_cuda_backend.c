@@ -23,23 +23,12 @@ static void copies_between_cpu_gpu_and_logical_gpus(void **state) {
     assert_int_equal(td_device_list_count(list), 3);
     assert_string_equal(td_device_name(td_device_list_get(list, 2)), "cuda:0/1");
     for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
-        size_t n = sizes[k];
-        unsigned char *src = malloc(n + 1), *dst = malloc(n + 1);
-        td_buffer *b[3];
-        for (size_t i = 0; i < n; i++)
-            src[i] = (unsigned char)(i * 2246822519u >> 11);
-        for (size_t d = 0; d < 3; d++)
-            TD_ASSERT_OK(td_buffer_alloc(td_device_list_get(list, d), n, &b[d]));
-        TD_ASSERT_OK(td_buffer_write(b[0], 0, src, n));
-        TD_ASSERT_OK(td_buffer_copy(b[1], 0, b[0], 0, n));
-        TD_ASSERT_OK(td_buffer_copy(b[2], 0, b[1], 0, n)); /* peer path */
-        memset(dst, 0, n + 1);
-        TD_ASSERT_OK(td_buffer_read(b[2], 0, dst, n));
-        assert_memory_equal(dst, src, n);
-        for (size_t d = 0; d < 3; d++)
-            td_buffer_free(b[d]);
-        free(src);
-        free(dst);
+        td_test_chain c; /* cpu -> gpu -> the other logical gpu: the peer path */
+        td_test_chain_create(list, sizes[k], 2246822519u, &c);
+        memset(c.dst, 0, c.n + 1);
+        TD_ASSERT_OK(td_buffer_read(c.b[2], 0, c.dst, c.n));
+        assert_memory_equal(c.dst, c.src, c.n);
+        td_test_chain_destroy(&c);
     }
     td_device_list_destroy(list);
 }

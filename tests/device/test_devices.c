@@ -144,31 +144,21 @@ static void copies_between_devices_keep_every_byte(void **state) {
     static const size_t sizes[] = {0, 1, 7, 4093, 1 << 20, (64 << 20) + 5};
     td_device_list *list = td_test_open("cpu*3");
     for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+        td_test_chain c; /* device to device, twice */
         size_t n = sizes[k];
-        unsigned char *src = malloc(n + 1), *dst = malloc(n + 1);
-        td_buffer *b[3];
-        for (size_t i = 0; i < n; i++)
-            src[i] = (unsigned char)(i * 2654435761u >> 13);
-        for (int d = 0; d < 3; d++)
-            TD_ASSERT_OK(td_buffer_alloc(td_device_list_get(list, (size_t)d), n, &b[d]));
-        TD_ASSERT_OK(td_buffer_write(b[0], 0, src, n));
-        TD_ASSERT_OK(td_buffer_copy(b[1], 0, b[0], 0, n)); /* device to device */
-        TD_ASSERT_OK(td_buffer_copy(b[2], 0, b[1], 0, n));
-        memset(dst, 0xAB, n + 1);
-        TD_ASSERT_OK(td_buffer_read(b[2], 0, dst, n));
-        assert_memory_equal(dst, src, n);
-        assert_int_equal(dst[n], 0xAB); /* nothing written past the end */
+        td_test_chain_create(list, n, 2654435761u, &c);
+        memset(c.dst, 0xAB, n + 1);
+        TD_ASSERT_OK(td_buffer_read(c.b[2], 0, c.dst, n));
+        assert_memory_equal(c.dst, c.src, n);
+        assert_int_equal(c.dst[n], 0xAB); /* nothing written past the end */
         if (n > 10) {
             /* Offsets inside both buffers. */
-            TD_ASSERT_OK(td_buffer_copy(b[1], 3, b[0], 5, n - 10));
-            TD_ASSERT_OK(td_buffer_read(b[1], 3, dst, n - 10));
-            assert_memory_equal(dst, src + 5, n - 10);
+            TD_ASSERT_OK(td_buffer_copy(c.b[1], 3, c.b[0], 5, n - 10));
+            TD_ASSERT_OK(td_buffer_read(c.b[1], 3, c.dst, n - 10));
+            assert_memory_equal(c.dst, c.src + 5, n - 10);
         }
-        TD_ASSERT_STATUS(td_buffer_copy(b[1], 1, b[0], 0, n), TD_ERR_INVALID_ARG);
-        for (int d = 0; d < 3; d++)
-            td_buffer_free(b[d]);
-        free(src);
-        free(dst);
+        TD_ASSERT_STATUS(td_buffer_copy(c.b[1], 1, c.b[0], 0, n), TD_ERR_INVALID_ARG);
+        td_test_chain_destroy(&c);
     }
     td_device_list_destroy(list);
 }

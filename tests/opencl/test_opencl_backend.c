@@ -26,28 +26,18 @@ static void copies_cross_backends_and_sub_devices(void **state) {
     static const size_t sizes[] = {0, 1, 4093, 3 << 20};
     td_device_list *list = td_test_open("cpu:0,opencl:0.0{split=2}");
     for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+        td_test_chain c; /* cpu -> opencl -> opencl */
         size_t n = sizes[k];
-        unsigned char *src = malloc(n + 1), *dst = malloc(n + 1);
-        td_buffer *b[3];
-        for (size_t i = 0; i < n; i++)
-            src[i] = (unsigned char)(i * 40503u >> 7);
-        for (size_t d = 0; d < 3; d++)
-            TD_ASSERT_OK(td_buffer_alloc(td_device_list_get(list, d), n, &b[d]));
-        TD_ASSERT_OK(td_buffer_write(b[0], 0, src, n));
-        TD_ASSERT_OK(td_buffer_copy(b[1], 0, b[0], 0, n)); /* cpu -> opencl */
-        TD_ASSERT_OK(td_buffer_copy(b[2], 0, b[1], 0, n)); /* opencl -> opencl */
-        if (n > 8)                                         /* within one device, at offsets */
-            TD_ASSERT_OK(td_buffer_copy(b[2], 0, b[2], 4, 4));
-        memset(dst, 0, n + 1);
-        TD_ASSERT_OK(td_buffer_copy(b[0], 0, b[2], 0, n)); /* opencl -> cpu */
-        TD_ASSERT_OK(td_buffer_read(b[0], 0, dst, n));
+        td_test_chain_create(list, n, 40503u, &c);
+        if (n > 8) /* within one device, at offsets */
+            TD_ASSERT_OK(td_buffer_copy(c.b[2], 0, c.b[2], 4, 4));
+        memset(c.dst, 0, n + 1);
+        TD_ASSERT_OK(td_buffer_copy(c.b[0], 0, c.b[2], 0, n)); /* opencl -> cpu */
+        TD_ASSERT_OK(td_buffer_read(c.b[0], 0, c.dst, n));
         if (n > 8)
-            memcpy(src, src + 4, 4);
-        assert_memory_equal(dst, src, n);
-        for (size_t d = 0; d < 3; d++)
-            td_buffer_free(b[d]);
-        free(src);
-        free(dst);
+            memcpy(c.src, c.src + 4, 4);
+        assert_memory_equal(c.dst, c.src, n);
+        td_test_chain_destroy(&c);
     }
     td_device_list_destroy(list);
 }

@@ -63,22 +63,27 @@ const char *td_test_tmp(const char *name) {
     return buf[k];
 }
 
-static char *slurp(const char *path) {
+/* The whole file, malloc'ed and NUL-terminated (its length in *n unless n
+ * is NULL), or NULL. */
+static char *slurp(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");
     char *buf;
-    long n;
+    long len;
     if (!f)
         return NULL;
     fseek(f, 0, SEEK_END);
-    n = ftell(f);
+    len = ftell(f);
     fseek(f, 0, SEEK_SET);
-    buf = malloc((size_t)n + 1);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+    buf = len < 0 ? NULL : malloc((size_t)len + 1);
+    if (buf && fread(buf, 1, (size_t)len, f) != (size_t)len) {
         free(buf);
         buf = NULL;
     }
-    if (buf)
-        buf[n] = '\0';
+    if (buf) {
+        buf[len] = '\0';
+        if (n)
+            *n = (size_t)len;
+    }
     fclose(f);
     return buf;
 }
@@ -98,8 +103,8 @@ int td_test_run_command(const char *cmd, char **out, char **err) {
     snprintf(full, n, "%s >%s 2>%s", cmd, outp, errp);
     rc = system(full);
     free(full);
-    *out = slurp(outp);
-    *err = slurp(errp);
+    *out = slurp(outp, NULL);
+    *err = slurp(errp, NULL);
     unlink(outp);
     unlink(errp);
     if (rc == -1 || !WIFEXITED(rc))
@@ -108,20 +113,30 @@ int td_test_run_command(const char *cmd, char **out, char **err) {
 }
 
 unsigned char *td_test_read_file(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    unsigned char *buf;
-    long len;
-    if (!f)
-        fail_msg("cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    buf = malloc((size_t)len + 1);
-    assert_non_null(buf);
-    assert_int_equal(fread(buf, 1, (size_t)len, f), (size_t)len);
-    buf[len] = '\0';
-    fclose(f);
-    if (n)
-        *n = (size_t)len;
+    unsigned char *buf = (unsigned char *)slurp(path, n);
+    if (!buf)
+        fail_msg("cannot read %s", path);
     return buf;
+}
+
+void td_test_chain_create(td_device_list *list, size_t n, uint32_t seed, td_test_chain *c) {
+    c->n = n;
+    c->src = malloc(n + 1);
+    c->dst = malloc(n + 1);
+    assert_non_null(c->src);
+    assert_non_null(c->dst);
+    for (size_t i = 0; i < n; i++)
+        c->src[i] = (unsigned char)((uint32_t)i * seed >> 11);
+    for (size_t d = 0; d < 3; d++)
+        TD_ASSERT_OK(td_buffer_alloc(td_device_list_get(list, d), n, &c->b[d]));
+    TD_ASSERT_OK(td_buffer_write(c->b[0], 0, c->src, n));
+    TD_ASSERT_OK(td_buffer_copy(c->b[1], 0, c->b[0], 0, n));
+    TD_ASSERT_OK(td_buffer_copy(c->b[2], 0, c->b[1], 0, n));
+}
+
+void td_test_chain_destroy(td_test_chain *c) {
+    for (size_t d = 0; d < 3; d++)
+        td_buffer_free(c->b[d]);
+    free(c->src);
+    free(c->dst);
 }

@@ -60,4 +60,15 @@ const char *td_test_tmp(const char *name);
  * NULL); fails the test when it cannot be read. */
 unsigned char *td_test_read_file(const char *path, size_t *n);
 
+/* n bytes passed along the first three devices of a list: a pseudo-random
+ * pattern in src (from seed), written to b[0] and copied b[0] -> b[1] ->
+ * b[2]; dst is n + 1 bytes for reading back. */
+typedef struct td_test_chain {
+    size_t n;
+    unsigned char *src, *dst;
+    td_buffer *b[3];
+} td_test_chain;
+void td_test_chain_create(td_device_list *list, size_t n, uint32_t seed, td_test_chain *c);
+void td_test_chain_destroy(td_test_chain *c);
+
 #endif
