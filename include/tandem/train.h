@@ -232,6 +232,7 @@ typedef struct td_train_summary {
         double update_s;      /* the optimizer step (and ZeRO-1's gather of the weights) */
         double wait_s;        /* idle until the slowest member finished */
         int64_t parked_steps; /* steps it sat out (see td_balancer_parked) */
+        int64_t lost_at_step; /* 0, or the step in which it was lost (the others went on) */
     } member[TD_DP_MAX_MEMBERS];
 } td_train_summary;
 

@@ -109,6 +109,10 @@ static void print_members(const td_train_summary *s) {
                    "the step the others took\n");
             break;
         }
+    for (int r = 0; r < s->members && r < TD_DP_MAX_MEMBERS; r++)
+        if (s->member[r].lost_at_step)
+            printf("lost: %s in step %lld; the other devices trained on\n", s->member[r].name,
+                   (long long)s->member[r].lost_at_step);
     printf("gradient reduction: %d bucket%s, %d started during backward, %.0f%% of its time "
            "hidden behind backward; step time %.2fx the ideal\n\n",
            s->buckets, s->buckets == 1 ? "" : "s", s->buckets_in_backward, 100 * s->hidden,

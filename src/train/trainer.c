@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "tandem/checkpoint.h"
 #include "train/train-impl.h"
 
@@ -35,6 +36,7 @@ typedef struct trainer {
     td_dp *dp;
     int root;         /* this process reports and saves */
     int64_t dp_steps; /* data-parallel steps in this process */
+    td_train_summary *summary;
     FILE *metrics;
     uint64_t t0;          /* process start of the run */
     double train_seconds; /* in steps only */
@@ -196,14 +198,25 @@ static double now_s(const trainer *t) {
     return (double)(td_clock_ns() - t->t0) * 1e-9;
 }
 
+/* v as a JSON number; null when it is not one (a step whose numbers were
+ * lost with a device has no loss). */
+static const char *json_number(char *buf, size_t n, double v) {
+    if (!isfinite(v))
+        return "null";
+    snprintf(buf, n, "%.9g", v);
+    return buf;
+}
+
 static void metrics_line(trainer *t, const char *event, const td_train_event *ev) {
+    char loss[32], acc[32];
     if (!t->metrics)
         return;
     fprintf(t->metrics,
-            "{\"event\":\"%s\",\"step\":%lld,\"epoch\":%lld,\"loss\":%.9g,\"accuracy\":%.6g,"
+            "{\"event\":\"%s\",\"step\":%lld,\"epoch\":%lld,\"loss\":%s,\"accuracy\":%s,"
             "\"lr\":%.9g,\"samples_per_s\":%.6g,\"elapsed_s\":%.4f",
-            event, (long long)ev->step, (long long)ev->epoch, ev->loss, ev->accuracy, ev->lr,
-            ev->samples_per_s, ev->elapsed_s);
+            event, (long long)ev->step, (long long)ev->epoch,
+            json_number(loss, sizeof loss, ev->loss), json_number(acc, sizeof acc, ev->accuracy),
+            ev->lr, ev->samples_per_s, ev->elapsed_s);
     if (ev->kind != TD_TRAIN_EVENT_STEP && !isnan(ev->eval_loss))
         fprintf(t->metrics, ",\"test_loss\":%.9g,\"test_accuracy\":%.6g", ev->eval_loss,
                 ev->eval_accuracy);
@@ -313,22 +326,17 @@ fail:
     return st;
 }
 
-/* A group over every device (every process's, under mpirun) with a
- * replica on each. The single-device model and optimizer, already loaded or
- * resumed, hand over to the replicas: rank 0's state is copied in and
- * broadcast, so resuming needs the checkpoint in one place only. */
-static td_status setup_data_parallel(trainer *t) {
+/* Replicas on every member of t->group that start from model m and
+ * optimizer o (on global rank 0's process; NULL elsewhere): rank 0's
+ * replica takes m's weights and o's state, the others get them from it, and
+ * t->m, t->opt and t->dev become rank 0's replica's (or the first local
+ * one's). m and o stay the caller's; the shares are calibrated afresh. */
+static td_status make_replicas(trainer *t, td_model *m, td_optimizer *o) {
     const td_train_config *c = t->cfg;
-    td_group_config gcfg = TD_GROUP_CONFIG_INIT;
     td_dp_config dcfg = TD_DP_CONFIG_INIT;
-    const char *np = getenv("OMPI_COMM_WORLD_SIZE");
     char *json = NULL;
-    td_model *r0;
-    td_optimizer *o0;
-    int rank0 = -1;
+    int first = -1;
     td_status st;
-    if (np && atoi(np) > 1)
-        gcfg.transport = TD_TRANSPORT_MPI;
     dcfg.deterministic = c->deterministic;
     dcfg.zero = c->zero;
     dcfg.overlap = c->overlap;
@@ -336,28 +344,22 @@ static td_status setup_data_parallel(trainer *t) {
         dcfg.bucket_bytes = c->bucket_bytes;
         dcfg.first_bucket_bytes = c->bucket_bytes / 16 ? c->bucket_bytes / 16 : 1;
     }
-    if (!(json = strdup(td_model_json(t->m))))
+    if (!(json = strdup(td_model_json(m))))
         return td__error(TD_ERR_OUT_OF_MEMORY, "out of host memory");
-    TD_TRY(td_group_create(t->devs, &gcfg, &t->group));
     TD_TRY(td_dp_create(t->group, json, c->model_path ? c->model_path : c->resume,
-                        td_model_dtype(t->m), t->state.seed, &t->state.opt, &dcfg, &t->dp));
-    for (int r = 0; r < td_group_size(t->group) && rank0 < 0; r++)
+                        td_model_dtype(m), t->state.seed, &t->state.opt, &dcfg, &t->dp));
+    for (int r = 0; r < td_group_size(t->group) && first < 0; r++)
         if (td_group_device(t->group, r))
-            rank0 = r;
+            first = r;
     t->root = td_group_device(t->group, 0) != NULL;
-    /* Global rank 0 holds the state to start from; every other replica gets it. */
-    r0 = td_dp_model(t->dp, rank0);
-    o0 = td_dp_optimizer(t->dp, rank0);
     if (t->root)
-        for (size_t p = 0; p < td_model_param_count(t->m); p++)
-            TD_TRY(td_tensor_copy(td_model_param(r0, p), td_model_param(t->m, p)));
+        for (size_t p = 0; p < td_model_param_count(m); p++)
+            TD_TRY(td_tensor_copy(td_model_param(td_dp_model(t->dp, 0), p), td_model_param(m, p)));
     TD_TRY(td_dp_sync_replicas(t->dp));
-    TD_TRY(td_dp_scatter_optimizer(t->dp, t->root ? t->opt : NULL));
-    td_optimizer_destroy(t->opt);
-    td_model_destroy(t->m);
-    t->m = r0;
-    t->opt = o0;
-    t->dev = td_model_device(r0);
+    TD_TRY(td_dp_scatter_optimizer(t->dp, t->root ? o : NULL));
+    t->m = td_dp_model(t->dp, first);
+    t->opt = td_dp_optimizer(t->dp, first);
+    t->dev = td_model_device(t->m);
     free(json);
     return calibrate(t);
 fail:
@@ -365,21 +367,114 @@ fail:
     return st;
 }
 
+/* A group over every device (every process's, under mpirun) with a
+ * replica on each. The single-device model and optimizer, already loaded or
+ * resumed, hand over to the replicas, so resuming needs the checkpoint in
+ * one place only. */
+static td_status setup_data_parallel(trainer *t) {
+    td_group_config gcfg = TD_GROUP_CONFIG_INIT;
+    const char *np = getenv("OMPI_COMM_WORLD_SIZE");
+    td_model *m = t->m;
+    td_optimizer *o = t->opt;
+    td_status st;
+    if (np && atoi(np) > 1)
+        gcfg.transport = TD_TRANSPORT_MPI;
+    if ((st = td_group_create(t->devs, &gcfg, &t->group)) != TD_OK)
+        return st;
+    st = make_replicas(t, m, o);
+    /* The replicas own the model and optimizer from here on. */
+    if (t->dp) {
+        td_optimizer_destroy(o);
+        td_model_destroy(m);
+        if (st != TD_OK)
+            t->m = NULL, t->opt = NULL;
+    }
+    return st;
+}
+
+/* The summary's row of the group's member `rank`, found by its name (a
+ * lost device keeps its row while the survivors' ranks change); a new row
+ * when it has none. */
+static struct td_train_member *member_row(trainer *t, int rank) {
+    td_train_summary *out = t->summary;
+    td_device *dev = td_group_device(t->group, rank);
+    char name[sizeof out->member[0].name];
+    int i = 0;
+    if (dev)
+        snprintf(name, sizeof name, "%s", td_device_name(dev));
+    else
+        snprintf(name, sizeof name, "rank %d", rank); /* in another process */
+    while (i < out->members && strcmp(out->member[i].name, name))
+        i++;
+    if (i == out->members && out->members < TD_DP_MAX_MEMBERS)
+        snprintf(out->member[out->members++].name, sizeof name, "%s", name);
+    return &out->member[i < TD_DP_MAX_MEMBERS ? i : TD_DP_MAX_MEMBERS - 1];
+}
+
+/* A device lost during a data-parallel step, in a group of this process's
+ * devices with the optimizer replicated: training goes on without it. A
+ * group of the others gets replicas of a survivor's weights and optimizer
+ * state. A lost member fails every survivor's collective at the same one,
+ * so the survivors either all took the step's update (the loss came in the
+ * step's last exchange, of its numbers) or none did; *step_taken says which.
+ * Else the loss ends the run, with why. */
+static td_status carry_on_without_lost(trainer *t, td_status lost, int64_t steps_before,
+                                       int *step_taken) {
+    char why[1024], gone[256] = "";
+    td_group *survivors = NULL, *old_group = t->group;
+    td_dp *old_dp = t->dp;
+    int from = -1;
+    td_status st;
+    snprintf(why, sizeof why, "%s", td_last_error());
+    if (strcmp(td_group_transport(old_group), "local"))
+        return td__error(lost, "%s (a group over %s does not carry on without a member)", why,
+                         td_group_transport(old_group));
+    if (t->cfg->zero)
+        return td__error(lost,
+                         "%s (with ZeRO-1 the lost device held the only copy of its shard of "
+                         "the optimizer state: resume from the last checkpoint)",
+                         why);
+    if ((st = td_group_shrink(old_group, NULL, 0, &survivors)) != TD_OK)
+        return st;
+    if (td_group_size(survivors) == 0) {
+        td_group_destroy(survivors);
+        return td__error(lost, "%s (no device is left)", why);
+    }
+    for (int r = 0; r < td_group_size(old_group); r++) {
+        int kept = 0;
+        for (int k = 0; k < td_group_size(survivors); k++)
+            kept |= td_group_device(survivors, k) == td_group_device(old_group, r);
+        if (kept && from < 0)
+            from = r;
+        if (!kept) {
+            member_row(t, r)->lost_at_step = t->state.step + 1;
+            snprintf(gone + strlen(gone), sizeof gone - strlen(gone), "%s%s", *gone ? ", " : "",
+                     td_device_name(td_group_device(old_group, r)));
+        }
+    }
+    *step_taken = td_optimizer_steps(td_dp_optimizer(old_dp, from)) > steps_before;
+    TD_LOG_WARN("step %lld: %s lost (%s); training goes on with the other %d device%s",
+                (long long)t->state.step + 1, gone, why, td_group_size(survivors),
+                td_group_size(survivors) == 1 ? "" : "s");
+    t->group = survivors;
+    t->dp = NULL;
+    st = make_replicas(t, td_dp_model(old_dp, from), td_dp_optimizer(old_dp, from));
+    if (!t->dp) /* t->m and t->opt were old_dp's */
+        t->m = NULL, t->opt = NULL;
+    td_dp_destroy(old_dp);
+    td_group_destroy(old_group);
+    return st;
+}
+
 /* Per-member totals of a data-parallel run, and the per-step metrics line. */
 static void add_member_stats(trainer *t, const td_dp_stats *ds, td_train_summary *out) {
     t->dp_steps++;
-    out->members = ds->members;
     out->hidden += ds->hidden_fraction;
     out->buckets = ds->buckets;
     out->buckets_in_backward = ds->buckets_in_backward;
     out->ideal_ratio += ds->ideal_s > 0 ? ds->step_s / ds->ideal_s : 0;
     for (int r = 0; r < ds->members && r < TD_DP_MAX_MEMBERS; r++) {
-        struct td_train_member *m = &out->member[r];
-        td_device *dev = td_group_device(t->group, r);
-        if (dev)
-            snprintf(m->name, sizeof m->name, "%s", td_device_name(dev));
-        else
-            snprintf(m->name, sizeof m->name, "rank %d", r); /* in another process */
+        struct td_train_member *m = member_row(t, r);
         m->samples += ds->m[r].samples;
         m->compute_s += ds->m[r].compute_s;
         m->comm_s += ds->m[r].comm_s;
@@ -398,9 +493,9 @@ static void add_member_stats(trainer *t, const td_dp_stats *ds, td_train_summary
             fprintf(t->metrics,
                     "%s{\"name\":\"%s\",\"samples\":%lld,\"share\":%.4f,\"compute_s\":%.6f,"
                     "\"comm_s\":%.6f,\"update_s\":%.6f,\"wait_s\":%.6f,\"parked\":%s}",
-                    r ? "," : "", out->member[r].name, (long long)ds->m[r].samples, ds->m[r].share,
-                    ds->m[r].compute_s, ds->m[r].comm_s, ds->m[r].update_s, ds->m[r].wait_s,
-                    ds->m[r].parked ? "true" : "false");
+                    r ? "," : "", member_row(t, r)->name, (long long)ds->m[r].samples,
+                    ds->m[r].share, ds->m[r].compute_s, ds->m[r].comm_s, ds->m[r].update_s,
+                    ds->m[r].wait_s, ds->m[r].parked ? "true" : "false");
         fputs("]}\n", t->metrics);
     }
     if (ds->stragglers[0] && t->root)
@@ -546,6 +641,7 @@ td_status td_train_run(const td_train_config *cfg, td_train_summary *out) {
     memset(out, 0, sizeof *out);
     out->test_loss = out->test_accuracy = out->final_loss = NAN;
     memset(&t, 0, sizeof t);
+    t.summary = out;
     t.cfg = cfg;
     t.t0 = td_clock_ns();
     TD_TRY(setup(&t));
@@ -605,8 +701,17 @@ td_status td_train_run(const td_train_config *cfg, td_train_summary *out) {
             a.dropout_step = (uint64_t)t.state.step;
             if (t.dp) {
                 td_dp_stats ds;
-                TD_TRY(td_dp_step(t.dp, &b, a.dropout_step, &a.result, &ds));
-                add_member_stats(&t, &ds, out);
+                int64_t before = td_optimizer_steps(t.opt);
+                int taken = 0;
+                st = td_dp_step(t.dp, &b, a.dropout_step, &a.result, &ds);
+                if (st == TD_ERR_DEVICE_LOST) {
+                    TD_TRY(carry_on_without_lost(&t, st, before, &taken));
+                    memset(&a.result, 0, sizeof a.result); /* its numbers went with the device */
+                    st = taken ? TD_OK : td_dp_step(t.dp, &b, a.dropout_step, &a.result, &ds);
+                }
+                TD_TRY(st);
+                if (!taken)
+                    add_member_stats(&t, &ds, out);
             } else {
                 TD_TRY(td_device_run(t.dev, replica_step, &a));
             }
