@@ -77,7 +77,8 @@ struct td_dp {
     /* Parking: members the balancer leaves out sit out whole steps, so the
      * steps run on a group of the others (made when the set changes), and
      * the parked replicas fall behind until refreshed. */
-    td_group *active;                               /* NULL: the whole group */
+    td_group *active;   /* NULL: the whole group */
+    td_group *last_run; /* the group the last step ran on: g or active */
     unsigned char active_parked[TD_DP_MAX_MEMBERS]; /* the set `active` leaves out */
     unsigned char stale[TD_DP_MAX_MEMBERS];
 };
@@ -1031,6 +1032,8 @@ static td_status step_group(td_dp *dp, td_group **g, int *ranks, int *n) {
             ranks[(*n)++] = r;
     dp->overlap = resolve_overlap(dp, parked);
     if (changed || !dp->active) {
+        if (dp->last_run == dp->active)
+            dp->last_run = NULL;
         td_group_destroy(dp->active);
         dp->active = NULL;
         td_status st = td_group_shrink(dp->g, excluded, (size_t)nx, &dp->active);
@@ -1083,6 +1086,7 @@ td_status td_dp_step(td_dp *dp, const td_batch *batch, uint64_t step, td_step_re
     w.rows = rows;
     if (dp->cfg.deterministic && !(w.chunk_rows = malloc(sizeof *w.chunk_rows * (size_t)units * 3)))
         return td__error(TD_ERR_OUT_OF_MEMORY, "out of host memory");
+    dp->last_run = g;
     st = td_group_run(g, dp->cfg.deterministic ? step_member_deterministic : step_member, &w);
     if (st != TD_OK) {
         free(w.chunk_rows);
@@ -1130,6 +1134,38 @@ td_status td_dp_step(td_dp *dp, const td_batch *batch, uint64_t step, td_step_re
         snprintf(stats->stragglers, sizeof stats->stragglers, "%s", report);
     }
     return TD_OK;
+}
+
+/* Whether dev is a member of g. */
+static int has_device(const td_group *g, const td_device *dev) {
+    for (int k = 0; k < td_group_size(g); k++)
+        if (td_group_device(g, k) == dev)
+            return 1;
+    return 0;
+}
+
+td_status td_dp_survivors(td_dp *dp, td_group **out) {
+    int exclude[TD_DP_MAX_MEMBERS];
+    size_t nx = 0;
+    td_group *ran, *alive = NULL;
+    td_status st;
+    if (!dp || !out)
+        return td__error(TD_ERR_INVALID_ARG, "td_dp_survivors: dp or out is NULL");
+    *out = NULL;
+    ran = dp->last_run ? dp->last_run : dp->g;
+    if (ran == dp->g)
+        return td_group_shrink(dp->g, NULL, 0, out);
+    /* The step ran on the unparked members' group, which alone knows who
+     * failed. */
+    if ((st = td_group_shrink(ran, NULL, 0, &alive)) != TD_OK)
+        return st;
+    for (int r = 0; r < dp->size; r++) {
+        td_device *dev = td_group_device(dp->g, r);
+        if (dev && has_device(ran, dev) && !has_device(alive, dev))
+            exclude[nx++] = r;
+    }
+    td_group_destroy(alive);
+    return td_group_shrink(dp->g, exclude, nx, out);
 }
 
 /* Evaluation: the `alternate` strategy ------------------------------------------ */

@@ -411,13 +411,23 @@ static struct td_train_member *member_row(trainer *t, int rank) {
     return &out->member[i < TD_DP_MAX_MEMBERS ? i : TD_DP_MAX_MEMBERS - 1];
 }
 
+/* The most optimizer steps a replica of this process has counted: a
+ * parked replica may be behind. */
+static int64_t replicas_steps(trainer *t) {
+    int64_t most = 0;
+    for (int r = 0; r < td_group_size(t->group); r++)
+        if (td_group_device(t->group, r) && td_optimizer_steps(td_dp_optimizer(t->dp, r)) > most)
+            most = td_optimizer_steps(td_dp_optimizer(t->dp, r));
+    return most;
+}
+
 /* A device lost during a data-parallel step, in a group of this process's
  * devices with the optimizer replicated: training goes on without it. A
- * group of the others gets replicas of a survivor's weights and optimizer
- * state. A lost member fails every survivor's collective at the same one,
- * so the survivors either all took the step's update (the loss came in the
- * step's last exchange, of its numbers) or none did; *step_taken says which.
- * Else the loss ends the run, with why. */
+ * group of the others gets replicas of an up-to-date survivor's weights and
+ * optimizer state. A lost member fails every survivor's collective at the
+ * same one, so the survivors either all took the step's update (the loss
+ * came in the step's last exchange, of its numbers) or none did;
+ * *step_taken says which. Else the loss ends the run, with why. */
 static td_status carry_on_without_lost(trainer *t, td_status lost, int64_t steps_before,
                                        int *step_taken) {
     char why[1024], gone[256] = "";
@@ -434,7 +444,7 @@ static td_status carry_on_without_lost(trainer *t, td_status lost, int64_t steps
                          "%s (with ZeRO-1 the lost device held the only copy of its shard of "
                          "the optimizer state: resume from the last checkpoint)",
                          why);
-    if ((st = td_group_shrink(old_group, NULL, 0, &survivors)) != TD_OK)
+    if ((st = td_dp_survivors(old_dp, &survivors)) != TD_OK)
         return st;
     if (td_group_size(survivors) == 0) {
         td_group_destroy(survivors);
@@ -444,13 +454,23 @@ static td_status carry_on_without_lost(trainer *t, td_status lost, int64_t steps
         int kept = 0;
         for (int k = 0; k < td_group_size(survivors); k++)
             kept |= td_group_device(survivors, k) == td_group_device(old_group, r);
-        if (kept && from < 0)
+        /* The survivor whose optimizer has counted the most steps: a parked
+         * member's replica falls behind while it sits steps out. */
+        if (kept && (from < 0 || td_optimizer_steps(td_dp_optimizer(old_dp, r)) >
+                                     td_optimizer_steps(td_dp_optimizer(old_dp, from))))
             from = r;
         if (!kept) {
             member_row(t, r)->lost_at_step = t->state.step + 1;
             snprintf(gone + strlen(gone), sizeof gone - strlen(gone), "%s%s", *gone ? ", " : "",
                      td_device_name(td_group_device(old_group, r)));
         }
+    }
+    if (td_optimizer_steps(td_dp_optimizer(old_dp, from)) < steps_before) {
+        td_group_destroy(survivors);
+        return td__error(lost,
+                         "%s (the devices left had sat steps out, parked, and the lost one held "
+                         "the only current replica: resume from the last checkpoint)",
+                         why);
     }
     *step_taken = td_optimizer_steps(td_dp_optimizer(old_dp, from)) > steps_before;
     TD_LOG_WARN("step %lld: %s lost (%s); training goes on with the other %d device%s",
@@ -701,7 +721,7 @@ td_status td_train_run(const td_train_config *cfg, td_train_summary *out) {
             a.dropout_step = (uint64_t)t.state.step;
             if (t.dp) {
                 td_dp_stats ds;
-                int64_t before = td_optimizer_steps(t.opt);
+                int64_t before = replicas_steps(&t);
                 int taken = 0;
                 st = td_dp_step(t.dp, &b, a.dropout_step, &a.result, &ds);
                 if (st == TD_ERR_DEVICE_LOST) {
