@@ -17,7 +17,8 @@
  *   nccl   CUDA devices, one per GPU, through NCCL.
  *
  * Failure: every wait inside a collective has a timeout (TANDEM_COMM_TIMEOUT_MS,
- * default 30000). A member that fails, or that does not arrive in time, puts
+ * default 300000: five minutes, as a device's first passes may compile its
+ * kernels). A member that fails, or that does not arrive in time, puts
  * the group into an error state: every member's collective returns
  * TD_ERR_DEVICE_LOST naming the member, the group's record of its last
  * collectives is logged, and later collectives fail at once. td_group_shrink()
@@ -85,7 +86,7 @@ TD_API const char *td_collective_name(td_collective_kind kind);
 
 typedef struct td_group_config {
     td_transport transport;
-    int timeout_ms;      /* 0: TANDEM_COMM_TIMEOUT_MS, else 30000 */
+    int timeout_ms;      /* 0: TANDEM_COMM_TIMEOUT_MS, else 300000 */
     size_t switch_bytes; /* direct below, ring at or above; 0: TANDEM_ALLREDUCE_SWITCH_BYTES,
                             else the default measured on the reference machine */
     td_comm_algorithm algorithm; /* force one algorithm (tests, calibration) */

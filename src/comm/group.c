@@ -30,16 +30,23 @@ void td__comm_set_current(td__member *m) {
 
 /* Configuration ------------------------------------------------------------- */
 
+/* Long enough for a member's first passes: a device that compiles its
+ * kernels at first launch keeps its peers waiting meanwhile (PoCL, with an
+ * empty kernel cache, took 20 s for the MNIST MLP's on a 2-core machine,
+ * and more than 30 s with the machine busy). */
+#define DEFAULT_TIMEOUT_MS 300000
+
 static int env_timeout_ms(void) {
     const char *s = getenv("TANDEM_COMM_TIMEOUT_MS");
     long v;
     char *end;
     if (!s || !*s)
-        return 30000;
+        return DEFAULT_TIMEOUT_MS;
     v = strtol(s, &end, 10);
     if (*end || v <= 0 || v > 86400000) {
-        TD_LOG_WARN("TANDEM_COMM_TIMEOUT_MS=%s is not a number of milliseconds; using 30000", s);
-        return 30000;
+        TD_LOG_WARN("TANDEM_COMM_TIMEOUT_MS=%s is not a number of milliseconds; using %d", s,
+                    DEFAULT_TIMEOUT_MS);
+        return DEFAULT_TIMEOUT_MS;
     }
     return (int)v;
 }
