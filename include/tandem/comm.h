@@ -119,6 +119,8 @@ TD_API int td_group_size(const td_group *g);
 TD_API int td_group_local_size(const td_group *g);
 /* The device of global rank `rank` when it is in this process, else NULL. */
 TD_API td_device *td_group_device(const td_group *g, int rank);
+/* The global rank of dev in g when it is a member in this process, else -1. */
+TD_API int td_group_rank_of(const td_group *g, const td_device *dev);
 /* "local", "mpi" or "nccl". */
 TD_API const char *td_group_transport(const td_group *g);
 

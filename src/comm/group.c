@@ -353,6 +353,13 @@ td_device *td_group_device(const td_group *g, int rank) {
     return g->members[rank - g->rank0].dev;
 }
 
+int td_group_rank_of(const td_group *g, const td_device *dev) {
+    for (int k = 0; g && dev && k < g->nlocal; k++)
+        if (g->members[k].dev == dev)
+            return g->rank0 + k;
+    return -1;
+}
+
 size_t td_group_switch_bytes(const td_group *g) {
     return g ? g->switch_bytes : 0;
 }

@@ -77,8 +77,7 @@ struct td_dp {
     /* Parking: members the balancer leaves out sit out whole steps, so the
      * steps run on a group of the others (made when the set changes), and
      * the parked replicas fall behind until refreshed. */
-    td_group *active;   /* NULL: the whole group */
-    td_group *last_run; /* the group the last step ran on: g or active */
+    td_group *active;                               /* NULL: the whole group */
     unsigned char active_parked[TD_DP_MAX_MEMBERS]; /* the set `active` leaves out */
     unsigned char stale[TD_DP_MAX_MEMBERS];
 };
@@ -1032,8 +1031,6 @@ static td_status step_group(td_dp *dp, td_group **g, int *ranks, int *n) {
             ranks[(*n)++] = r;
     dp->overlap = resolve_overlap(dp, parked);
     if (changed || !dp->active) {
-        if (dp->last_run == dp->active)
-            dp->last_run = NULL;
         td_group_destroy(dp->active);
         dp->active = NULL;
         td_status st = td_group_shrink(dp->g, excluded, (size_t)nx, &dp->active);
@@ -1086,7 +1083,6 @@ td_status td_dp_step(td_dp *dp, const td_batch *batch, uint64_t step, td_step_re
     w.rows = rows;
     if (dp->cfg.deterministic && !(w.chunk_rows = malloc(sizeof *w.chunk_rows * (size_t)units * 3)))
         return td__error(TD_ERR_OUT_OF_MEMORY, "out of host memory");
-    dp->last_run = g;
     st = td_group_run(g, dp->cfg.deterministic ? step_member_deterministic : step_member, &w);
     if (st != TD_OK) {
         free(w.chunk_rows);
@@ -1136,12 +1132,13 @@ td_status td_dp_step(td_dp *dp, const td_batch *batch, uint64_t step, td_step_re
     return TD_OK;
 }
 
-/* Whether dev is a member of g. */
-static int has_device(const td_group *g, const td_device *dev) {
-    for (int k = 0; k < td_group_size(g); k++)
-        if (td_group_device(g, k) == dev)
-            return 1;
-    return 0;
+/* The group the last step ran on: the unparked members' while some sit
+ * out (a failed step leaves the balancer's parking as the step found it). */
+static td_group *last_step_group(const td_dp *dp) {
+    for (int r = 0; r < dp->size; r++)
+        if (sits_out(dp, r) && dp->active)
+            return dp->active;
+    return dp->g;
 }
 
 td_status td_dp_survivors(td_dp *dp, td_group **out) {
@@ -1152,7 +1149,7 @@ td_status td_dp_survivors(td_dp *dp, td_group **out) {
     if (!dp || !out)
         return td__error(TD_ERR_INVALID_ARG, "td_dp_survivors: dp or out is NULL");
     *out = NULL;
-    ran = dp->last_run ? dp->last_run : dp->g;
+    ran = last_step_group(dp);
     if (ran == dp->g)
         return td_group_shrink(dp->g, NULL, 0, out);
     /* The step ran on the unparked members' group, which alone knows who
@@ -1161,7 +1158,7 @@ td_status td_dp_survivors(td_dp *dp, td_group **out) {
         return st;
     for (int r = 0; r < dp->size; r++) {
         td_device *dev = td_group_device(dp->g, r);
-        if (dev && has_device(ran, dev) && !has_device(alive, dev))
+        if (dev && td_group_rank_of(ran, dev) >= 0 && td_group_rank_of(alive, dev) < 0)
             exclude[nx++] = r;
     }
     td_group_destroy(alive);

@@ -334,7 +334,6 @@ fail:
 static td_status make_replicas(trainer *t, td_model *m, td_optimizer *o) {
     const td_train_config *c = t->cfg;
     td_dp_config dcfg = TD_DP_CONFIG_INIT;
-    char *json = NULL;
     int first = -1;
     td_status st;
     dcfg.deterministic = c->deterministic;
@@ -344,9 +343,7 @@ static td_status make_replicas(trainer *t, td_model *m, td_optimizer *o) {
         dcfg.bucket_bytes = c->bucket_bytes;
         dcfg.first_bucket_bytes = c->bucket_bytes / 16 ? c->bucket_bytes / 16 : 1;
     }
-    if (!(json = strdup(td_model_json(m))))
-        return td__error(TD_ERR_OUT_OF_MEMORY, "out of host memory");
-    TD_TRY(td_dp_create(t->group, json, c->model_path ? c->model_path : c->resume,
+    TD_TRY(td_dp_create(t->group, td_model_json(m), c->model_path ? c->model_path : c->resume,
                         td_model_dtype(m), t->state.seed, &t->state.opt, &dcfg, &t->dp));
     for (int r = 0; r < td_group_size(t->group) && first < 0; r++)
         if (td_group_device(t->group, r))
@@ -360,10 +357,8 @@ static td_status make_replicas(trainer *t, td_model *m, td_optimizer *o) {
     t->m = td_dp_model(t->dp, first);
     t->opt = td_dp_optimizer(t->dp, first);
     t->dev = td_model_device(t->m);
-    free(json);
     return calibrate(t);
 fail:
-    free(json);
     return st;
 }
 
@@ -411,14 +406,17 @@ static struct td_train_member *member_row(trainer *t, int rank) {
     return &out->member[i < TD_DP_MAX_MEMBERS ? i : TD_DP_MAX_MEMBERS - 1];
 }
 
-/* The most optimizer steps a replica of this process has counted: a
- * parked replica may be behind. */
-static int64_t replicas_steps(trainer *t) {
-    int64_t most = 0;
-    for (int r = 0; r < td_group_size(t->group); r++)
-        if (td_group_device(t->group, r) && td_optimizer_steps(td_dp_optimizer(t->dp, r)) > most)
-            most = td_optimizer_steps(td_dp_optimizer(t->dp, r));
-    return most;
+/* The rank in g of this process's member of `among` whose replica's
+ * optimizer has counted the most steps (a parked replica falls behind
+ * while it sits steps out), or -1. */
+static int most_advanced(td_dp *dp, const td_group *g, const td_group *among) {
+    int best = -1;
+    for (int r = 0; r < td_group_size(g); r++)
+        if (td_group_rank_of(among, td_group_device(g, r)) >= 0 &&
+            (best < 0 || td_optimizer_steps(td_dp_optimizer(dp, r)) >
+                             td_optimizer_steps(td_dp_optimizer(dp, best))))
+            best = r;
+    return best;
 }
 
 /* A device lost during a data-parallel step, in a group of this process's
@@ -433,7 +431,7 @@ static td_status carry_on_without_lost(trainer *t, td_status lost, int64_t steps
     char why[1024], gone[256] = "";
     td_group *survivors = NULL, *old_group = t->group;
     td_dp *old_dp = t->dp;
-    int from = -1;
+    int from;
     td_status st;
     snprintf(why, sizeof why, "%s", td_last_error());
     if (strcmp(td_group_transport(old_group), "local"))
@@ -450,21 +448,14 @@ static td_status carry_on_without_lost(trainer *t, td_status lost, int64_t steps
         td_group_destroy(survivors);
         return td__error(lost, "%s (no device is left)", why);
     }
-    for (int r = 0; r < td_group_size(old_group); r++) {
-        int kept = 0;
-        for (int k = 0; k < td_group_size(survivors); k++)
-            kept |= td_group_device(survivors, k) == td_group_device(old_group, r);
-        /* The survivor whose optimizer has counted the most steps: a parked
-         * member's replica falls behind while it sits steps out. */
-        if (kept && (from < 0 || td_optimizer_steps(td_dp_optimizer(old_dp, r)) >
-                                     td_optimizer_steps(td_dp_optimizer(old_dp, from))))
-            from = r;
-        if (!kept) {
+    for (int r = 0; r < td_group_size(old_group); r++)
+        if (td_group_device(old_group, r) &&
+            td_group_rank_of(survivors, td_group_device(old_group, r)) < 0) {
             member_row(t, r)->lost_at_step = t->state.step + 1;
             snprintf(gone + strlen(gone), sizeof gone - strlen(gone), "%s%s", *gone ? ", " : "",
                      td_device_name(td_group_device(old_group, r)));
         }
-    }
+    from = most_advanced(old_dp, old_group, survivors);
     if (td_optimizer_steps(td_dp_optimizer(old_dp, from)) < steps_before) {
         td_group_destroy(survivors);
         return td__error(lost,
@@ -721,7 +712,8 @@ td_status td_train_run(const td_train_config *cfg, td_train_summary *out) {
             a.dropout_step = (uint64_t)t.state.step;
             if (t.dp) {
                 td_dp_stats ds;
-                int64_t before = replicas_steps(&t);
+                int64_t before = td_optimizer_steps(
+                    td_dp_optimizer(t.dp, most_advanced(t.dp, t.group, t.group)));
                 int taken = 0;
                 st = td_dp_step(t.dp, &b, a.dropout_step, &a.result, &ds);
                 if (st == TD_ERR_DEVICE_LOST) {
