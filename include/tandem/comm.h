@@ -240,6 +240,13 @@ TD_API void td_comm_request_destroy(td_comm_request *req);
  * otherwise does nothing. Also run at exit. */
 TD_API void td_comm_mpi_finalize(void);
 
+/* Ends every process of the MPI job (MPI_Abort on MPI_COMM_WORLD with `code`)
+ * when MPI is initialised, not finalised, and the job has more than one
+ * process; otherwise returns. For an application whose run failed in this
+ * process: the other processes would otherwise wait in their next collective
+ * until its timeout (five minutes by default) before they found out. */
+TD_API void td_comm_mpi_abort(int code);
+
 #ifdef __cplusplus
 }
 #endif

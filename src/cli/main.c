@@ -46,8 +46,14 @@ int main(int argc, char **argv) {
         return 0;
     }
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
-        if (!strcmp(argv[1], commands[i].name))
-            return commands[i].run(argc - 1, argv + 1);
+        if (!strcmp(argv[1], commands[i].name)) {
+            int rc = commands[i].run(argc - 1, argv + 1);
+            /* Under mpirun the other processes may be waiting for this one
+             * in a collective: end them now rather than at their timeout. */
+            if (rc != 0)
+                td_comm_mpi_abort(rc);
+            return rc;
+        }
     fprintf(stderr, "tandem: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
     return 2;

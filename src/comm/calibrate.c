@@ -117,4 +117,7 @@ td_status td_group_calibrate(td_group *g, size_t *switch_bytes) {
 
 #ifndef TD_HAVE_MPI
 void td_comm_mpi_finalize(void) {}
+void td_comm_mpi_abort(int code) {
+    (void)code;
+}
 #endif

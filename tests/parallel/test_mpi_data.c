@@ -87,10 +87,33 @@ static void two_processes_train_with_zero_1(void **state) {
         fail_msg("ZeRO-1 over 2 processes differs from one device by %g", d);
 }
 
+/* A device lost in process 1: that process's run fails, and it ends the
+ * job, so process 0 stops at once instead of waiting in its next collective
+ * for the default timeout (five minutes; `timeout` stops the test long
+ * before). */
+static void a_failed_process_ends_the_job(void **state) {
+    char cmd[2048], *out = NULL, *err = NULL;
+    int rc;
+    snprintf(
+        cmd, sizeof cmd,
+        "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 "
+        "TANDEM_FAULT=p1/cpu@allreduce:20:error timeout 150 mpirun --oversubscribe "
+        "--mca btl self,vader -np 2 %s train --model %s/examples/mnist_mlp.json "
+        "--data %s/data/mnist --batch 64 --steps 12 --quiet --devices cpu --strategy data",
+        TD_TANDEM_EXE, TD_SOURCE_DIR, TD_SOURCE_DIR);
+    rc = td_test_run_command(cmd, &out, &err);
+    if (rc == 0 || rc == 124 || !err || !strstr(err, "cpu (rank 1) failed") ||
+        !strstr(err, "ending all 2 processes of this MPI job"))
+        fail_msg("exit %d (124: still waiting after 150 s): %s", rc, err ? err : "");
+    free(out);
+    free(err);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(two_processes_train_one_model),
         cmocka_unit_test(two_processes_train_with_zero_1),
+        cmocka_unit_test(a_failed_process_ends_the_job),
     };
 #ifndef TD_HAVE_MPI
     td_test_skip("tandem was built without MPI");

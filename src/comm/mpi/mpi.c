@@ -52,6 +52,20 @@ void td_comm_mpi_finalize(void) {
         MPI_Finalize();
 }
 
+void td_comm_mpi_abort(int code) {
+    int init = 0, fin = 0, processes = 1, rank = 0;
+    MPI_Initialized(&init);
+    MPI_Finalized(&fin);
+    if (!init || fin)
+        return;
+    MPI_Comm_size(MPI_COMM_WORLD, &processes);
+    if (processes < 2)
+        return;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    TD_LOG_ERROR("process %d failed: ending all %d processes of this MPI job", rank, processes);
+    MPI_Abort(MPI_COMM_WORLD, code);
+}
+
 static void finalize_at_exit(void) {
     td_comm_mpi_finalize();
 }
