@@ -78,17 +78,19 @@ typedef struct td__fault {
 } td__fault;
 
 typedef struct td__engine td__engine; /* a member's async engine (collectives.c) */
+/* Faults planned for a group and shared with the groups shrunk from it (fault.c). */
+typedef struct td__fault_plan td__fault_plan;
 
 typedef struct td__member {
     td_group *g;
     int local; /* index in this process */
     int rank;  /* global rank */
     td_device *dev;
-    bool host_memory;             /* the device's pointers are host addresses (CPU) */
-    uint64_t seq;                 /* collectives issued so far (the issuing thread only) */
-    uint64_t phase;               /* synchronisation phases run (the executing thread only) */
-    int calls[TD_COMM_KINDS + 1]; /* collectives executed per kind, and in all */
-    atomic_int failed;            /* 1 once this member failed or was lost */
+    bool host_memory;  /* the device's pointers are host addresses (CPU) */
+    uint64_t seq;      /* collectives issued so far (the issuing thread only) */
+    uint64_t phase;    /* synchronisation phases run (the executing thread only) */
+    int fault_slot;    /* its device's counters in g->faults, -1: none */
+    atomic_int failed; /* 1 once this member failed or was lost */
     td__engine *engine;
     atomic_uint_least64_t async_issued, async_done;
     void *small[2]; /* direct-exchange slots, double buffered by phase */
@@ -110,9 +112,7 @@ struct td_group {
     size_t chunk_bytes;
     td_comm_algorithm algorithm;
     td_device_list *owned_list;
-    char fault_text[256];
-    td__fault faults[TD_COMM_MAX_FAULT];
-    int nfaults;
+    td__fault_plan *faults; /* NULL: none injected */
 
     td__member *members; /* nlocal */
     td__slot *slots;     /* nlocal, cache-line aligned */
@@ -156,7 +156,15 @@ void td__engine_stop(td__member *m);
 /* Fault injection: counts the collective and returns TD_OK, or fails as the
  * fault says (a hanging fault waits until the group has failed). */
 td_status td__fault_check(td__member *m, td_collective_kind kind);
-td_status td__fault_parse(td_group *g, const char *text);
+/* The plan of `text` (TANDEM_FAULT's syntax; NULL or "": none) for a new
+ * group of devs, before its members exist. */
+td_status td__fault_parse(td_group *g, const char *text, td_device *const *devs, size_t n);
+/* Points every member of g at its device's counters (after the members exist). */
+void td__fault_attach(td_group *g);
+/* Gives `to`, shrunk from `from`, `from`'s plan: a device's collectives count
+ * across both, and an item that fired does not fire again. */
+void td__fault_share(td_group *from, td_group *to);
+void td__fault_release(td_group *g);
 
 /* The diagnostic record. */
 void td__record_arrive(td__member *m, const td__op *op);

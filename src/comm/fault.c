@@ -8,14 +8,32 @@
  * or any. N counts that member's collectives of that kind, from 1. MODE is
  * hang (the default: the member stops answering, as a lost GPU does, so its
  * peers time out and name it) or error (it fails at once and tells its peers).
- * "cpu:1@allreduce:5" makes cpu:1 stop at its 5th all-reduce. */
+ * "cpu:1@allreduce:5" makes cpu:1 stop at its 5th all-reduce.
+ *
+ * A group shrunk from a group with faults (td_group_shrink: the data
+ * strategy's group of the members not parked, the survivors of a loss)
+ * shares its plan: a device's collectives count in both, and an item fires
+ * once, so a fault can strike while some members sit out, and a second
+ * item can strike after the survivors carried on. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "comm/comm-impl.h"
+#include "core/alloc.h"
 #include "core/error.h"
+
+struct td__fault_plan {
+    atomic_int refs;
+    char text[256];
+    int nitems;
+    td__fault items[TD_COMM_MAX_FAULT];
+    atomic_int fired[TD_COMM_MAX_FAULT];
+    size_t ndevs;
+    td_device **devs;                       /* the first group's local devices */
+    atomic_int (*calls)[TD_COMM_KINDS + 1]; /* per device: collectives per kind, and in all */
+};
 
 static const char *const kind_names[TD_COMM_KINDS] = {"allreduce", "broadcast", "reduce",
                                                       "allgather", "reducescatter"};
@@ -78,23 +96,76 @@ bad:
                      item);
 }
 
-td_status td__fault_parse(td_group *g, const char *text) {
+static void plan_free(td__fault_plan *p) {
+    if (!p)
+        return;
+    free(p->devs);
+    free(p->calls);
+    free(p);
+}
+
+td_status td__fault_parse(td_group *g, const char *text, td_device *const *devs, size_t n) {
     char buf[256], *save = NULL, *item;
+    td__fault_plan *p;
     td_status st;
-    g->nfaults = 0;
+    g->faults = NULL;
     if (!text || !*text)
         return TD_OK;
-    snprintf(g->fault_text, sizeof g->fault_text, "%s", text);
+    if (!(p = td__calloc(sizeof *p, "a fault plan")))
+        return TD_ERR_OUT_OF_MEMORY;
+    p->devs = td__calloc(sizeof *p->devs * (n ? n : 1), "a fault plan");
+    p->calls = td__calloc(sizeof *p->calls * (n ? n : 1), "a fault plan");
+    if (!p->devs || !p->calls) {
+        plan_free(p);
+        return TD_ERR_OUT_OF_MEMORY;
+    }
+    atomic_init(&p->refs, 1);
+    p->ndevs = n;
+    for (size_t i = 0; i < n; i++) {
+        p->devs[i] = devs[i];
+        for (int k = 0; k <= TD_COMM_KINDS; k++)
+            atomic_init(&p->calls[i][k], 0);
+    }
+    snprintf(p->text, sizeof p->text, "%s", text);
     snprintf(buf, sizeof buf, "%s", text);
     for (item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
-        if (g->nfaults == TD_COMM_MAX_FAULT)
+        if (p->nitems == TD_COMM_MAX_FAULT) {
+            plan_free(p);
             return td__error(TD_ERR_PARSE, "fault injection '%s': more than %d items", text,
                              TD_COMM_MAX_FAULT);
-        if ((st = parse_item(item, &g->faults[g->nfaults])) != TD_OK)
+        }
+        if ((st = parse_item(item, &p->items[p->nitems])) != TD_OK) {
+            plan_free(p);
             return td__error_prefix(st, "TANDEM_FAULT: ");
-        g->nfaults++;
+        }
+        atomic_init(&p->fired[p->nitems], 0);
+        p->nitems++;
     }
+    g->faults = p;
     return TD_OK;
+}
+
+void td__fault_attach(td_group *g) {
+    for (int k = 0; k < g->nlocal; k++) {
+        td__member *m = &g->members[k];
+        m->fault_slot = -1;
+        for (size_t i = 0; g->faults && i < g->faults->ndevs; i++)
+            if (g->faults->devs[i] == m->dev)
+                m->fault_slot = (int)i;
+    }
+}
+
+void td__fault_share(td_group *from, td_group *to) {
+    td__fault_release(to);
+    if ((to->faults = from->faults))
+        atomic_fetch_add(&to->faults->refs, 1);
+    td__fault_attach(to);
+}
+
+void td__fault_release(td_group *g) {
+    if (g->faults && atomic_fetch_sub(&g->faults->refs, 1) == 1)
+        plan_free(g->faults);
+    g->faults = NULL;
 }
 
 static int this_process(const td_group *g, int process) {
@@ -109,13 +180,19 @@ static int this_process(const td_group *g, int process) {
 
 td_status td__fault_check(td__member *m, td_collective_kind kind) {
     td_group *g = m->g;
-    int n_kind = ++m->calls[kind];
-    int n_any = ++m->calls[TD_COMM_KINDS];
-    for (int i = 0; i < g->nfaults; i++) {
-        const td__fault *f = &g->faults[i];
+    td__fault_plan *p = g->faults;
+    int n_kind, n_any;
+    if (!p || m->fault_slot < 0)
+        return TD_OK;
+    n_kind = atomic_fetch_add(&p->calls[m->fault_slot][kind], 1) + 1;
+    n_any = atomic_fetch_add(&p->calls[m->fault_slot][TD_COMM_KINDS], 1) + 1;
+    for (int i = 0; i < p->nitems; i++) {
+        const td__fault *f = &p->items[i];
         if (strcmp(f->device, td_device_name(m->dev)) || !this_process(g, f->process))
             continue;
         if ((f->kind < 0 ? n_any : f->kind == (int)kind ? n_kind : -1) != f->nth)
+            continue;
+        if (atomic_exchange(&p->fired[i], 1))
             continue;
         atomic_store(&m->failed, 1);
         if (!f->hang)
@@ -124,7 +201,7 @@ td_status td__fault_check(td__member *m, td_collective_kind kind) {
                                   "TANDEM_FAULT=%s",
                                   td_device_name(m->dev), m->rank,
                                   f->kind < 0 ? "collective" : td_collective_name(kind), f->nth,
-                                  g->fault_text);
+                                  p->text);
         /* Stop answering, as a lost device does, until the peers gave up on
          * us; alone (or with every peer hung too) give up after the timeout. */
         {
@@ -143,8 +220,7 @@ td_status td__fault_check(td__member *m, td_collective_kind kind) {
                          "%s (rank %d) stopped answering at its %s number %d: injected by "
                          "TANDEM_FAULT=%s",
                          td_device_name(m->dev), m->rank,
-                         f->kind < 0 ? "collective" : td_collective_name(kind), f->nth,
-                         g->fault_text);
+                         f->kind < 0 ? "collective" : td_collective_name(kind), f->nth, p->text);
     }
     return TD_OK;
 }

@@ -168,6 +168,7 @@ void td_group_destroy(td_group *g) {
 #endif
     free(g->members);
     free(g->slots);
+    td__fault_release(g);
     pthread_mutex_destroy(&g->fail_lock);
     td_device_list_destroy(g->owned_list);
     free(g);
@@ -207,7 +208,7 @@ static td_status group_create(td_device *const *devs, size_t n, const td_group_c
     g->fail_rank = -1;
     g->mpi_parent = parent;
     g->cfg = cfg;
-    g->cfg.fault = NULL; /* borrowed; the text is kept in fault_text */
+    g->cfg.fault = NULL; /* borrowed; the plan keeps the text */
     g->nlocal = (int)n;
     g->size = (int)n;
     g->timeout_ms = cfg.timeout_ms > 0 ? cfg.timeout_ms : env_timeout_ms();
@@ -228,7 +229,7 @@ static td_status group_create(td_device *const *devs, size_t n, const td_group_c
             cpus = CPU_COUNT(&set);
         g->spin_rounds = (long)n > cpus ? 2 : 4096;
     }
-    TD_TRY(td__fault_parse(g, cfg.fault ? cfg.fault : getenv("TANDEM_FAULT")));
+    TD_TRY(td__fault_parse(g, cfg.fault ? cfg.fault : getenv("TANDEM_FAULT"), devs, n));
 
     g->transport = cfg.transport;
     if (g->transport == TD_TRANSPORT_AUTO) {
@@ -295,6 +296,7 @@ static td_status group_create(td_device *const *devs, size_t n, const td_group_c
             }
         TD_TRY(member_init(g, m));
     }
+    td__fault_attach(g);
 #ifdef TD_HAVE_NCCL
     if (g->transport == TD_TRANSPORT_NCCL)
         TD_TRY(td__nccl_group_init(g));
@@ -613,13 +615,14 @@ td_status td_group_shrink(td_group *g, const int *exclude, size_t n_exclude, td_
     cfg.timeout_ms = g->timeout_ms;
     cfg.switch_bytes = g->switch_bytes;
     cfg.chunk_bytes = g->chunk_bytes;
-    cfg.fault = ""; /* the new group injects no faults */
+    cfg.fault = ""; /* it shares g's plan instead (below) */
     if (n == 0 && g->transport != TD_TRANSPORT_MPI) {
         st = td__error(TD_ERR_DEVICE_LOST, "td_group_shrink: no member survived");
         goto fail;
     }
     TD_TRY(group_create(devs, n, &cfg, g, out));
     (*out)->mpi_parent = NULL;
+    td__fault_share(g, *out);
     if (n == 0) {
         /* MPI: this process took part in the split but has no member left. */
         td_group_destroy(*out);

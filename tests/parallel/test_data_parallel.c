@@ -524,6 +524,43 @@ static void zero_1_refuses_what_it_cannot_do(void **state) {
     unlink(path);
 }
 
+/* cpu:2 is lost in the second step while cpu:0 sits it out (parked: the
+ * test gives it a fixed cost of a second a pass), so that step ran on a
+ * group of cpu:1 and cpu:2 alone (the fault strikes at cpu:2's 7th
+ * all-reduce, the first of that step). The injected fault counts cpu:2's
+ * collectives in that group too, since it was shrunk from the group the
+ * fault was planned for. The survivors are cpu:0 and cpu:1: the whole
+ * group's members never heard of the failure, and a group shrunk from it
+ * would have kept cpu:2. */
+static void a_device_lost_while_another_is_parked(void **state) {
+    td_dp_data *d = make_data();
+    td_group_config gc = TD_GROUP_CONFIG_INIT;
+    td_dp_config cfg = TD_DP_CONFIG_INIT;
+    td_optimizer_config o = sgd();
+    const double fixed[3] = {1.0, 0, 0}, per[3] = {1e-5, 1e-5, 1e-5};
+    td_group *g = NULL, *survivors = NULL;
+    td_dp *dp = NULL;
+    td_step_result res;
+    td_dp_stats stats;
+    gc.fault = "cpu:2@allreduce:7:error";
+    cfg.rebalance = 0;
+    TD_ASSERT_OK(td_group_create_spec("cpu*3", &gc, &g));
+    TD_ASSERT_OK(td_dp_create(g, model_json, "dp_test", TD_F64, 5, &o, &cfg, &dp));
+    TD_ASSERT_OK(td_balancer_set_costs(td_dp_balancer(dp), fixed, per));
+    TD_ASSERT_OK(td_dp_step(dp, &d->batch[0], 0, &res, &stats));
+    assert_true(stats.m[0].parked);
+    assert_int_equal(td_dp_step(dp, &d->batch[1], 1, &res, &stats), TD_ERR_DEVICE_LOST);
+    td_test_assert_message_contains("cpu:2");
+    TD_ASSERT_OK(td_dp_survivors(dp, &survivors));
+    assert_int_equal(td_group_size(survivors), 2);
+    assert_string_equal(td_device_name(td_group_device(survivors, 0)), "cpu:0");
+    assert_string_equal(td_device_name(td_group_device(survivors, 1)), "cpu:1");
+    td_group_destroy(survivors);
+    td_dp_destroy(dp);
+    td_group_destroy(g);
+    td_dp_data_destroy(d);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(data_parallel_equals_one_device_with_and_without_overlap),
@@ -532,6 +569,7 @@ int main(void) {
         cmocka_unit_test(alternate_evaluation_equals_one_device_exactly),
         cmocka_unit_test(a_slowed_device_gets_a_smaller_share),
         cmocka_unit_test(a_device_with_a_large_fixed_cost_is_parked_and_comes_back),
+        cmocka_unit_test(a_device_lost_while_another_is_parked),
         cmocka_unit_test(zero_1_keeps_a_shard_each_and_trains_like_one_device),
         cmocka_unit_test(zero_1_parks_a_device_inside_the_group),
         cmocka_unit_test(zero_1_refuses_what_it_cannot_do),
