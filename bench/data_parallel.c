@@ -99,6 +99,12 @@ typedef struct config {
     double hidden[MAX_WINDOWS];
     double comm[MAX_WINDOWS];   /* the longest member's reduction time over the step time */
     double reduce[MAX_WINDOWS]; /* the shortest member's reduction time (no wait in it), s */
+    /* Where a step's time went, s per step (window means): the longest
+     * member's forward and backward, how much sooner the shortest one's
+     * ended (the wait at the reduction), the longest update, and what is
+     * left of the step beyond those and `reduce` (the hand-offs between the
+     * caller and the members, the step's numbers exchanged). */
+    double compute[MAX_WINDOWS], gap[MAX_WINDOWS], update[MAX_WINDOWS], rest[MAX_WINDOWS];
 } config;
 
 /* The loader's next whole batch: an epoch's short last batch (and the empty
@@ -167,8 +173,25 @@ static void comm_range(const td_dp_stats *s, double *least, double *most) {
 
 /* What one timed window measured. */
 typedef struct window_stats {
-    double sps, hidden, comm, reduce; /* as in config */
+    double sps, hidden, comm, reduce, compute, gap, update, rest; /* as in config */
 } window_stats;
+
+/* A step's part of the window's breakdown (config.compute to rest), added
+ * to sum[0..3]; members that sat the step out are left out. */
+static void add_breakdown(const td_dp_stats *s, double least_comm, double sum[4]) {
+    double longest = 0, shortest = INFINITY, update = 0;
+    for (int i = 0; i < s->members; i++) {
+        if (s->m[i].parked)
+            continue;
+        longest = fmax(longest, s->m[i].compute_s);
+        shortest = fmin(shortest, s->m[i].compute_s);
+        update = fmax(update, s->m[i].update_s);
+    }
+    sum[0] += longest;
+    sum[1] += longest - shortest;
+    sum[2] += update;
+    sum[3] += fmax(0.0, s->step_s - longest - least_comm - update);
+}
 
 /* One timed window of `steps` steps: samples over the time spent in the
  * steps. The loader's time is left out: it is the same serial work on the
@@ -178,7 +201,7 @@ typedef struct window_stats {
 static int measure(const config *c, int w, int64_t batch, td_loader *loader, window_stats *out) {
     uint64_t busy = 0;
     int64_t samples = 0;
-    double hsum = 0, csum = 0, rsum = 0;
+    double hsum = 0, csum = 0, rsum = 0, parts[4] = {0, 0, 0, 0};
     td_batch b;
     td_step_result r;
     td_dp_stats stats;
@@ -198,6 +221,7 @@ static int measure(const config *c, int w, int64_t batch, td_loader *loader, win
         comm_range(&stats, &least, &most);
         csum += most / stats.step_s;
         rsum += least;
+        add_breakdown(&stats, least, parts);
     }
     out->sps = (double)samples / ((double)busy * 1e-9);
     if (verbose) {
@@ -213,6 +237,10 @@ static int measure(const config *c, int w, int64_t batch, td_loader *loader, win
     out->hidden = hsum / c->steps;
     out->comm = csum / c->steps;
     out->reduce = rsum / c->steps;
+    out->compute = parts[0] / c->steps;
+    out->gap = parts[1] / c->steps;
+    out->update = parts[2] / c->steps;
+    out->rest = parts[3] / c->steps;
     return 0;
 }
 
@@ -225,6 +253,10 @@ static int window(config *c, int w, int64_t batch, td_loader *loader) {
     c->hidden[w] = s.hidden;
     c->comm[w] = s.comm;
     c->reduce[w] = s.reduce;
+    c->compute[w] = s.compute;
+    c->gap[w] = s.gap;
+    c->update[w] = s.update;
+    c->rest[w] = s.rest;
     return 0;
 }
 
@@ -426,6 +458,14 @@ static void print_runs(const char *what, const double *v, int n, int percent) {
     printf("\n");
 }
 
+/* Where a configuration's steps went, medians of its windows, in ms. */
+static void print_breakdown(const char *what, const config *c, int n) {
+    printf("    %s's step, ms: compute %.3f, wait for the other member %.3f, reduction %.3f, "
+           "update %.3f, the rest %.3f\n",
+           what, 1e3 * median(c->compute, n), 1e3 * median(c->gap, n), 1e3 * median(c->reduce, n),
+           1e3 * median(c->update, n), 1e3 * median(c->rest, n));
+}
+
 /* The table's rows and the floors; returns whether a judged floor failed. */
 static int model_report(const model_bench *m, const bench_opts *o, int judge) {
     const config *cf = m->cf;
@@ -454,6 +494,8 @@ static int model_report(const model_bench *m, const bench_opts *o, int judge) {
                one + slow_alone, median(slowed->sps, n), vs_ideal,
                td_balancer_share(td_dp_balancer(slowed->dp), 1), 100 * median(slowed->comm, n),
                1e6 * median(pair->reduce, n));
+        print_breakdown("two-device pair", pair, n);
+        print_breakdown("slowed pair", slowed, n);
         if (o->runs > 1) {
             print_runs("efficiency", m->eff[mode], o->runs, 1);
             print_runs("slowed pair / ideal", m->vs_ideal[mode], o->runs, 0);
@@ -536,7 +578,10 @@ int main(int argc, char **argv) {
            "comm: the slowed pair's reduction time over its step time; reduce: the two-device\n"
            "pair's reduction in us, from the member that waited least (how quickly the devices\n"
            "reach each other during this run); overlap: the two-device pair again with its\n"
-           "reduction started during backward, off by default on CPU devices\n\n",
+           "reduction started during backward, off by default on CPU devices;\n"
+           "a pair's step, ms: the longest member's forward and backward, how much sooner the\n"
+           "other's ended (its wait), the reduction (as reduce), the longest update, and the\n"
+           "rest of the step (hand-offs, the step's numbers exchanged)\n\n",
            o.runs, o.windows, o.window_s, o.steps);
     for (; ready < nmodels && !bad; ready++)
         bad = model_setup(&models[ready], &o, train);
