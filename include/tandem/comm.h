@@ -143,6 +143,11 @@ TD_API td_status td_group_run(td_group *g, td_group_fn fn, void *arg);
  * return (TD_ERR_DEVICE_LOST) with the reason as this thread's message. */
 TD_API td_status td_group_error(td_group *g);
 
+/* Whether the member of global rank `rank`, in this process, failed or was
+ * lost (the members td_group_shrink(g, NULL, 0, ...) leaves out); 0 for a
+ * rank not here. */
+TD_API int td_group_member_failed(const td_group *g, int rank);
+
 /* Makes a new group of this group's members less the excluded ranks
  * (exclude[0..n_exclude)); with n_exclude 0, less the members that failed.
  * The new group has the same configuration, ranks renumbered in the old

@@ -362,6 +362,12 @@ int td_group_rank_of(const td_group *g, const td_device *dev) {
     return -1;
 }
 
+int td_group_member_failed(const td_group *g, int rank) {
+    if (!g || rank < g->rank0 || rank >= g->rank0 + g->nlocal)
+        return 0;
+    return atomic_load(&g->members[rank - g->rank0].failed);
+}
+
 size_t td_group_switch_bytes(const td_group *g) {
     return g ? g->switch_bytes : 0;
 }
@@ -602,7 +608,7 @@ td_status td_group_shrink(td_group *g, const int *exclude, size_t n_exclude, td_
     }
     if (n_exclude == 0)
         for (int k = 0; k < g->nlocal; k++)
-            if (atomic_load(&g->members[k].failed))
+            if (td_group_member_failed(g, g->members[k].rank))
                 gone[g->members[k].rank] = 1;
 #ifdef TD_HAVE_MPI
     if (g->transport == TD_TRANSPORT_MPI)

@@ -1144,8 +1144,7 @@ static td_group *last_step_group(const td_dp *dp) {
 td_status td_dp_survivors(td_dp *dp, td_group **out) {
     int exclude[TD_DP_MAX_MEMBERS];
     size_t nx = 0;
-    td_group *ran, *alive = NULL;
-    td_status st;
+    const td_group *ran;
     if (!dp || !out)
         return td__error(TD_ERR_INVALID_ARG, "td_dp_survivors: dp or out is NULL");
     *out = NULL;
@@ -1154,14 +1153,11 @@ td_status td_dp_survivors(td_dp *dp, td_group **out) {
         return td_group_shrink(dp->g, NULL, 0, out);
     /* The step ran on the unparked members' group, which alone knows who
      * failed. */
-    if ((st = td_group_shrink(ran, NULL, 0, &alive)) != TD_OK)
-        return st;
     for (int r = 0; r < dp->size; r++) {
         td_device *dev = td_group_device(dp->g, r);
-        if (dev && td_group_rank_of(ran, dev) >= 0 && td_group_rank_of(alive, dev) < 0)
+        if (dev && td_group_member_failed(ran, td_group_rank_of(ran, dev)))
             exclude[nx++] = r;
     }
-    td_group_destroy(alive);
     return td_group_shrink(dp->g, exclude, nx, out);
 }
 

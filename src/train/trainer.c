@@ -406,13 +406,14 @@ static struct td_train_member *member_row(trainer *t, int rank) {
     return &out->member[i < TD_DP_MAX_MEMBERS ? i : TD_DP_MAX_MEMBERS - 1];
 }
 
-/* The rank in g of this process's member of `among` whose replica's
- * optimizer has counted the most steps (a parked replica falls behind
- * while it sits steps out), or -1. */
+/* The rank in g of this process's member (of `among`, when not NULL) whose
+ * replica's optimizer has counted the most steps (a parked replica falls
+ * behind while it sits steps out), or -1. */
 static int most_advanced(td_dp *dp, const td_group *g, const td_group *among) {
     int best = -1;
     for (int r = 0; r < td_group_size(g); r++)
-        if (td_group_rank_of(among, td_group_device(g, r)) >= 0 &&
+        if (td_group_device(g, r) &&
+            (!among || td_group_rank_of(among, td_group_device(g, r)) >= 0) &&
             (best < 0 || td_optimizer_steps(td_dp_optimizer(dp, r)) >
                              td_optimizer_steps(td_dp_optimizer(dp, best))))
             best = r;
@@ -712,8 +713,8 @@ td_status td_train_run(const td_train_config *cfg, td_train_summary *out) {
             a.dropout_step = (uint64_t)t.state.step;
             if (t.dp) {
                 td_dp_stats ds;
-                int64_t before = td_optimizer_steps(
-                    td_dp_optimizer(t.dp, most_advanced(t.dp, t.group, t.group)));
+                int64_t before =
+                    td_optimizer_steps(td_dp_optimizer(t.dp, most_advanced(t.dp, t.group, NULL)));
                 int taken = 0;
                 st = td_dp_step(t.dp, &b, a.dropout_step, &a.result, &ds);
                 if (st == TD_ERR_DEVICE_LOST) {
