@@ -123,6 +123,12 @@ TD_API td_device *td_group_device(const td_group *g, int rank);
 TD_API int td_group_rank_of(const td_group *g, const td_device *dev);
 /* "local", "mpi" or "nccl". */
 TD_API const char *td_group_transport(const td_group *g);
+/* 1 when this process's members' host threads contend for cores: more
+ * members than the process may use CPUs, or CPU devices bound to a common
+ * core (cpu*3 on two cores, and the two of it that share one). A waiting
+ * member then gives its core away at once, and the local all-reduce takes
+ * the shared queue rather than the ring, which a descheduled member stalls. */
+TD_API int td_group_shares_cores(const td_group *g);
 
 /* What each member runs: its device, its global rank and the group size. */
 typedef td_status (*td_group_fn)(td_group *g, td_device *dev, int rank, int size, void *arg);

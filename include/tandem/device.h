@@ -38,7 +38,7 @@ typedef struct td_device_info {
     int fp64;               /* 1 when f64 arithmetic is supported */
     double fp64_rate;       /* f64:f32 throughput, 0 when unknown */
     char isa[160];          /* CPUs: SIMD extensions, "SSE4.2 AVX2 AVX-512F ..." */
-    char cores[64];         /* CPUs: the logical CPUs owned, "0-1" */
+    char cores[64];         /* CPUs: the logical CPUs owned, "0,1" */
     int pinned;             /* CPUs: 1 when the host thread is bound to its cores */
     int cc_major, cc_minor; /* CUDA compute capability */
     char peers[128];        /* GPUs: devices reachable by peer copies */

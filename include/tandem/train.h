@@ -233,6 +233,10 @@ typedef struct td_train_summary {
         double wait_s;        /* idle until the slowest member finished */
         int64_t parked_steps; /* steps it sat out (see td_balancer_parked) */
         int64_t lost_at_step; /* 0, or the step in which it was lost (the others went on) */
+        /* 0, or the step of the checkpoint the others went back to when it
+         * was lost holding state none of them had (its ZeRO-1 shard of the
+         * optimizer state, or the only current replica) */
+        int64_t back_to_step;
     } member[TD_DP_MAX_MEMBERS];
 } td_train_summary;
 

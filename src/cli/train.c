@@ -110,7 +110,12 @@ static void print_members(const td_train_summary *s) {
             break;
         }
     for (int r = 0; r < s->members && r < TD_DP_MAX_MEMBERS; r++)
-        if (s->member[r].lost_at_step)
+        if (s->member[r].back_to_step)
+            printf("lost: %s in step %lld; the other devices went back to the checkpoint of "
+                   "step %lld and trained on\n",
+                   s->member[r].name, (long long)s->member[r].lost_at_step,
+                   (long long)s->member[r].back_to_step);
+        else if (s->member[r].lost_at_step)
             printf("lost: %s in step %lld; the other devices trained on\n", s->member[r].name,
                    (long long)s->member[r].lost_at_step);
     printf("gradient reduction: %d bucket%s, %d started during backward, %.0f%% of its time "

@@ -68,6 +68,10 @@ int td__group_timeout_ms(const td_group *g) {
     return g->timeout_ms;
 }
 
+int td_group_shares_cores(const td_group *g) {
+    return g && g->spin_rounds <= 2;
+}
+
 const char *td_group_transport(const td_group *g) {
     if (!g)
         return "none";
@@ -181,6 +185,53 @@ static int all_cuda(td_device *const *devs, size_t n) {
     return n > 0;
 }
 
+/* The logical CPUs of a list such as "0,2-3" (td_device_info.cores) into
+ * set. A full buffer may end in a cut number, which is left out. */
+static void parse_cpu_list(const char *s, size_t cap, cpu_set_t *set) {
+    size_t len = strlen(s);
+    CPU_ZERO(set);
+    while (*s) {
+        char *end;
+        long a = strtol(s, &end, 10), b = a;
+        if (end == s)
+            return;
+        if (*end == '-')
+            b = strtol(end + 1, &end, 10);
+        if (!*end && len + 1 >= cap)
+            return;
+        for (long c = a; c <= b && c >= 0 && c < CPU_SETSIZE; c++)
+            CPU_SET((int)c, set);
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',')
+            return;
+    }
+}
+
+/* Whether the members' host threads contend for cores: more members than
+ * this process may use CPUs (mpirun binds each process to one), or two
+ * devices bound to a common core (cpu*3 on two cores; the two survivors of
+ * it that share one). */
+static int members_share_cores(td_device *const *devs, size_t n) {
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    cpu_set_t set, seen, both;
+    td_device_info info;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+        cpus = CPU_COUNT(&set);
+    if ((long)n > cpus)
+        return 1;
+    CPU_ZERO(&seen);
+    for (size_t i = 0; i < n; i++) {
+        if (!devs[i] || td_device_get_info(devs[i], &info) != TD_OK || !info.pinned)
+            continue;
+        parse_cpu_list(info.cores, sizeof info.cores, &set);
+        CPU_AND(&both, &seen, &set);
+        if (CPU_COUNT(&both) > 0)
+            return 1;
+        CPU_OR(&seen, &seen, &set);
+    }
+    return 0;
+}
+
 static td_status group_create(td_device *const *devs, size_t n, const td_group_config *cfg_in,
                               const td_group *parent, td_group **out) {
     td_group_config cfg = TD_GROUP_CONFIG_INIT;
@@ -218,17 +269,9 @@ static td_status group_create(td_device *const *devs, size_t n, const td_group_c
                                                    : (g->switch_bytes + 63) & ~(size_t)63;
     g->chunk_bytes = cfg.chunk_bytes ? (cfg.chunk_bytes + 7) & ~(size_t)7 : TD_COMM_DEFAULT_CHUNK;
     g->algorithm = cfg.algorithm;
-    {
-        /* Members that outnumber the cores share them: a waiting member must
-         * give its core away soon, since the peer it waits for may be
-         * queued behind it. */
-        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-        cpu_set_t set;
-        /* The CPUs this process may use (mpirun binds each process to one). */
-        if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
-            cpus = CPU_COUNT(&set);
-        g->spin_rounds = (long)n > cpus ? 2 : 4096;
-    }
+    /* Members that share cores: a waiting member must give its core away
+     * soon, since the peer it waits for may be queued behind it. */
+    g->spin_rounds = members_share_cores(devs, n) ? 2 : 4096;
     TD_TRY(td__fault_parse(g, cfg.fault ? cfg.fault : getenv("TANDEM_FAULT"), devs, n));
 
     g->transport = cfg.transport;

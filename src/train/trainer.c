@@ -34,8 +34,9 @@ typedef struct trainer {
     td_train_state state;
     td_group *group; /* the data strategy's, else NULL */
     td_dp *dp;
-    int root;         /* this process reports and saves */
-    int64_t dp_steps; /* data-parallel steps in this process */
+    const char *saved; /* the run's newest checkpoint (written or resumed from), or NULL */
+    int root;          /* this process reports and saves */
+    int64_t dp_steps;  /* data-parallel steps in this process */
     td_train_summary *summary;
     FILE *metrics;
     uint64_t t0;          /* process start of the run */
@@ -242,7 +243,7 @@ static td_status save_gathered(trainer *t) {
     return st;
 }
 
-static td_status save(trainer *t) {
+static td_status save_now(trainer *t) {
     td_status st;
     if (!t->cfg->checkpoint)
         return TD_OK;
@@ -255,6 +256,13 @@ static td_status save(trainer *t) {
         return TD_OK;
     td_loader_position(t->loader, &t->state.epoch, &t->state.sample);
     return td_checkpoint_save(t->cfg->checkpoint, t->m, t->opt, &t->state);
+}
+
+static td_status save(trainer *t) {
+    td_status st = save_now(t);
+    if (st == TD_OK && t->cfg->checkpoint)
+        t->saved = t->cfg->checkpoint;
+    return st;
 }
 
 /* Opens the data the model reads: MNIST for features, text for tokens. */
@@ -420,16 +428,72 @@ static int most_advanced(td_dp *dp, const td_group *g, const td_group *among) {
     return best;
 }
 
+/* What a lost device left the step: to be taken again by the survivors,
+ * taken already, or the run gone back to its newest checkpoint. */
+typedef enum { STEP_TO_REDO, STEP_TAKEN, STEPS_REWOUND } after_loss;
+
+/* The survivors of a loss go back to the run's newest checkpoint: weights,
+ * optimizer state, step and the loader's place all as it saved them, on
+ * replicas over the survivors, so that from there the run trains as one
+ * resumed from that checkpoint on those devices would. Takes survivors. */
+static td_status rewind_to_checkpoint(trainer *t, td_group *survivors, const char *gone,
+                                      const char *why, const char *what_went) {
+    td_group *old_group = t->group;
+    td_dp *old_dp = t->dp;
+    td_model *m = NULL;
+    td_optimizer *o = NULL;
+    td_train_state s;
+    td_status st;
+    if ((st = td_checkpoint_load_model(t->saved, td_group_device(survivors, 0), &m, &s)) != TD_OK ||
+        (st = td_optimizer_create(m, &s.opt, &o)) != TD_OK ||
+        (st = td_checkpoint_load(t->saved, m, o, NULL)) != TD_OK ||
+        (st = td_loader_seek(t->loader, s.epoch, s.sample)) != TD_OK) {
+        td_optimizer_destroy(o);
+        td_model_destroy(m);
+        td_group_destroy(survivors);
+        return td__error_prefix(st, "going back to %s after %s was lost: ", t->saved, gone);
+    }
+    TD_LOG_WARN("step %lld: %s lost (%s); %s, so training goes back to %s (step %lld) and goes "
+                "on with the other %d device%s",
+                (long long)t->state.step + 1, gone, why, what_went, t->saved, (long long)s.step,
+                td_group_size(survivors), td_group_size(survivors) == 1 ? "" : "s");
+    for (int r = 0; r < td_group_size(old_group); r++)
+        if (td_group_device(old_group, r) &&
+            td_group_rank_of(survivors, td_group_device(old_group, r)) < 0)
+            member_row(t, r)->back_to_step = s.step;
+    if (t->metrics) {
+        fprintf(t->metrics,
+                "{\"event\":\"rewind\",\"step\":%lld,\"to_step\":%lld,\"lost\":\"%s\"}\n",
+                (long long)t->state.step, (long long)s.step, gone);
+        fflush(t->metrics);
+    }
+    t->state = s;
+    t->group = survivors;
+    t->dp = NULL;
+    st = make_replicas(t, m, o);
+    if (!t->dp) /* t->m and t->opt were old_dp's */
+        t->m = NULL, t->opt = NULL;
+    td_optimizer_destroy(o);
+    td_model_destroy(m);
+    td_dp_destroy(old_dp);
+    td_group_destroy(old_group);
+    return st;
+}
+
 /* A device lost during a data-parallel step, in a group of this process's
- * devices with the optimizer replicated: training goes on without it. A
+ * devices: training goes on without it. With the optimizer replicated, a
  * group of the others gets replicas of an up-to-date survivor's weights and
  * optimizer state. A lost member fails every survivor's collective at the
  * same one, so the survivors either all took the step's update (the loss
- * came in the step's last exchange, of its numbers) or none did;
- * *step_taken says which. Else the loss ends the run, with why. */
+ * came in the step's last exchange, of its numbers) or none did. When the
+ * lost device held state no survivor has (its ZeRO-1 shard of the optimizer
+ * state, or the only current replica while the others sat steps out), the
+ * survivors go back to the run's newest checkpoint instead. Without one the
+ * loss ends the run, with why. */
 static td_status carry_on_without_lost(trainer *t, td_status lost, int64_t steps_before,
-                                       int *step_taken) {
+                                       after_loss *after) {
     char why[1024], gone[256] = "";
+    const char *what_went = NULL;
     td_group *survivors = NULL, *old_group = t->group;
     td_dp *old_dp = t->dp;
     int from;
@@ -438,11 +502,6 @@ static td_status carry_on_without_lost(trainer *t, td_status lost, int64_t steps
     if (strcmp(td_group_transport(old_group), "local"))
         return td__error(lost, "%s (a group over %s does not carry on without a member)", why,
                          td_group_transport(old_group));
-    if (t->cfg->zero)
-        return td__error(lost,
-                         "%s (with ZeRO-1 the lost device held the only copy of its shard of "
-                         "the optimizer state: resume from the last checkpoint)",
-                         why);
     if ((st = td_dp_survivors(old_dp, &survivors)) != TD_OK)
         return st;
     if (td_group_size(survivors) == 0) {
@@ -457,14 +516,24 @@ static td_status carry_on_without_lost(trainer *t, td_status lost, int64_t steps
                      td_device_name(td_group_device(old_group, r)));
         }
     from = most_advanced(old_dp, old_group, survivors);
-    if (td_optimizer_steps(td_dp_optimizer(old_dp, from)) < steps_before) {
+    if (t->cfg->zero)
+        what_went = "its shard of the ZeRO-1 optimizer state was the only copy";
+    else if (td_optimizer_steps(td_dp_optimizer(old_dp, from)) < steps_before)
+        what_went = "the devices left had sat steps out, parked, and it held the only current "
+                    "replica";
+    if (what_went && !t->saved) {
         td_group_destroy(survivors);
         return td__error(lost,
-                         "%s (the devices left had sat steps out, parked, and the lost one held "
-                         "the only current replica: resume from the last checkpoint)",
-                         why);
+                         "%s (%s, and this run has no checkpoint to go back to: give "
+                         "--checkpoint with --checkpoint-every)",
+                         why, what_went);
     }
-    *step_taken = td_optimizer_steps(td_dp_optimizer(old_dp, from)) > steps_before;
+    if (what_went) {
+        *after = STEPS_REWOUND;
+        return rewind_to_checkpoint(t, survivors, gone, why, what_went);
+    }
+    *after = td_optimizer_steps(td_dp_optimizer(old_dp, from)) > steps_before ? STEP_TAKEN
+                                                                              : STEP_TO_REDO;
     TD_LOG_WARN("step %lld: %s lost (%s); training goes on with the other %d device%s",
                 (long long)t->state.step + 1, gone, why, td_group_size(survivors),
                 td_group_size(survivors) == 1 ? "" : "s");
@@ -548,6 +617,7 @@ static td_status setup(trainer *t) {
     if (c->resume) {
         TD_TRY(td_checkpoint_load_model(c->resume, t->dev, &t->m, &resumed));
         t->state = resumed;
+        t->saved = c->resume;
     } else {
         if (!c->model_path)
             return td__error(TD_ERR_INVALID_ARG, "no model given (--model)");
@@ -715,15 +785,23 @@ td_status td_train_run(const td_train_config *cfg, td_train_summary *out) {
                 td_dp_stats ds;
                 int64_t before =
                     td_optimizer_steps(td_dp_optimizer(t.dp, most_advanced(t.dp, t.group, NULL)));
-                int taken = 0;
+                after_loss after = STEP_TO_REDO;
                 st = td_dp_step(t.dp, &b, a.dropout_step, &a.result, &ds);
                 if (st == TD_ERR_DEVICE_LOST) {
-                    TD_TRY(carry_on_without_lost(&t, st, before, &taken));
+                    TD_TRY(carry_on_without_lost(&t, st, before, &after));
+                    if (after == STEPS_REWOUND) {
+                        /* As a resumed run starts: the epoch's numbers afresh. */
+                        t.ep_loss = 0;
+                        t.ep_correct = t.ep_count = t.ep_samples = t.ep_batches = 0;
+                        t.ep_seconds = 0;
+                        continue;
+                    }
                     memset(&a.result, 0, sizeof a.result); /* its numbers went with the device */
-                    st = taken ? TD_OK : td_dp_step(t.dp, &b, a.dropout_step, &a.result, &ds);
+                    st = after == STEP_TAKEN ? TD_OK
+                                             : td_dp_step(t.dp, &b, a.dropout_step, &a.result, &ds);
                 }
                 TD_TRY(st);
-                if (!taken)
+                if (after != STEP_TAKEN)
                     add_member_stats(&t, &ds, out);
             } else {
                 TD_TRY(td_device_run(t.dev, replica_step, &a));

@@ -4,6 +4,7 @@
  * with the direct exchange, the ring and the shared job queue with tiny
  * chunks (many pipeline steps and FIFO wrap-arounds), and the automatic
  * choice. */
+#include <sched.h>
 #include <stdatomic.h>
 
 #include "comm/common.h"
@@ -199,6 +200,40 @@ static void the_switch_point_is_tunable_and_measured(void **state) {
     td_group_destroy(g);
 }
 
+/* Whether members share cores, against what their specs bind: cpu:0 and
+ * cpu:1 own a core each; cpu:0{cores=2} owns cpu:1's core too; cpu*3 splits
+ * the CPUs three ways, so on fewer than three its first two devices share
+ * the first, and so do they after the third leaves (td_group_shrink). */
+static void members_that_share_a_core_are_told_apart(void **state) {
+    static const struct {
+        const char *spec;
+        int shares;
+    } cases[] = {{"cpu:0,cpu:1", 0}, {"cpu:0{cores=2},cpu:1", 1}, {"cpu:0", 0}};
+    cpu_set_t set;
+    long cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    td_group *g = NULL, *two = NULL;
+    int exclude = 2;
+    (void)state;
+    if (cpus < 2) {
+        print_message("skipped: one CPU, so no two CPU devices can own a core each\n");
+        skip();
+    }
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        TD_ASSERT_OK(td_group_create_spec(cases[k].spec, NULL, &g));
+        if (td_group_shares_cores(g) != cases[k].shares)
+            fail_msg("%s: shares cores %d, expected %d", cases[k].spec, td_group_shares_cores(g),
+                     cases[k].shares);
+        td_group_destroy(g);
+    }
+    TD_ASSERT_OK(td_group_create_spec("cpu*3", NULL, &g));
+    assert_int_equal(td_group_shares_cores(g), cpus < 3);
+    TD_ASSERT_OK(td_group_shrink(g, &exclude, 1, &two));
+    assert_int_equal(td_group_local_size(two), 2);
+    assert_int_equal(td_group_shares_cores(two), cpus < 3);
+    td_group_destroy(two);
+    td_group_destroy(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(direct_exchange_matches_reference),
@@ -208,6 +243,7 @@ int main(void) {
         cmocka_unit_test(tensors_reduce_and_broadcast_in_place),
         cmocka_unit_test(misuse_fails_the_group_instead_of_hanging),
         cmocka_unit_test(the_switch_point_is_tunable_and_measured),
+        cmocka_unit_test(members_that_share_a_core_are_told_apart),
     };
     if (getenv("TD_TEST_FILTER"))
         cmocka_set_test_filter(getenv("TD_TEST_FILTER"));
