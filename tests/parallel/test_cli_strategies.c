@@ -241,17 +241,23 @@ static void training_goes_on_when_a_device_is_lost(void **state) {
  * no checkpoint saved yet the run ends, and says why. */
 static void with_zero_1_a_lost_device_sends_the_run_back_to_its_checkpoint(void **state) {
     static const char *const steps = "--steps 15 --precision f64 --batch 256";
-    char cmd[1024], *out, *err;
+    char cmd[1024], metrics[512], *out, *err, *text;
     double d;
     (void)state;
     free(td_dp_train_cli("", "cpu:0", steps, "one256.safetensors"));
-    snprintf(cmd, sizeof cmd, "%s --strategy data --zero --checkpoint-every 4", steps);
+    snprintf(metrics, sizeof metrics, "%s/back.jsonl", td_test_tmpdir());
+    snprintf(cmd, sizeof cmd, "%s --strategy data --zero --checkpoint-every 4 --metrics %s", steps,
+             metrics);
     out = td_dp_train_cli("TANDEM_FAULT=cpu:2@reducescatter:66:error ", "cpu*3", cmd,
                           "back.safetensors");
     if (!strstr(out, "lost: cpu:2 in step 11; the other devices went back to the checkpoint of "
                      "step 8 and trained on"))
         fail_msg("did not say that it went back to step 8: %s", out);
     free(out);
+    text = (char *)td_test_read_file(metrics, NULL);
+    if (!strstr(text, "{\"event\":\"rewind\",\"step\":10,\"to_step\":8,\"lost\":\"cpu:2\"}"))
+        fail_msg("the metrics file has no rewind event from step 10 to 8: %s", text);
+    free(text);
     d = checkpoint_diff("back.safetensors", "one256.safetensors");
     printf("gone back to step 8: differs from one device by %g\n", d);
     if (d > 1e-12)
