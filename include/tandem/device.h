@@ -89,6 +89,11 @@ TD_API td_status td_device_run(td_device *dev, td_device_fn fn, void *arg);
  * before it (an in-order queue), and returns at once. *event, when not NULL,
  * receives an event to wait on; the caller destroys it. */
 TD_API td_status td_device_submit(td_device *dev, td_device_fn fn, void *arg, td_event **event);
+
+/* 1 while the device's host thread runs a task or has tasks queued. A
+ * device whose thread never comes back from a task (a hung GPU) stays busy. */
+TD_API int td_device_busy(const td_device *dev);
+
 /* Waits for the task and returns its status, carrying its message over. */
 TD_API td_status td_event_wait(td_event *ev);
 /* TD_OK when done, TD_IN_PROGRESS while not; never blocks. */

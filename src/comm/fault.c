@@ -7,7 +7,9 @@
  * process P. KIND is allreduce, broadcast, reduce, allgather, reducescatter
  * or any. N counts that member's collectives of that kind, from 1. MODE is
  * hang (the default: the member stops answering, as a lost GPU does, so its
- * peers time out and name it) or error (it fails at once and tells its peers).
+ * peers time out and name it, and its host thread comes back once they
+ * gave up), stuck (the same, but its host thread never comes back, as with a
+ * GPU hung for good) or error (it fails at once and tells its peers).
  * "cpu:1@allreduce:5" makes cpu:1 stop at its 5th all-reduce.
  *
  * A group shrunk from a group with faults (td_group_shrink: the data
@@ -19,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "comm/comm-impl.h"
 #include "core/alloc.h"
@@ -82,6 +85,8 @@ static td_status parse_item(const char *item, td__fault *f) {
     if (*end == ':') {
         if (!strcmp(end + 1, "error"))
             f->hang = 0;
+        else if (!strcmp(end + 1, "stuck"))
+            f->hang = 2;
         else if (strcmp(end + 1, "hang"))
             goto bad;
     } else if (*end) {
@@ -89,11 +94,12 @@ static td_status parse_item(const char *item, td__fault *f) {
     }
     return TD_OK;
 bad:
-    return td__error(TD_ERR_PARSE,
-                     "fault injection item '%s' is malformed: expected "
-                     "[pP/]DEVICE@KIND:N[:hang|:error], KIND one of allreduce, broadcast, reduce, "
-                     "allgather, reducescatter, any (as in cpu:1@allreduce:5)",
-                     item);
+    return td__error(
+        TD_ERR_PARSE,
+        "fault injection item '%s' is malformed: expected "
+        "[pP/]DEVICE@KIND:N[:hang|:stuck|:error], KIND one of allreduce, broadcast, reduce, "
+        "allgather, reducescatter, any (as in cpu:1@allreduce:5)",
+        item);
 }
 
 static void plan_free(td__fault_plan *p) {
@@ -202,6 +208,9 @@ td_status td__fault_check(td__member *m, td_collective_kind kind) {
                                   td_device_name(m->dev), m->rank,
                                   f->kind < 0 ? "collective" : td_collective_name(kind), f->nth,
                                   p->text);
+        /* Never come back: the thread sleeps until the process ends. */
+        while (f->hang == 2)
+            pause();
         /* Stop answering, as a lost device does, until the peers gave up on
          * us; alone (or with every peer hung too) give up after the timeout. */
         {

@@ -582,6 +582,7 @@ td_status td_group_run(td_group *g, td_group_fn fn, void *arg) {
                                "did not return within %d ms after the group failed; left running",
                                g->timeout_ms);
             atomic_store(&g->members[k].failed, 1);
+            td__device_left_behind(g->members[k].dev);
         }
         msgs[k] = sts[k] != TD_OK ? td__strdup(td_last_error()) : NULL;
         td_event_destroy(evs[k]);

@@ -88,8 +88,10 @@ struct td_device {
     td_task *head, *tail;
     atomic_uint pending; /* tasks queued, plus 1 once stopping: polled without the lock */
     bool stopping;
-    td_status init_status; /* what thread_init returned */
-    int fp64;              /* cached at start: tensors ask on every create */
+    atomic_bool in_task;     /* the host thread is running a task */
+    atomic_bool left_behind; /* a group gave up waiting for that task */
+    td_status init_status;   /* what thread_init returned */
+    int fp64;                /* cached at start: tensors ask on every create */
 };
 
 struct td_buffer {
@@ -111,6 +113,11 @@ td_status td__device_sink_add(td_device_sink *sink, const td_backend_ops *ops, c
  * adds). Does nothing when F is 1 and MS 0. */
 void td__device_throttle(td_device *dev, uint64_t start_ns);
 double td__device_slowdown(const td_device *dev);
+
+/* A group left the device's host thread behind in a task it gave up
+ * waiting for (td_group_run). If the thread is still in a task when the
+ * device is closed, the close leaves it running rather than wait for ever. */
+void td__device_left_behind(td_device *dev);
 
 /* The backends built in, in listing order (cpu first), NULL-terminated, and
  * one line for each backend left out at configure time ("cuda: not built in

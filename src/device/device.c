@@ -162,7 +162,9 @@ static void *host_thread_main(void *p) {
         atomic_fetch_sub_explicit(&dev->pending, 1, memory_order_relaxed);
         pthread_mutex_unlock(&dev->lock);
 
+        atomic_store(&dev->in_task, true);
         st = t->fn(dev, t->arg);
+        atomic_store(&dev->in_task, false);
         if (t->ev) {
             event_complete(t->ev, st);
             event_release(t->ev);
@@ -262,10 +264,47 @@ td_status td__device_sink_add(td_device_sink *sink, const td_backend_ops *ops, c
         dev->mem_budget = opts->has_mem ? opts->mem : 0;
     }
     atomic_init(&dev->mem_used, 0);
+    atomic_init(&dev->in_task, false);
+    atomic_init(&dev->left_behind, false);
     pthread_mutex_init(&dev->lock, NULL);
     pthread_cond_init(&dev->wake, NULL);
     list->devs[list->count++] = dev;
     return TD_OK;
+}
+
+int td_device_busy(const td_device *dev) {
+    return dev && (atomic_load(&dev->in_task) ||
+                   atomic_load_explicit(&dev->pending, memory_order_acquire));
+}
+
+void td__device_left_behind(td_device *dev) {
+    if (dev)
+        atomic_store(&dev->left_behind, true);
+}
+
+/* Devices whose host thread never came back from a task: the thread may
+ * still touch them, so they stay allocated (and reachable) to the end. */
+static pthread_mutex_t abandoned_lock = PTHREAD_MUTEX_INITIALIZER;
+static td_device *abandoned[64];
+static int nabandoned;
+
+/* Leaves a device whose thread is stuck in a task its group gave up on:
+ * joining it would wait for ever. 1 when it did. */
+static int abandon_if_stuck(td_device *dev) {
+    if (!atomic_load(&dev->left_behind) || !atomic_load(&dev->in_task))
+        return 0;
+    pthread_mutex_lock(&abandoned_lock);
+    if (nabandoned == (int)(sizeof abandoned / sizeof *abandoned)) {
+        pthread_mutex_unlock(&abandoned_lock);
+        return 0;
+    }
+    abandoned[nabandoned++] = dev;
+    pthread_mutex_unlock(&abandoned_lock);
+    TD_LOG_WARN("%s: its host thread has not come back from the task its group gave up on; "
+                "left running, with the device and its memory",
+                dev->name);
+    pthread_detach(dev->thread);
+    return 1;
 }
 
 static void device_close(td_device *dev) {
@@ -278,6 +317,8 @@ static void device_close(td_device *dev) {
         atomic_fetch_add_explicit(&dev->pending, 1, memory_order_release);
         pthread_cond_broadcast(&dev->wake);
         pthread_mutex_unlock(&dev->lock);
+        if (abandon_if_stuck(dev))
+            return;
         pthread_join(dev->thread, &ret);
         free(ret);
     }

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <libgen.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,13 @@ typedef struct trainer {
     td_train_state state;
     td_group *group; /* the data strategy's, else NULL */
     td_dp *dp;
+    /* Replicas and groups left after a loss that a lost device's host
+     * thread, not back from the failed step, may still touch (retire). */
+    struct held_setup {
+        td_dp *dp;
+        td_group *g;
+    } held[TD_DP_MAX_MEMBERS];
+    int nheld;
     const char *saved; /* the run's newest checkpoint (written or resumed from), or NULL */
     int root;          /* this process reports and saves */
     int64_t dp_steps;  /* data-parallel steps in this process */
@@ -428,6 +436,64 @@ static int most_advanced(td_dp *dp, const td_group *g, const td_group *among) {
     return best;
 }
 
+/* Setups that stay allocated to the end of the process because a host
+ * thread that never came back may still touch them. */
+static pthread_mutex_t kept_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct held_setup kept[64];
+static int nkept;
+
+/* Whether a device of g that is not in the run's group now (a lost one)
+ * still runs a task: its host thread has not come back from the step. */
+static int lost_thread_out(const trainer *t, const td_group *g) {
+    for (int r = 0; r < td_group_size(g); r++) {
+        td_device *dev = td_group_device(g, r);
+        if (dev && td_group_rank_of(t->group, dev) < 0 && td_device_busy(dev))
+            return 1;
+    }
+    return 0;
+}
+
+/* Keeps a setup to the end of the process (leaked if the list is full:
+ * freeing it could pull memory from under the thread). */
+static void keep_to_the_end(struct held_setup h) {
+    pthread_mutex_lock(&kept_lock);
+    if (nkept < (int)(sizeof kept / sizeof *kept))
+        kept[nkept++] = h;
+    pthread_mutex_unlock(&kept_lock);
+}
+
+/* Frees the replicas and group the run has left behind, unless a lost
+ * device's host thread is still out in the failed step (a device hung for
+ * good): then they are held, and the run's end tries again. */
+static void retire(trainer *t, td_dp *dp, td_group *g) {
+    struct held_setup h = {dp, g};
+    if (!lost_thread_out(t, g)) {
+        td_dp_destroy(dp);
+        td_group_destroy(g);
+        return;
+    }
+    TD_LOG_WARN("a lost device's host thread has not come back from the step; its group's "
+                "replicas stay allocated while it may touch them");
+    if (t->nheld < TD_DP_MAX_MEMBERS)
+        t->held[t->nheld++] = h;
+    else
+        keep_to_the_end(h);
+}
+
+/* At the end of the run: what is held and whose thread came back is freed;
+ * the rest is kept to the end of the process. */
+static void release_held(trainer *t) {
+    for (int i = 0; i < t->nheld; i++) {
+        if (lost_thread_out(t, t->held[i].g)) {
+            keep_to_the_end(t->held[i]);
+        } else {
+            td_dp_destroy(t->held[i].dp);
+            td_group_destroy(t->held[i].g);
+        }
+    }
+    t->nheld = 0;
+}
+
 /* What a lost device left the step: to be taken again by the survivors,
  * taken already, or the run gone back to its newest checkpoint. */
 typedef enum { STEP_TO_REDO, STEP_TAKEN, STEPS_REWOUND } after_loss;
@@ -475,8 +541,7 @@ static td_status rewind_to_checkpoint(trainer *t, td_group *survivors, const cha
         t->m = NULL, t->opt = NULL;
     td_optimizer_destroy(o);
     td_model_destroy(m);
-    td_dp_destroy(old_dp);
-    td_group_destroy(old_group);
+    retire(t, old_dp, old_group);
     return st;
 }
 
@@ -542,8 +607,7 @@ static td_status carry_on_without_lost(trainer *t, td_status lost, int64_t steps
     st = make_replicas(t, td_dp_model(old_dp, from), td_dp_optimizer(old_dp, from));
     if (!t->dp) /* t->m and t->opt were old_dp's */
         t->m = NULL, t->opt = NULL;
-    td_dp_destroy(old_dp);
-    td_group_destroy(old_group);
+    retire(t, old_dp, old_group);
     return st;
 }
 
@@ -677,6 +741,7 @@ fail:
 static void teardown(trainer *t) {
     if (t->metrics)
         fclose(t->metrics);
+    release_held(t);
     td_loader_destroy(t->loader);
     if (t->dp) {
         /* The replicas own the model and optimizer then. */

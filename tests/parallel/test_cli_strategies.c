@@ -205,7 +205,10 @@ static void bad_strategies_are_refused(void **state) {
  * its 20th all-reduce, in the fourth step, before anyone's update; cpu:0
  * stops answering at its 8th gather of a step's numbers, in the seventh,
  * after everyone's (the step then counts, and its loss is unknown: null in
- * the metrics). Batches of 256, so that no device's fixed cost per pass
+ * the metrics). And cpu:1 stuck for good at its 20th all-reduce: its host
+ * thread never comes back, so the run must neither wait for it to free its
+ * replica nor to close the device (timeout turns a hang into exit 124).
+ * Batches of 256, so that no device's fixed cost per pass
  * comes near a step even on a busy machine: a parked device would skip the
  * collectives its fault counts. */
 static void training_goes_on_when_a_device_is_lost(void **state) {
@@ -214,7 +217,9 @@ static void training_goes_on_when_a_device_is_lost(void **state) {
         const char *fault, *says;
     } cases[] = {
         {"TANDEM_FAULT=cpu:1@allreduce:20:error ", "lost: cpu:1 in step 4;"},
-        {"TANDEM_COMM_TIMEOUT_MS=500 TANDEM_FAULT=cpu:0@allgather:8 ", "lost: cpu:0 in step 7;"}};
+        {"TANDEM_COMM_TIMEOUT_MS=500 TANDEM_FAULT=cpu:0@allgather:8 ", "lost: cpu:0 in step 7;"},
+        {"TANDEM_COMM_TIMEOUT_MS=500 TANDEM_FAULT=cpu:1@allreduce:20:stuck timeout 120 ",
+         "lost: cpu:1 in step 4;"}};
     char cmd[1024], *out;
     free(td_dp_train_cli("", "cpu:0", steps, "one256.safetensors"));
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
