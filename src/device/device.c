@@ -159,10 +159,10 @@ static void *host_thread_main(void *p) {
         dev->head = t->next;
         if (!dev->head)
             dev->tail = NULL;
+        atomic_store(&dev->in_task, true); /* before the queue looks empty: td_device_busy */
         atomic_fetch_sub_explicit(&dev->pending, 1, memory_order_relaxed);
         pthread_mutex_unlock(&dev->lock);
 
-        atomic_store(&dev->in_task, true);
         st = t->fn(dev, t->arg);
         atomic_store(&dev->in_task, false);
         if (t->ev) {

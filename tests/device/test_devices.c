@@ -102,6 +102,46 @@ static void tasks_run_in_order_on_the_device_thread(void **state) {
     td_device_list_destroy(list);
 }
 
+/* A task that says it started and waits for leave. */
+typedef struct gate {
+    atomic_int started, leave;
+} gate;
+
+static td_status wait_at_gate(td_device *dev, void *arg) {
+    gate *g = arg;
+    (void)dev;
+    atomic_store(&g->started, 1);
+    while (!atomic_load(&g->leave))
+        usleep(100);
+    return TD_OK;
+}
+
+/* td_device_busy against what the device's thread is doing: idle, in a
+ * task, with a task queued behind it, and idle again. */
+static void busy_means_a_task_runs_or_waits(void **state) {
+    td_device_list *list = td_test_open("cpu:0");
+    td_device *dev = td_device_list_get(list, 0);
+    gate g;
+    td_event *first, *second;
+    (void)state;
+    atomic_init(&g.started, 0);
+    atomic_init(&g.leave, 0);
+    assert_int_equal(td_device_busy(dev), 0);
+    TD_ASSERT_OK(td_device_submit(dev, wait_at_gate, &g, &first));
+    while (!atomic_load(&g.started))
+        usleep(100);
+    assert_int_equal(td_device_busy(dev), 1);
+    TD_ASSERT_OK(td_device_submit(dev, wait_at_gate, &g, &second));
+    assert_int_equal(td_device_busy(dev), 1);
+    atomic_store(&g.leave, 1);
+    TD_ASSERT_OK(td_event_wait(first));
+    TD_ASSERT_OK(td_event_wait(second));
+    td_event_destroy(first);
+    td_event_destroy(second);
+    assert_int_equal(td_device_busy(dev), 0);
+    td_device_list_destroy(list);
+}
+
 static void budgets_make_out_of_memory_real(void **state) {
     td_device_list *list = td_test_open("cpu:0{mem=1M}");
     td_device *dev = td_device_list_get(list, 0);
@@ -208,6 +248,7 @@ int main(void) {
         cmocka_unit_test(cpu_specs_give_the_devices_they_name),
         cmocka_unit_test(unknown_devices_are_refused_with_what_exists),
         cmocka_unit_test(tasks_run_in_order_on_the_device_thread),
+        cmocka_unit_test(busy_means_a_task_runs_or_waits),
         cmocka_unit_test(budgets_make_out_of_memory_real),
         cmocka_unit_test(a_huge_allocation_fails_cleanly_without_a_budget),
         cmocka_unit_test(copies_between_devices_keep_every_byte),
