@@ -185,50 +185,21 @@ static int all_cuda(td_device *const *devs, size_t n) {
     return n > 0;
 }
 
-/* The logical CPUs of a list such as "0,2-3" (td_device_info.cores) into
- * set. A full buffer may end in a cut number, which is left out. */
-static void parse_cpu_list(const char *s, size_t cap, cpu_set_t *set) {
-    size_t len = strlen(s);
-    CPU_ZERO(set);
-    while (*s) {
-        char *end;
-        long a = strtol(s, &end, 10), b = a;
-        if (end == s)
-            return;
-        if (*end == '-')
-            b = strtol(end + 1, &end, 10);
-        if (!*end && len + 1 >= cap)
-            return;
-        for (long c = a; c <= b && c >= 0 && c < CPU_SETSIZE; c++)
-            CPU_SET((int)c, set);
-        s = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',')
-            return;
-    }
-}
-
 /* Whether the members' host threads contend for cores: more members than
  * this process may use CPUs (mpirun binds each process to one), or two
  * devices bound to a common core (cpu*3 on two cores; the two survivors of
  * it that share one). */
 static int members_share_cores(td_device *const *devs, size_t n) {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    cpu_set_t set, seen, both;
-    td_device_info info;
+    cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
         cpus = CPU_COUNT(&set);
     if ((long)n > cpus)
         return 1;
-    CPU_ZERO(&seen);
-    for (size_t i = 0; i < n; i++) {
-        if (!devs[i] || td_device_get_info(devs[i], &info) != TD_OK || !info.pinned)
-            continue;
-        parse_cpu_list(info.cores, sizeof info.cores, &set);
-        CPU_AND(&both, &seen, &set);
-        if (CPU_COUNT(&both) > 0)
-            return 1;
-        CPU_OR(&seen, &seen, &set);
-    }
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < i; j++)
+            if (td__device_cpus_overlap(devs[i], devs[j]))
+                return 1;
     return 0;
 }
 

@@ -72,6 +72,11 @@ typedef struct td_backend_ops {
 
 typedef struct td_task td_task;
 
+#define TD_DEVICE_CPU_WORDS 16 /* 1024 logical CPUs */
+
+/* Whether two devices' host threads are bound to a common logical CPU. */
+int td__device_cpus_overlap(const td_device *a, const td_device *b);
+
 struct td_device {
     char name[32];
     const td_backend_ops *ops;
@@ -92,6 +97,9 @@ struct td_device {
     atomic_bool left_behind; /* a group gave up waiting for that task */
     td_status init_status;   /* what thread_init returned */
     int fp64;                /* cached at start: tensors ask on every create */
+    /* The logical CPUs its host thread is bound to (bit c of word c / 64),
+     * read at start; all zero when it is not bound (GPUs, or pinning refused). */
+    uint64_t cpus[TD_DEVICE_CPU_WORDS];
 };
 
 struct td_buffer {
