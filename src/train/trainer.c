@@ -35,13 +35,6 @@ typedef struct trainer {
     td_train_state state;
     td_group *group; /* the data strategy's, else NULL */
     td_dp *dp;
-    /* Replicas and groups left after a loss that a lost device's host
-     * thread, not back from the failed step, may still touch (retire). */
-    struct held_setup {
-        td_dp *dp;
-        td_group *g;
-    } held[TD_DP_MAX_MEMBERS];
-    int nheld;
     const char *saved; /* the run's newest checkpoint (written or resumed from), or NULL */
     int root;          /* this process reports and saves */
     int64_t dp_steps;  /* data-parallel steps in this process */
@@ -273,6 +266,22 @@ static td_status save(trainer *t) {
     return st;
 }
 
+/* A checkpoint's model on dev, an optimizer holding its saved state, and
+ * the run's state it was saved with. */
+static td_status open_checkpoint(const char *path, td_device *dev, td_model **m, td_optimizer **o,
+                                 td_train_state *s) {
+    td_status st = td_checkpoint_load_model(path, dev, m, s);
+    *o = NULL;
+    if (st == TD_OK && (st = td_optimizer_create(*m, &s->opt, o)) == TD_OK)
+        st = td_checkpoint_load(path, *m, *o, NULL);
+    if (st != TD_OK) {
+        td_optimizer_destroy(*o);
+        td_model_destroy(*m);
+        *o = NULL, *m = NULL;
+    }
+    return st;
+}
+
 /* Opens the data the model reads: MNIST for features, text for tokens. */
 static td_status open_data(trainer *t) {
     const td_train_config *c = t->cfg;
@@ -436,10 +445,14 @@ static int most_advanced(td_dp *dp, const td_group *g, const td_group *among) {
     return best;
 }
 
-/* Setups that stay allocated to the end of the process because a host
- * thread that never came back may still touch them. */
+/* Replicas and groups that stay allocated to the end of the process: a lost
+ * device's host thread that never came back from its step may still touch
+ * them. */
 static pthread_mutex_t kept_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct held_setup kept[64];
+static struct kept_setup {
+    td_dp *dp;
+    td_group *g;
+} kept[64];
 static int nkept;
 
 /* Whether a device of g that is not in the run's group now (a lost one)
@@ -453,20 +466,11 @@ static int lost_thread_out(const trainer *t, const td_group *g) {
     return 0;
 }
 
-/* Keeps a setup to the end of the process (leaked if the list is full:
- * freeing it could pull memory from under the thread). */
-static void keep_to_the_end(struct held_setup h) {
-    pthread_mutex_lock(&kept_lock);
-    if (nkept < (int)(sizeof kept / sizeof *kept))
-        kept[nkept++] = h;
-    pthread_mutex_unlock(&kept_lock);
-}
-
 /* Frees the replicas and group the run has left behind, unless a lost
  * device's host thread is still out in the failed step (a device hung for
- * good): then they are held, and the run's end tries again. */
+ * good): then they are kept (leaked once the list is full: freeing them
+ * could pull memory from under the thread). */
 static void retire(trainer *t, td_dp *dp, td_group *g) {
-    struct held_setup h = {dp, g};
     if (!lost_thread_out(t, g)) {
         td_dp_destroy(dp);
         td_group_destroy(g);
@@ -474,24 +478,10 @@ static void retire(trainer *t, td_dp *dp, td_group *g) {
     }
     TD_LOG_WARN("a lost device's host thread has not come back from the step; its group's "
                 "replicas stay allocated while it may touch them");
-    if (t->nheld < TD_DP_MAX_MEMBERS)
-        t->held[t->nheld++] = h;
-    else
-        keep_to_the_end(h);
-}
-
-/* At the end of the run: what is held and whose thread came back is freed;
- * the rest is kept to the end of the process. */
-static void release_held(trainer *t) {
-    for (int i = 0; i < t->nheld; i++) {
-        if (lost_thread_out(t, t->held[i].g)) {
-            keep_to_the_end(t->held[i]);
-        } else {
-            td_dp_destroy(t->held[i].dp);
-            td_group_destroy(t->held[i].g);
-        }
-    }
-    t->nheld = 0;
+    pthread_mutex_lock(&kept_lock);
+    if (nkept < (int)(sizeof kept / sizeof *kept))
+        kept[nkept++] = (struct kept_setup){dp, g};
+    pthread_mutex_unlock(&kept_lock);
 }
 
 /* What a lost device left the step: to be taken again by the survivors,
@@ -510,9 +500,7 @@ static td_status rewind_to_checkpoint(trainer *t, td_group *survivors, const cha
     td_optimizer *o = NULL;
     td_train_state s;
     td_status st;
-    if ((st = td_checkpoint_load_model(t->saved, td_group_device(survivors, 0), &m, &s)) != TD_OK ||
-        (st = td_optimizer_create(m, &s.opt, &o)) != TD_OK ||
-        (st = td_checkpoint_load(t->saved, m, o, NULL)) != TD_OK ||
+    if ((st = open_checkpoint(t->saved, td_group_device(survivors, 0), &m, &o, &s)) != TD_OK ||
         (st = td_loader_seek(t->loader, s.epoch, s.sample)) != TD_OK) {
         td_optimizer_destroy(o);
         td_model_destroy(m);
@@ -523,10 +511,9 @@ static td_status rewind_to_checkpoint(trainer *t, td_group *survivors, const cha
                 "on with the other %d device%s",
                 (long long)t->state.step + 1, gone, why, what_went, t->saved, (long long)s.step,
                 td_group_size(survivors), td_group_size(survivors) == 1 ? "" : "s");
-    for (int r = 0; r < td_group_size(old_group); r++)
-        if (td_group_device(old_group, r) &&
-            td_group_rank_of(survivors, td_group_device(old_group, r)) < 0)
-            member_row(t, r)->back_to_step = s.step;
+    for (int i = 0; i < t->summary->members; i++)
+        if (t->summary->member[i].lost_at_step == t->state.step + 1)
+            t->summary->member[i].back_to_step = s.step;
     if (t->metrics) {
         fprintf(t->metrics,
                 "{\"event\":\"rewind\",\"step\":%lld,\"to_step\":%lld,\"lost\":\"%s\"}\n",
@@ -679,7 +666,7 @@ static td_status setup(trainer *t) {
     TD_TRY(td_devices_open(spec, &t->devs));
     t->dev = td_device_list_get(t->devs, 0);
     if (c->resume) {
-        TD_TRY(td_checkpoint_load_model(c->resume, t->dev, &t->m, &resumed));
+        TD_TRY(open_checkpoint(c->resume, t->dev, &t->m, &t->opt, &resumed));
         t->state = resumed;
         t->saved = c->resume;
     } else {
@@ -709,9 +696,8 @@ static td_status setup(trainer *t) {
         TD_TRY(td_loader_seek(t->loader, t->state.epoch, t->state.sample));
     }
     vocab_to_state(t);
-    TD_TRY(td_optimizer_create(t->m, &t->state.opt, &t->opt));
-    if (c->resume)
-        TD_TRY(td_checkpoint_load(c->resume, t->m, t->opt, NULL));
+    if (!c->resume)
+        TD_TRY(td_optimizer_create(t->m, &t->state.opt, &t->opt));
     t->root = 1;
     if (c->strategy && !strcmp(c->strategy, "data"))
         TD_TRY(setup_data_parallel(t));
@@ -741,7 +727,6 @@ fail:
 static void teardown(trainer *t) {
     if (t->metrics)
         fclose(t->metrics);
-    release_held(t);
     td_loader_destroy(t->loader);
     if (t->dp) {
         /* The replicas own the model and optimizer then. */
