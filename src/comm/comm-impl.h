@@ -74,7 +74,8 @@ typedef struct td__fault {
     int process; /* -1: any */
     int kind;    /* td_collective_kind or -1 for any */
     int nth;
-    int hang; /* 1: stop answering; 0: fail loudly; 2: stop answering for good */
+    /* fail loudly; stop answering until the peers gave up; or for good */
+    enum { TD__FAULT_ERROR, TD__FAULT_HANG, TD__FAULT_STUCK } mode;
 } td__fault;
 
 typedef struct td__engine td__engine; /* a member's async engine (collectives.c) */

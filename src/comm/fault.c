@@ -81,12 +81,12 @@ static td_status parse_item(const char *item, td__fault *f) {
     if (end == colon + 1 || nth < 1 || nth > 1000000000)
         goto bad;
     f->nth = (int)nth;
-    f->hang = 1;
+    f->mode = TD__FAULT_HANG;
     if (*end == ':') {
         if (!strcmp(end + 1, "error"))
-            f->hang = 0;
+            f->mode = TD__FAULT_ERROR;
         else if (!strcmp(end + 1, "stuck"))
-            f->hang = 2;
+            f->mode = TD__FAULT_STUCK;
         else if (strcmp(end + 1, "hang"))
             goto bad;
     } else if (*end) {
@@ -201,7 +201,7 @@ td_status td__fault_check(td__member *m, td_collective_kind kind) {
         if (atomic_exchange(&p->fired[i], 1))
             continue;
         atomic_store(&m->failed, 1);
-        if (!f->hang)
+        if (f->mode == TD__FAULT_ERROR)
             return td__group_fail(g, m->rank,
                                   "%s (rank %d) failed at its %s number %d: injected by "
                                   "TANDEM_FAULT=%s",
@@ -209,7 +209,7 @@ td_status td__fault_check(td__member *m, td_collective_kind kind) {
                                   f->kind < 0 ? "collective" : td_collective_name(kind), f->nth,
                                   p->text);
         /* Never come back: the thread sleeps until the process ends. */
-        while (f->hang == 2)
+        while (f->mode == TD__FAULT_STUCK)
             pause();
         /* Stop answering, as a lost device does, until the peers gave up on
          * us; alone (or with every peer hung too) give up after the timeout. */

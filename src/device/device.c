@@ -159,12 +159,13 @@ static void *host_thread_main(void *p) {
         dev->head = t->next;
         if (!dev->head)
             dev->tail = NULL;
-        atomic_store(&dev->in_task, true); /* before the queue looks empty: td_device_busy */
-        atomic_fetch_sub_explicit(&dev->pending, 1, memory_order_relaxed);
+        /* Before the queue looks empty, for td_device_busy. */
+        atomic_store_explicit(&dev->in_task, true, memory_order_relaxed);
+        atomic_fetch_sub_explicit(&dev->pending, 1, memory_order_release);
         pthread_mutex_unlock(&dev->lock);
 
         st = t->fn(dev, t->arg);
-        atomic_store(&dev->in_task, false);
+        atomic_store_explicit(&dev->in_task, false, memory_order_release);
         if (t->ev) {
             event_complete(t->ev, st);
             event_release(t->ev);
