@@ -209,9 +209,10 @@ TD_API td_status td_dp_scatter_optimizer(td_dp *dp, td_optimizer *whole);
  * replica that may have been parked (to save a checkpoint from rank 0, say). */
 TD_API td_status td_dp_refresh(td_dp *dp);
 
-/* After a step failed with TD_ERR_DEVICE_LOST: a new group of dp's group's
- * members less those lost in that step. While members are parked the step
- * runs on a group of the others, which alone knows who failed, so
+/* After a call on dp (a step, a refresh, a calibration, moving the optimizer
+ * state, an evaluation) failed with TD_ERR_DEVICE_LOST: a new group of dp's
+ * group's members less those lost in that call. While members are parked a
+ * step runs on a group of the others, which alone knows who failed, so
  * td_group_shrink(td_dp_group(dp), NULL, 0, ...) would keep a lost member
  * then. The caller destroys the group; dp and its group stay as they are. */
 TD_API td_status td_dp_survivors(td_dp *dp, td_group **out);

@@ -232,7 +232,10 @@ typedef struct td_train_summary {
         double update_s;      /* the optimizer step (and ZeRO-1's gather of the weights) */
         double wait_s;        /* idle until the slowest member finished */
         int64_t parked_steps; /* steps it sat out (see td_balancer_parked) */
-        int64_t lost_at_step; /* 0, or the step in which it was lost (the others went on) */
+        /* 0, or the step in which it was lost (the others went on); lost
+         * between steps (a checkpoint or an evaluation brought replicas up
+         * to date), the step after */
+        int64_t lost_at_step;
         /* 0, or the step of the checkpoint the others went back to when it
          * was lost holding state none of them had (its ZeRO-1 shard of the
          * optimizer state, or the only current replica) */

@@ -80,6 +80,10 @@ struct td_dp {
     td_group *active;                               /* NULL: the whole group */
     unsigned char active_parked[TD_DP_MAX_MEMBERS]; /* the set `active` leaves out */
     unsigned char stale[TD_DP_MAX_MEMBERS];
+
+    /* The group of the last td_group_run: dp->g or `active`. After a
+     * failure it alone knows who failed (td_dp_survivors). */
+    td_group *ran;
 };
 
 /* Work handed to members through td_group_run. */
@@ -111,6 +115,12 @@ static dp_member *member_of(td_dp *dp, int rank) {
         if (dp->members[i].rank == rank)
             return &dp->members[i];
     return NULL;
+}
+
+/* td_group_run on g (dp->g or dp->active), noted for td_dp_survivors. */
+static td_status run_on(td_dp *dp, td_group *g, td_group_fn fn, void *arg) {
+    dp->ran = g;
+    return td_group_run(g, fn, arg);
 }
 
 /* The part [offset, offset + n) of a host batch. */
@@ -548,7 +558,7 @@ static td_status sync_from(td_dp *dp, int root) {
     memset(&w, 0, sizeof w);
     w.dp = dp;
     w.root = root;
-    if ((st = td_group_run(dp->g, broadcast_replicas, &w)) != TD_OK)
+    if ((st = run_on(dp, dp->g, broadcast_replicas, &w)) != TD_OK)
         return st;
     for (int i = 0; i < dp->nlocal && src; i++)
         td_optimizer_set_steps(dp->members[i].opt, td_optimizer_steps(src));
@@ -665,7 +675,7 @@ static td_status move_whole(td_dp *dp, td_optimizer *whole, int to_whole, const 
         return st;
     if (to_whole && whole)
         td_optimizer_set_steps(whole, td_optimizer_steps(root->opt));
-    return td_group_run(dp->g, move_member_state, &ww);
+    return run_on(dp, dp->g, move_member_state, &ww);
 }
 
 td_status td_dp_gather_optimizer(td_dp *dp, td_optimizer *whole) {
@@ -766,7 +776,7 @@ td_status td_dp_calibrate(td_dp *dp, const td_batch *batch) {
     w.batch = batch;
     w.reader = &dp->members[0];
     w.rows = all;
-    if ((st = td_group_run(dp->g, calibrate_member, &w)) != TD_OK)
+    if ((st = run_on(dp, dp->g, calibrate_member, &w)) != TD_OK)
         return st;
     n1 = (double)batch->n;
     n2 = (double)(batch->n >= 4 ? batch->n / 4 : batch->n);
@@ -1031,6 +1041,8 @@ static td_status step_group(td_dp *dp, td_group **g, int *ranks, int *n) {
             ranks[(*n)++] = r;
     dp->overlap = resolve_overlap(dp, parked);
     if (changed || !dp->active) {
+        if (dp->ran == dp->active)
+            dp->ran = NULL;
         td_group_destroy(dp->active);
         dp->active = NULL;
         td_status st = td_group_shrink(dp->g, excluded, (size_t)nx, &dp->active);
@@ -1083,7 +1095,7 @@ td_status td_dp_step(td_dp *dp, const td_batch *batch, uint64_t step, td_step_re
     w.rows = rows;
     if (dp->cfg.deterministic && !(w.chunk_rows = malloc(sizeof *w.chunk_rows * (size_t)units * 3)))
         return td__error(TD_ERR_OUT_OF_MEMORY, "out of host memory");
-    st = td_group_run(g, dp->cfg.deterministic ? step_member_deterministic : step_member, &w);
+    st = run_on(dp, g, dp->cfg.deterministic ? step_member_deterministic : step_member, &w);
     if (st != TD_OK) {
         free(w.chunk_rows);
         return st;
@@ -1132,15 +1144,6 @@ td_status td_dp_step(td_dp *dp, const td_batch *batch, uint64_t step, td_step_re
     return TD_OK;
 }
 
-/* The group the last step ran on: the unparked members' while some sit
- * out (a failed step leaves the balancer's parking as the step found it). */
-static td_group *last_step_group(const td_dp *dp) {
-    for (int r = 0; r < dp->size; r++)
-        if (sits_out(dp, r) && dp->active)
-            return dp->active;
-    return dp->g;
-}
-
 td_status td_dp_survivors(td_dp *dp, td_group **out) {
     int exclude[TD_DP_MAX_MEMBERS];
     size_t nx = 0;
@@ -1148,11 +1151,11 @@ td_status td_dp_survivors(td_dp *dp, td_group **out) {
     if (!dp || !out)
         return td__error(TD_ERR_INVALID_ARG, "td_dp_survivors: dp or out is NULL");
     *out = NULL;
-    ran = last_step_group(dp);
+    ran = dp->ran ? dp->ran : dp->g;
     if (ran == dp->g)
         return td_group_shrink(dp->g, NULL, 0, out);
-    /* The step ran on the unparked members' group, which alone knows who
-     * failed. */
+    /* The last run was on the unparked members' group, which alone knows
+     * who failed. */
     for (int r = 0; r < dp->size; r++) {
         td_device *dev = td_group_device(dp->g, r);
         if (dev && td_group_member_failed(ran, td_group_rank_of(ran, dev)))
@@ -1215,7 +1218,7 @@ td_status td_dp_evaluate(td_dp *dp, const td_batch *batches, size_t n, td_step_r
     w.nbatches = n;
     w.owner = owner;
     w.per_batch = per_batch;
-    st = td_group_run(dp->g, evaluate_member, &w);
+    st = run_on(dp, dp->g, evaluate_member, &w);
     free(owner);
     free(credit);
     return st;

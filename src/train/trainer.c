@@ -36,6 +36,7 @@ typedef struct trainer {
     td_group *group; /* the data strategy's, else NULL */
     td_dp *dp;
     const char *saved; /* the run's newest checkpoint (written or resumed from), or NULL */
+    int rewinds;       /* times a lost device sent the run back to it */
     int root;          /* this process reports and saves */
     int64_t dp_steps;  /* data-parallel steps in this process */
     td_train_summary *summary;
@@ -227,6 +228,8 @@ static void metrics_line(trainer *t, const char *event, const td_train_event *ev
         fflush(t->metrics);
 }
 
+static td_status lost_outside_a_step(trainer *t, td_status lost);
+
 /* ZeRO-1: the shards of the optimizer state, put together for the
  * checkpoint in a whole optimizer that lives while it is written (rank 0's
  * device holds the whole state for that while). */
@@ -259,8 +262,13 @@ static td_status save_now(trainer *t) {
     return td_checkpoint_save(t->cfg->checkpoint, t->m, t->opt, &t->state);
 }
 
+/* A device lost while the checkpoint brings parked replicas up to date or
+ * gathers ZeRO-1's shards: the run carries on without it (which may send
+ * it back to its previous checkpoint) and saves again. */
 static td_status save(trainer *t) {
     td_status st = save_now(t);
+    while (st == TD_ERR_DEVICE_LOST && t->dp && (st = lost_outside_a_step(t, st)) == TD_OK)
+        st = save_now(t);
     if (st == TD_OK && t->cfg->checkpoint)
         t->saved = t->cfg->checkpoint;
     return st;
@@ -521,6 +529,11 @@ static td_status rewind_to_checkpoint(trainer *t, td_group *survivors, const cha
         fflush(t->metrics);
     }
     t->state = s;
+    t->rewinds++;
+    /* As a resumed run starts: the epoch's numbers afresh. */
+    t->ep_loss = 0;
+    t->ep_correct = t->ep_count = t->ep_samples = t->ep_batches = 0;
+    t->ep_seconds = 0;
     t->group = survivors;
     t->dp = NULL;
     st = make_replicas(t, m, o);
@@ -560,6 +573,10 @@ static td_status carry_on_without_lost(trainer *t, td_status lost, int64_t steps
         td_group_destroy(survivors);
         return td__error(lost, "%s (no device is left)", why);
     }
+    if (td_group_size(survivors) == td_group_size(old_group)) { /* none of its members failed */
+        td_group_destroy(survivors);
+        return td__error(lost, "%s", why);
+    }
     for (int r = 0; r < td_group_size(old_group); r++)
         if (td_group_device(old_group, r) &&
             td_group_rank_of(survivors, td_group_device(old_group, r)) < 0) {
@@ -596,6 +613,18 @@ static td_status carry_on_without_lost(trainer *t, td_status lost, int64_t steps
         t->m = NULL, t->opt = NULL;
     retire(t, old_dp, old_group);
     return st;
+}
+
+/* A device lost outside a step, while parked replicas were brought up to
+ * date (for a checkpoint or an evaluation) or ZeRO-1's shards gathered:
+ * after the step before, as after a loss in a step's last exchange. The
+ * survivors' replicas are made current, or the run goes back to its
+ * checkpoint. */
+static td_status lost_outside_a_step(trainer *t, td_status lost) {
+    after_loss after = STEP_TAKEN;
+    int64_t steps =
+        td_optimizer_steps(td_dp_optimizer(t->dp, most_advanced(t->dp, t->group, NULL)));
+    return carry_on_without_lost(t, lost, steps, &after);
 }
 
 /* Per-member totals of a data-parallel run, and the per-step metrics line. */
@@ -745,6 +774,8 @@ static td_status eval_test(trainer *t, double *loss, double *acc) {
     td_step_result r;
     int64_t batch = t->info.kind == TD_INPUT_TOKENS ? t->state.batch : 1000;
     td_status st = t->dp ? td_dp_refresh(t->dp) : TD_OK;
+    while (st == TD_ERR_DEVICE_LOST && t->dp && (st = lost_outside_a_step(t, st)) == TD_OK)
+        st = td_dp_refresh(t->dp);
     if (st == TD_OK)
         st = td_evaluate(t->m, t->test, batch, t->cfg->eval_samples, &r);
     if (st != TD_OK)
@@ -767,7 +798,7 @@ td_status td_train_run(const td_train_config *cfg, td_train_summary *out) {
     td_status st;
     double last_eval_loss = NAN, last_eval_acc = NAN;
     int64_t last_eval_step = -1, epochs_done = 0, bpe;
-    int stop = 0;
+    int stop = 0, rewinds;
     if (!cfg || !out)
         return td__error(TD_ERR_INVALID_ARG, "td_train_run: NULL argument");
     memset(out, 0, sizeof *out);
@@ -779,6 +810,7 @@ td_status td_train_run(const td_train_config *cfg, td_train_summary *out) {
     TD_TRY(setup(&t));
     bpe = td_loader_batches_per_epoch(t.loader);
     memset(&ev, 0, sizeof ev);
+train_on:
     while (!stop) {
         int64_t epoch, pos;
         uint64_t s0;
@@ -839,13 +871,8 @@ td_status td_train_run(const td_train_config *cfg, td_train_summary *out) {
                 st = td_dp_step(t.dp, &b, a.dropout_step, &a.result, &ds);
                 if (st == TD_ERR_DEVICE_LOST) {
                     TD_TRY(carry_on_without_lost(&t, st, before, &after));
-                    if (after == STEPS_REWOUND) {
-                        /* As a resumed run starts: the epoch's numbers afresh. */
-                        t.ep_loss = 0;
-                        t.ep_correct = t.ep_count = t.ep_samples = t.ep_batches = 0;
-                        t.ep_seconds = 0;
+                    if (after == STEPS_REWOUND)
                         continue;
-                    }
                     memset(&a.result, 0, sizeof a.result); /* its numbers went with the device */
                     st = after == STEP_TAKEN ? TD_OK
                                              : td_dp_step(t.dp, &b, a.dropout_step, &a.result, &ds);
@@ -908,11 +935,16 @@ td_status td_train_run(const td_train_config *cfg, td_train_summary *out) {
         }
     }
     /* The end: a final evaluation unless the last epoch's end just made one. */
+    rewinds = t.rewinds;
     if (last_eval_step != t.state.step)
         TD_TRY(eval_test(&t, &last_eval_loss, &last_eval_acc));
     if (t.ep_count > 0)
         out->final_loss = t.ep_loss / (double)t.ep_count;
     TD_TRY(save(&t));
+    /* A device lost in those sent the run back to its checkpoint: the steps
+     * from there are still to take. */
+    if (t.rewinds != rewinds && !stop)
+        goto train_on;
     snprintf(out->device, sizeof out->device, "%s", td_device_name(t.dev));
     out->devices_named = (int)td_device_list_count(t.devs);
     out->root = t.root;

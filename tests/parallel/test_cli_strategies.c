@@ -279,6 +279,50 @@ static void with_zero_1_a_lost_device_sends_the_run_back_to_its_checkpoint(void 
     free(err);
 }
 
+/* With the optimizer replicated, a device lost while the others sat steps
+ * out, parked, held the only current replica: cpu:0{latency=30} is parked
+ * (30 ms a pass, against cpu:1's steps of a few), so when cpu:1 fails the
+ * run goes back to its checkpoint of step 8 and cpu:0 trains on alone.
+ * cpu:1 fails in step 10 (at its 120th collective), and then, in a second
+ * run, between steps 12 and 13 (its 150th), while the checkpoint of step 12
+ * brings cpu:0's replica up to date, which used to end the run. Either way
+ * the weights after 15 steps equal one device's (f64). */
+static void a_lost_device_holding_the_only_current_replica_sends_the_run_back(void **state) {
+    static const char *const steps = "--steps 15 --precision f64 --batch 256";
+    static const struct {
+        const char *fault, *said, *event;
+    } cases[] = {
+        {"TANDEM_FAULT=cpu:1@any:120:error ",
+         "lost: cpu:1 in step 10; the other devices went back to the checkpoint of step 8",
+         "{\"event\":\"rewind\",\"step\":9,\"to_step\":8,\"lost\":\"cpu:1\"}"},
+        {"TANDEM_FAULT=cpu:1@any:150:error ",
+         "lost: cpu:1 in step 13; the other devices went back to the checkpoint of step 8",
+         "{\"event\":\"rewind\",\"step\":12,\"to_step\":8,\"lost\":\"cpu:1\"}"},
+    };
+    char cmd[1024], metrics[512], *out, *text;
+    (void)state;
+    free(td_dp_train_cli("", "cpu:0", steps, "one256.safetensors"));
+    snprintf(metrics, sizeof metrics, "%s/parked.jsonl", td_test_tmpdir());
+    snprintf(cmd, sizeof cmd, "%s --strategy data --checkpoint-every 4 --metrics %s", steps,
+             metrics);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        double d;
+        out = td_dp_train_cli(cases[i].fault, "cpu:0{latency=30},cpu:1", cmd, "parked.safetensors");
+        if (!strstr(out, cases[i].said))
+            fail_msg("%s: did not say '%s': %s", cases[i].fault, cases[i].said, out);
+        free(out);
+        text = (char *)td_test_read_file(metrics, NULL);
+        if (!strstr(text, cases[i].event))
+            fail_msg("%s: the metrics file has no %s: %s", cases[i].fault, cases[i].event, text);
+        free(text);
+        d = checkpoint_diff("parked.safetensors", "one256.safetensors");
+        printf("%sgone back to step 8: differs from one device by %g\n", cases[i].fault, d);
+        if (d > 1e-12)
+            fail_msg("%s: after going back, the weights differ from one device's by %g",
+                     cases[i].fault, d);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(data_strategy_matches_one_device),
@@ -290,6 +334,7 @@ int main(void) {
         cmocka_unit_test(bad_strategies_are_refused),
         cmocka_unit_test(training_goes_on_when_a_device_is_lost),
         cmocka_unit_test(with_zero_1_a_lost_device_sends_the_run_back_to_its_checkpoint),
+        cmocka_unit_test(a_lost_device_holding_the_only_current_replica_sends_the_run_back),
     };
     return cmocka_run_group_tests(tests, td_test_tmpdir_setup, td_test_tmpdir_teardown);
 }
