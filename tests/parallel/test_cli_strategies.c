@@ -62,6 +62,22 @@ static double checkpoint_diff(const char *a, const char *b) {
     return td_dp_checkpoint_diff(td_test_tmp(a), td_test_tmp(b));
 }
 
+/* Trains with `fault` in the environment (a TANDEM_FAULT=... prefix) and
+ * requires the run's report to say `says` and its weights (checkpoint ckpt)
+ * to equal one device's (one256.safetensors) within 1e-12. */
+static void survives_as_one_device(const char *fault, const char *devices, const char *cmd,
+                                   const char *ckpt, const char *says) {
+    char *out = td_dp_train_cli(fault, devices, cmd, ckpt);
+    double d;
+    if (!strstr(out, says))
+        fail_msg("%sdid not say \"%s\": %s", fault, says, out);
+    free(out);
+    d = checkpoint_diff(ckpt, "one256.safetensors");
+    printf("%s: differs from one device by %g\n", fault, d);
+    if (d > 1e-12)
+        fail_msg("%s: the survivors' weights differ from one device's by %g", fault, d);
+}
+
 static void data_strategy_matches_one_device(void **state) {
     double d;
     train("cpu:0", "--steps 15 --precision f64", "one64.safetensors");
@@ -220,21 +236,11 @@ static void training_goes_on_when_a_device_is_lost(void **state) {
         {"TANDEM_COMM_TIMEOUT_MS=500 TANDEM_FAULT=cpu:0@allgather:8 ", "lost: cpu:0 in step 7;"},
         {"TANDEM_COMM_TIMEOUT_MS=500 TANDEM_FAULT=cpu:1@allreduce:20:stuck timeout 120 ",
          "lost: cpu:1 in step 4;"}};
-    char cmd[1024], *out;
+    char cmd[1024];
     free(td_dp_train_cli("", "cpu:0", steps, "one256.safetensors"));
-    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
-        double d;
-        snprintf(cmd, sizeof cmd, "%s --strategy data", steps);
-        out = td_dp_train_cli(cases[k].fault, "cpu*2", cmd, "lost.safetensors");
-        if (!strstr(out, cases[k].says))
-            fail_msg("%sdid not say \"%s\": %s", cases[k].fault, cases[k].says, out);
-        free(out);
-        d = checkpoint_diff("lost.safetensors", "one256.safetensors");
-        printf("%s: differs from one device by %g\n", cases[k].fault, d);
-        if (d > 1e-12)
-            fail_msg("%s: the survivor's weights differ from one device's by %g", cases[k].fault,
-                     d);
-    }
+    snprintf(cmd, sizeof cmd, "%s --strategy data", steps);
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++)
+        survives_as_one_device(cases[k].fault, "cpu*2", cmd, "lost.safetensors", cases[k].says);
 }
 
 /* With ZeRO-1 a lost device takes the only copy of its shard of the
@@ -247,26 +253,19 @@ static void training_goes_on_when_a_device_is_lost(void **state) {
 static void with_zero_1_a_lost_device_sends_the_run_back_to_its_checkpoint(void **state) {
     static const char *const steps = "--steps 15 --precision f64 --batch 256";
     char cmd[1024], metrics[512], *out, *err, *text;
-    double d;
     (void)state;
     free(td_dp_train_cli("", "cpu:0", steps, "one256.safetensors"));
     snprintf(metrics, sizeof metrics, "%s/back.jsonl", td_test_tmpdir());
     snprintf(cmd, sizeof cmd, "%s --strategy data --zero --checkpoint-every 4 --metrics %s", steps,
              metrics);
-    out = td_dp_train_cli("TANDEM_FAULT=cpu:2@reducescatter:66:error ", "cpu*3", cmd,
-                          "back.safetensors");
-    if (!strstr(out, "lost: cpu:2 in step 11; the other devices went back to the checkpoint of "
-                     "step 8 and trained on"))
-        fail_msg("did not say that it went back to step 8: %s", out);
-    free(out);
+    survives_as_one_device("TANDEM_FAULT=cpu:2@reducescatter:66:error ", "cpu*3", cmd,
+                           "back.safetensors",
+                           "lost: cpu:2 in step 11; the other devices went back to the checkpoint "
+                           "of step 8 and trained on");
     text = (char *)td_test_read_file(metrics, NULL);
     if (!strstr(text, "{\"event\":\"rewind\",\"step\":10,\"to_step\":8,\"lost\":\"cpu:2\"}"))
         fail_msg("the metrics file has no rewind event from step 10 to 8: %s", text);
     free(text);
-    d = checkpoint_diff("back.safetensors", "one256.safetensors");
-    printf("gone back to step 8: differs from one device by %g\n", d);
-    if (d > 1e-12)
-        fail_msg("after going back, the weights differ from one device's by %g", d);
     snprintf(cmd, sizeof cmd,
              "TANDEM_FAULT=cpu:1@any:40:error %s train --model %s/examples/mnist_mlp.json "
              "--data %s/data/mnist --steps 8 --quiet --devices 'cpu*2' --strategy data --zero",
@@ -299,27 +298,19 @@ static void a_lost_device_holding_the_only_current_replica_sends_the_run_back(vo
          "lost: cpu:1 in step 13; the other devices went back to the checkpoint of step 8",
          "{\"event\":\"rewind\",\"step\":12,\"to_step\":8,\"lost\":\"cpu:1\"}"},
     };
-    char cmd[1024], metrics[512], *out, *text;
+    char cmd[1024], metrics[512], *text;
     (void)state;
     free(td_dp_train_cli("", "cpu:0", steps, "one256.safetensors"));
     snprintf(metrics, sizeof metrics, "%s/parked.jsonl", td_test_tmpdir());
     snprintf(cmd, sizeof cmd, "%s --strategy data --checkpoint-every 4 --metrics %s", steps,
              metrics);
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        double d;
-        out = td_dp_train_cli(cases[i].fault, "cpu:0{latency=30},cpu:1", cmd, "parked.safetensors");
-        if (!strstr(out, cases[i].said))
-            fail_msg("%s: did not say '%s': %s", cases[i].fault, cases[i].said, out);
-        free(out);
+        survives_as_one_device(cases[i].fault, "cpu:0{latency=30},cpu:1", cmd, "parked.safetensors",
+                               cases[i].said);
         text = (char *)td_test_read_file(metrics, NULL);
         if (!strstr(text, cases[i].event))
             fail_msg("%s: the metrics file has no %s: %s", cases[i].fault, cases[i].event, text);
         free(text);
-        d = checkpoint_diff("parked.safetensors", "one256.safetensors");
-        printf("%sgone back to step 8: differs from one device by %g\n", cases[i].fault, d);
-        if (d > 1e-12)
-            fail_msg("%s: after going back, the weights differ from one device's by %g",
-                     cases[i].fault, d);
     }
 }
 
