@@ -279,9 +279,10 @@ static void with_zero_1_a_lost_device_sends_the_run_back_to_its_checkpoint(void 
 }
 
 /* With the optimizer replicated, a device lost while the others sat steps
- * out, parked, held the only current replica: cpu:0{latency=30} is parked
- * (30 ms a pass, against cpu:1's steps of a few), so when cpu:1 fails the
- * run goes back to its checkpoint of step 8 and cpu:0 trains on alone.
+ * out, parked, held the only current replica: cpu:0{latency=250} is parked
+ * (250 ms a pass, against cpu:1's steps of a few ms, tens under
+ * ThreadSanitizer), so when cpu:1 fails the run goes back to its
+ * checkpoint of step 8 and cpu:0 trains on alone.
  * cpu:1 fails in step 10 (at its 120th collective), and then, in a second
  * run, between steps 12 and 13 (its 150th), while the checkpoint of step 12
  * brings cpu:0's replica up to date, which used to end the run. Either way
@@ -305,8 +306,8 @@ static void a_lost_device_holding_the_only_current_replica_sends_the_run_back(vo
     snprintf(cmd, sizeof cmd, "%s --strategy data --checkpoint-every 4 --metrics %s", steps,
              metrics);
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        survives_as_one_device(cases[i].fault, "cpu:0{latency=30},cpu:1", cmd, "parked.safetensors",
-                               cases[i].said);
+        survives_as_one_device(cases[i].fault, "cpu:0{latency=250},cpu:1", cmd,
+                               "parked.safetensors", cases[i].said);
         text = (char *)td_test_read_file(metrics, NULL);
         if (!strstr(text, cases[i].event))
             fail_msg("%s: the metrics file has no %s: %s", cases[i].fault, cases[i].event, text);
