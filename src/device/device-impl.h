@@ -4,6 +4,7 @@
 #define TD_DEVICE_IMPL_H
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 
@@ -72,8 +73,6 @@ typedef struct td_backend_ops {
 
 typedef struct td_task td_task;
 
-#define TD_DEVICE_CPU_WORDS 16 /* 1024 logical CPUs */
-
 /* Whether two devices' host threads are bound to a common logical CPU. */
 int td__device_cpus_overlap(const td_device *a, const td_device *b);
 
@@ -97,9 +96,9 @@ struct td_device {
     atomic_bool left_behind; /* a group gave up waiting for that task */
     td_status init_status;   /* what thread_init returned */
     int fp64;                /* cached at start: tensors ask on every create */
-    /* The logical CPUs its host thread is bound to (bit c of word c / 64),
-     * read at start; all zero when it is not bound (GPUs, or pinning refused). */
-    uint64_t cpus[TD_DEVICE_CPU_WORDS];
+    /* The logical CPUs its host thread is bound to, read at start; empty
+     * when it is not bound (GPUs, or pinning refused). */
+    cpu_set_t cpus;
 };
 
 struct td_buffer {

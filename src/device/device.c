@@ -332,32 +332,12 @@ static void device_close(td_device *dev) {
     free(dev);
 }
 
-/* The logical CPUs of a list such as "0,2-3" (td_device_info.cores) as bits
- * of mask. A full buffer may end in a cut number, which is left out. */
-static void read_cpu_list(const char *s, size_t cap, uint64_t mask[TD_DEVICE_CPU_WORDS]) {
-    size_t len = strlen(s);
-    while (*s) {
-        char *end;
-        long a = strtol(s, &end, 10), b = a;
-        if (end == s)
-            return;
-        if (*end == '-')
-            b = strtol(end + 1, &end, 10);
-        if (!*end && len + 1 >= cap)
-            return;
-        for (long c = a; c <= b && c >= 0 && c < 64 * TD_DEVICE_CPU_WORDS; c++)
-            mask[c / 64] |= (uint64_t)1 << (c % 64);
-        if (*end && *end != ',')
-            return;
-        s = *end ? end + 1 : end;
-    }
-}
-
 int td__device_cpus_overlap(const td_device *a, const td_device *b) {
-    for (int w = 0; a && b && w < TD_DEVICE_CPU_WORDS; w++)
-        if (a->cpus[w] & b->cpus[w])
-            return 1;
-    return 0;
+    cpu_set_t both;
+    if (!a || !b)
+        return 0;
+    CPU_AND(&both, &a->cpus, &b->cpus);
+    return CPU_COUNT(&both) > 0;
 }
 
 static td_status device_start(td_device *dev) {
@@ -382,8 +362,9 @@ static td_status device_start(td_device *dev) {
         if ((st = td_device_get_info(dev, &info)) != TD_OK)
             return st;
         dev->fp64 = info.fp64;
-        if (info.pinned)
-            read_cpu_list(info.cores, sizeof info.cores, dev->cpus);
+        CPU_ZERO(&dev->cpus);
+        if (info.pinned && pthread_getaffinity_np(dev->thread, sizeof dev->cpus, &dev->cpus) != 0)
+            CPU_ZERO(&dev->cpus);
     }
     return TD_OK;
 }
