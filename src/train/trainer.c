@@ -36,7 +36,6 @@ typedef struct trainer {
     td_group *group; /* the data strategy's, else NULL */
     td_dp *dp;
     const char *saved; /* the run's newest checkpoint (written or resumed from), or NULL */
-    int rewinds;       /* times a lost device sent the run back to it */
     int root;          /* this process reports and saves */
     int64_t dp_steps;  /* data-parallel steps in this process */
     td_train_summary *summary;
@@ -228,7 +227,7 @@ static void metrics_line(trainer *t, const char *event, const td_train_event *ev
         fflush(t->metrics);
 }
 
-static td_status lost_outside_a_step(trainer *t, td_status lost);
+static td_status despite_lost_devices(trainer *t, td_status (*op)(trainer *));
 
 /* ZeRO-1: the shards of the optimizer state, put together for the
  * checkpoint in a whole optimizer that lives while it is written (rank 0's
@@ -262,13 +261,8 @@ static td_status save_now(trainer *t) {
     return td_checkpoint_save(t->cfg->checkpoint, t->m, t->opt, &t->state);
 }
 
-/* A device lost while the checkpoint brings parked replicas up to date or
- * gathers ZeRO-1's shards: the run carries on without it (which may send
- * it back to its previous checkpoint) and saves again. */
 static td_status save(trainer *t) {
-    td_status st = save_now(t);
-    while (st == TD_ERR_DEVICE_LOST && t->dp && (st = lost_outside_a_step(t, st)) == TD_OK)
-        st = save_now(t);
+    td_status st = despite_lost_devices(t, save_now);
     if (st == TD_OK && t->cfg->checkpoint)
         t->saved = t->cfg->checkpoint;
     return st;
@@ -529,7 +523,6 @@ static td_status rewind_to_checkpoint(trainer *t, td_group *survivors, const cha
         fflush(t->metrics);
     }
     t->state = s;
-    t->rewinds++;
     /* As a resumed run starts: the epoch's numbers afresh. */
     t->ep_loss = 0;
     t->ep_correct = t->ep_count = t->ep_samples = t->ep_batches = 0;
@@ -615,16 +608,20 @@ static td_status carry_on_without_lost(trainer *t, td_status lost, int64_t steps
     return st;
 }
 
-/* A device lost outside a step, while parked replicas were brought up to
- * date (for a checkpoint or an evaluation) or ZeRO-1's shards gathered:
- * after the step before, as after a loss in a step's last exchange. The
- * survivors' replicas are made current, or the run goes back to its
- * checkpoint. */
-static td_status lost_outside_a_step(trainer *t, td_status lost) {
-    after_loss after = STEP_TAKEN;
-    int64_t steps =
-        td_optimizer_steps(td_dp_optimizer(t->dp, most_advanced(t->dp, t->group, NULL)));
-    return carry_on_without_lost(t, lost, steps, &after);
+/* Runs op, which works between steps on every replica (a checkpoint, which
+ * brings parked replicas up to date or gathers ZeRO-1's shards; the refresh
+ * before an evaluation). A device lost in it is handled as after a loss in
+ * a step's last exchange (the survivors' replicas made current, or the run
+ * gone back to its checkpoint), and op runs again. */
+static td_status despite_lost_devices(trainer *t, td_status (*op)(trainer *)) {
+    td_status st;
+    while ((st = op(t)) == TD_ERR_DEVICE_LOST && t->dp) {
+        after_loss after;
+        int64_t steps =
+            td_optimizer_steps(td_dp_optimizer(t->dp, most_advanced(t->dp, t->group, NULL)));
+        TD_CHECK(carry_on_without_lost(t, st, steps, &after));
+    }
+    return st;
 }
 
 /* Per-member totals of a data-parallel run, and the per-step metrics line. */
@@ -770,12 +767,14 @@ static void teardown(trainer *t) {
     td_device_list_destroy(t->devs);
 }
 
+static td_status refresh_replicas(trainer *t) {
+    return t->dp ? td_dp_refresh(t->dp) : TD_OK;
+}
+
 static td_status eval_test(trainer *t, double *loss, double *acc) {
     td_step_result r;
     int64_t batch = t->info.kind == TD_INPUT_TOKENS ? t->state.batch : 1000;
-    td_status st = t->dp ? td_dp_refresh(t->dp) : TD_OK;
-    while (st == TD_ERR_DEVICE_LOST && t->dp && (st = lost_outside_a_step(t, st)) == TD_OK)
-        st = td_dp_refresh(t->dp);
+    td_status st = despite_lost_devices(t, refresh_replicas);
     if (st == TD_OK)
         st = td_evaluate(t->m, t->test, batch, t->cfg->eval_samples, &r);
     if (st != TD_OK)
@@ -798,7 +797,8 @@ td_status td_train_run(const td_train_config *cfg, td_train_summary *out) {
     td_status st;
     double last_eval_loss = NAN, last_eval_acc = NAN;
     int64_t last_eval_step = -1, epochs_done = 0, bpe;
-    int stop = 0, rewinds;
+    int64_t steps_taken;
+    int stop = 0;
     if (!cfg || !out)
         return td__error(TD_ERR_INVALID_ARG, "td_train_run: NULL argument");
     memset(out, 0, sizeof *out);
@@ -935,15 +935,15 @@ train_on:
         }
     }
     /* The end: a final evaluation unless the last epoch's end just made one. */
-    rewinds = t.rewinds;
+    steps_taken = t.state.step;
     if (last_eval_step != t.state.step)
         TD_TRY(eval_test(&t, &last_eval_loss, &last_eval_acc));
     if (t.ep_count > 0)
         out->final_loss = t.ep_loss / (double)t.ep_count;
     TD_TRY(save(&t));
-    /* A device lost in those sent the run back to its checkpoint: the steps
-     * from there are still to take. */
-    if (t.rewinds != rewinds && !stop)
+    /* A device lost in those sent the run back to an earlier checkpoint: the
+     * steps from there are still to take. */
+    if (t.state.step < steps_taken && !stop)
         goto train_on;
     snprintf(out->device, sizeof out->device, "%s", td_device_name(t.dev));
     out->devices_named = (int)td_device_list_count(t.devs);
