@@ -790,13 +790,19 @@ static void fill_epoch_event(trainer *t, td_train_event *ev) {
     ev->samples_per_s = t->ep_seconds > 0 ? (double)t->ep_samples / t->ep_seconds : 0;
 }
 
+/* Whether a device lost since step was reached sent the run back to an
+ * earlier checkpoint: what was about step is then to do again. */
+static int went_back(const trainer *t, int64_t step) {
+    return t->state.step < step;
+}
+
 td_status td_train_run(const td_train_config *cfg, td_train_summary *out) {
     trainer t;
     td_train_event ev;
     td_batch b;
     td_status st;
     double last_eval_loss = NAN, last_eval_acc = NAN;
-    int64_t last_eval_step = -1, epochs_done = 0, bpe;
+    int64_t last_eval_step = -1, first_epoch, last_epoch, bpe;
     int64_t steps_taken;
     int stop = 0;
     if (!cfg || !out)
@@ -809,6 +815,9 @@ td_status td_train_run(const td_train_config *cfg, td_train_summary *out) {
     t.t0 = td_clock_ns();
     TD_TRY(setup(&t));
     bpe = td_loader_batches_per_epoch(t.loader);
+    /* Epochs are counted from the loader's place, which a return to a
+     * checkpoint sets back, so an epoch trained twice counts once. */
+    td_loader_position(t.loader, &first_epoch, NULL);
     memset(&ev, 0, sizeof ev);
 train_on:
     while (!stop) {
@@ -825,7 +834,6 @@ train_on:
         if (b.n == 0) {
             /* The epoch ended: evaluate, report, save. */
             int last = cfg->epochs > 0 && epoch + 1 >= cfg->epochs;
-            epochs_done++;
             memset(&ev, 0, sizeof ev);
             ev.kind = TD_TRAIN_EVENT_EPOCH;
             ev.step = t.state.step;
@@ -838,6 +846,8 @@ train_on:
             ev.eval_loss = ev.eval_accuracy = NAN;
             if (cfg->eval_each_epoch || last) {
                 TD_TRY(eval_test(&t, &ev.eval_loss, &ev.eval_accuracy));
+                if (went_back(&t, ev.step)) /* the epoch is to train again */
+                    continue;
                 last_eval_loss = ev.eval_loss;
                 last_eval_acc = ev.eval_accuracy;
                 last_eval_step = t.state.step;
@@ -846,6 +856,8 @@ train_on:
             out->final_loss = ev.loss;
             metrics_line(&t, "epoch", &ev);
             TD_TRY(save(&t));
+            if (went_back(&t, ev.step))
+                continue;
             if (cfg->callback && cfg->callback(cfg->callback_arg, &ev))
                 stop = 1;
             t.ep_loss = 0;
@@ -921,9 +933,13 @@ train_on:
                 out->stopped = 1;
             if (cfg->checkpoint_every > 0 && t.state.step % cfg->checkpoint_every == 0)
                 TD_TRY(save(&t));
+            if (went_back(&t, ev.step))
+                continue;
             if (cfg->eval_every > 0 && t.state.step % cfg->eval_every == 0) {
                 ev.kind = TD_TRAIN_EVENT_EVAL;
                 TD_TRY(eval_test(&t, &ev.eval_loss, &ev.eval_accuracy));
+                if (went_back(&t, ev.step)) /* evaluated again when it comes back */
+                    continue;
                 last_eval_loss = ev.eval_loss;
                 last_eval_acc = ev.eval_accuracy;
                 last_eval_step = t.state.step;
@@ -950,7 +966,8 @@ train_on:
     out->root = t.root;
     finish_member_stats(&t, out);
     out->steps = t.state.step;
-    out->epochs_done = epochs_done;
+    td_loader_position(t.loader, &last_epoch, NULL);
+    out->epochs_done = last_epoch - first_epoch;
     out->samples = t.samples;
     out->train_seconds = t.train_seconds;
     out->samples_per_s = t.train_seconds > 0 ? (double)t.samples / t.train_seconds : 0;

@@ -278,24 +278,38 @@ static void with_zero_1_a_lost_device_sends_the_run_back_to_its_checkpoint(void 
     free(err);
 }
 
+/* The number of times needle occurs in text. */
+static int occurrences(const char *text, const char *needle) {
+    int n = 0;
+    for (const char *p = text; (p = strstr(p, needle)) != NULL; p += strlen(needle))
+        n++;
+    return n;
+}
+
 /* With the optimizer replicated, a device lost while the others sat steps
  * out, parked, held the only current replica: cpu:0{latency=250} is parked
  * (250 ms a pass, against cpu:1's steps of a few ms, tens under
  * ThreadSanitizer), so when cpu:1 fails the run goes back to its
  * checkpoint of step 8 and cpu:0 trains on alone.
- * cpu:1 fails in step 10 (at its 120th collective), and then, in a second
- * run, between steps 12 and 13 (its 150th), while the checkpoint of step 12
- * brings cpu:0's replica up to date, which used to end the run. Either way
- * the weights after 15 steps equal one device's (f64). */
+ * cpu:1 fails in step 10 (at its 120th collective); in a second run
+ * between steps 12 and 13 (its 150th), while the checkpoint of step 12
+ * brings cpu:0's replica up to date, which used to end the run; in a third
+ * there, while the evaluation of step 12 does (checkpoints every 8 steps
+ * and evaluations every 4), and step 12 is evaluated once, when the run
+ * comes back to it, not also on the way back. Every time the weights after
+ * 15 steps equal one device's (f64). */
 static void a_lost_device_holding_the_only_current_replica_sends_the_run_back(void **state) {
     static const char *const steps = "--steps 15 --precision f64 --batch 256";
     static const struct {
-        const char *fault, *said, *event;
+        const char *fault, *every, *said, *event;
     } cases[] = {
-        {"TANDEM_FAULT=cpu:1@any:120:error ",
+        {"TANDEM_FAULT=cpu:1@any:120:error ", "--checkpoint-every 4",
          "lost: cpu:1 in step 10; the other devices went back to the checkpoint of step 8",
          "{\"event\":\"rewind\",\"step\":9,\"to_step\":8,\"lost\":\"cpu:1\"}"},
-        {"TANDEM_FAULT=cpu:1@any:150:error ",
+        {"TANDEM_FAULT=cpu:1@any:150:error ", "--checkpoint-every 4",
+         "lost: cpu:1 in step 13; the other devices went back to the checkpoint of step 8",
+         "{\"event\":\"rewind\",\"step\":12,\"to_step\":8,\"lost\":\"cpu:1\"}"},
+        {"TANDEM_FAULT=cpu:1@any:150:error ", "--checkpoint-every 8 --eval-every 4",
          "lost: cpu:1 in step 13; the other devices went back to the checkpoint of step 8",
          "{\"event\":\"rewind\",\"step\":12,\"to_step\":8,\"lost\":\"cpu:1\"}"},
     };
@@ -303,16 +317,68 @@ static void a_lost_device_holding_the_only_current_replica_sends_the_run_back(vo
     (void)state;
     free(td_dp_train_cli("", "cpu:0", steps, "one256.safetensors"));
     snprintf(metrics, sizeof metrics, "%s/parked.jsonl", td_test_tmpdir());
-    snprintf(cmd, sizeof cmd, "%s --strategy data --checkpoint-every 4 --metrics %s", steps,
-             metrics);
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        snprintf(cmd, sizeof cmd, "%s --strategy data %s --metrics %s", steps, cases[i].every,
+                 metrics);
         survives_as_one_device(cases[i].fault, "cpu:0{latency=250},cpu:1", cmd,
                                "parked.safetensors", cases[i].said);
         text = (char *)td_test_read_file(metrics, NULL);
         if (!strstr(text, cases[i].event))
             fail_msg("%s: the metrics file has no %s: %s", cases[i].fault, cases[i].event, text);
+        if (strstr(cases[i].every, "--eval-every") &&
+            occurrences(text, "{\"event\":\"eval\",\"step\":12,") != 1)
+            fail_msg("%s: step 12 is not evaluated exactly once: %s", cases[i].fault, text);
         free(text);
     }
+}
+
+/* A linear model over MNIST (7850 weights) for 2 epochs of 8 steps of
+ * 8192 samples, f64, on devices, with extra options: tandem's output. */
+static char *train_linear(const char *fault, const char *devices, const char *extra,
+                          const char *ckpt) {
+    char model[512], cmd[2048], *out = NULL, *err = NULL;
+    FILE *f;
+    int rc;
+    snprintf(model, sizeof model, "%s", td_test_tmp("linear.json"));
+    f = fopen(model, "w");
+    assert_non_null(f);
+    fputs("{\"input\": {\"shape\": [784]}, \"layers\": [{\"type\": \"linear\", \"out\": 10}]}\n",
+          f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd,
+             "%s%s train --model %s --data %s/data/mnist --epochs 2 --batch 8192 --precision f64 "
+             "--lr 0.05 --eval-samples 200 --no-epoch-eval --quiet --summary --devices '%s' %s "
+             "--checkpoint %s",
+             fault, TD_TANDEM_EXE, model, TD_SOURCE_DIR, devices, extra, td_test_tmp(ckpt));
+    rc = td_test_run_command(cmd, &out, &err);
+    if (rc != 0)
+        fail_msg("'%s' exited %d: %s", cmd, rc, err ? err : "");
+    free(err);
+    return out;
+}
+
+/* An epoch that a loss sends the run back into is trained again and
+ * counted once: cpu:1 fails at its 42nd collective, while the checkpoint at
+ * the first epoch's end (after step 8) brings the parked cpu:0 up to date;
+ * the run goes back to its checkpoint of step 6 and ends the first epoch a
+ * second time. It reports 2 epochs and 16 steps, and its weights are one
+ * device's (f64). */
+static void an_epoch_trained_again_after_a_loss_counts_once(void **state) {
+    char *out;
+    double d;
+    (void)state;
+    free(train_linear("", "cpu:0", "", "linear1.safetensors"));
+    out = train_linear("TANDEM_FAULT=cpu:1@any:42:error ", "cpu:0{latency=250},cpu:1",
+                       "--strategy data --checkpoint-every 6", "linear2.safetensors");
+    if (!strstr(out, "lost: cpu:1 in step 9; the other devices went back to the checkpoint of "
+                     "step 6") ||
+        !strstr(out, "\"steps\":16,\"epochs\":2,"))
+        fail_msg("the run sent back into its first epoch did not report 16 steps of 2 epochs: %s",
+                 out);
+    free(out);
+    d = checkpoint_diff("linear2.safetensors", "linear1.safetensors");
+    if (d > 1e-12)
+        fail_msg("the survivor's weights differ from one device's by %g", d);
 }
 
 int main(void) {
@@ -327,6 +393,7 @@ int main(void) {
         cmocka_unit_test(training_goes_on_when_a_device_is_lost),
         cmocka_unit_test(with_zero_1_a_lost_device_sends_the_run_back_to_its_checkpoint),
         cmocka_unit_test(a_lost_device_holding_the_only_current_replica_sends_the_run_back),
+        cmocka_unit_test(an_epoch_trained_again_after_a_loss_counts_once),
     };
     return cmocka_run_group_tests(tests, td_test_tmpdir_setup, td_test_tmpdir_teardown);
 }
