@@ -959,7 +959,7 @@ train_on:
     TD_TRY(save(&t));
     /* A device lost in those sent the run back to an earlier checkpoint: the
      * steps from there are still to take. */
-    if (t.state.step < steps_taken && !stop)
+    if (went_back(&t, steps_taken) && !stop)
         goto train_on;
     snprintf(out->device, sizeof out->device, "%s", td_device_name(t.dev));
     out->devices_named = (int)td_device_list_count(t.devs);

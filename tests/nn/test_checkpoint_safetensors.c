@@ -9,13 +9,6 @@
 #include "support/support.h"
 #include "tandem/checkpoint.h"
 
-static void spit(const char *path, const void *bytes, size_t n) {
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(bytes, 1, n, f), n);
-    fclose(f);
-}
-
 /* A file laid out by hand: 8-byte little-endian length, JSON, data. */
 static unsigned char *hand_made(const char *json, const void *data, size_t ndata, size_t *n) {
     size_t h = strlen(json);
@@ -245,12 +238,12 @@ static void corrupted_copies_of_a_good_file_are_errors(void **state) {
     b = td_test_read_file(path, &n);
     for (int i = 7; i >= 0; i--)
         h = h << 8 | b[i];
-    spit(bad, b, n - 1);
+    td_test_write_file(bad, b, n - 1);
     TD_ASSERT_STATUS(td_safetensors_load(bad, &st), TD_ERR_CORRUPT);
     td_test_assert_message_contains(bad);
     td_test_assert_message_contains("truncated");
     b[8 + h + 5] ^= 0x10; /* one bit of tensor w */
-    spit(bad, b, n);
+    td_test_write_file(bad, b, n);
     TD_ASSERT_STATUS(td_safetensors_load(bad, &st), TD_ERR_CORRUPT);
     td_test_assert_message_contains("checksum mismatch");
     b[8 + h + 5] ^= 0x10;
@@ -259,13 +252,13 @@ static void corrupted_copies_of_a_good_file_are_errors(void **state) {
         unsigned char *p = memmem(b, n, "llo, ", 5);
         assert_non_null(p);
         p[0] = 'L';
-        spit(bad, b, n);
+        td_test_write_file(bad, b, n);
         TD_ASSERT_STATUS(td_safetensors_load(bad, &st), TD_ERR_CORRUPT);
         td_test_assert_message_contains("checksum mismatch");
         p[0] = 'l';
     }
     b[3] = 1; /* header length far past the end */
-    spit(bad, b, n);
+    td_test_write_file(bad, b, n);
     TD_ASSERT_STATUS(td_safetensors_load(bad, &st), TD_ERR_CORRUPT);
     td_test_assert_message_contains("does not fit the file");
     free(b);

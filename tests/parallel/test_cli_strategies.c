@@ -336,25 +336,13 @@ static void a_lost_device_holding_the_only_current_replica_sends_the_run_back(vo
  * 8192 samples, f64, on devices, with extra options: tandem's output. */
 static char *train_linear(const char *fault, const char *devices, const char *extra,
                           const char *ckpt) {
-    char model[512], cmd[2048], *out = NULL, *err = NULL;
-    FILE *f;
-    int rc;
-    snprintf(model, sizeof model, "%s", td_test_tmp("linear.json"));
-    f = fopen(model, "w");
-    assert_non_null(f);
-    fputs("{\"input\": {\"shape\": [784]}, \"layers\": [{\"type\": \"linear\", \"out\": 10}]}\n",
-          f);
-    fclose(f);
-    snprintf(cmd, sizeof cmd,
-             "%s%s train --model %s --data %s/data/mnist --epochs 2 --batch 8192 --precision f64 "
-             "--lr 0.05 --eval-samples 200 --no-epoch-eval --quiet --summary --devices '%s' %s "
-             "--checkpoint %s",
-             fault, TD_TANDEM_EXE, model, TD_SOURCE_DIR, devices, extra, td_test_tmp(ckpt));
-    rc = td_test_run_command(cmd, &out, &err);
-    if (rc != 0)
-        fail_msg("'%s' exited %d: %s", cmd, rc, err ? err : "");
-    free(err);
-    return out;
+    static const char model[] =
+        "{\"input\": {\"shape\": [784]}, \"layers\": [{\"type\": \"linear\", \"out\": 10}]}\n";
+    char path[512], all[512];
+    snprintf(path, sizeof path, "%s", td_test_tmp("linear.json"));
+    td_test_write_file(path, model, strlen(model));
+    snprintf(all, sizeof all, "--epochs 2 --batch 8192 --precision f64 --summary %s", extra);
+    return td_dp_train_cli_model(fault, path, devices, all, ckpt);
 }
 
 /* An epoch that a loss sends the run back into is trained again and

@@ -178,19 +178,23 @@ void td_dp_check_equals_one_device(const char *spec, const char *name) {
     td_dp_data_destroy(d);
 }
 
-char *td_dp_train_cli(const char *launcher, const char *devices, const char *extra,
-                      const char *ckpt) {
+char *td_dp_train_cli_model(const char *launcher, const char *model, const char *devices,
+                            const char *extra, const char *ckpt) {
     char cmd[2048], *out = NULL, *err = NULL;
     int rc;
     snprintf(cmd, sizeof cmd,
-             "%s%s train --model %s/examples/mnist_mlp.json --data %s/data/mnist --batch 64 "
-             "--lr 0.05 --eval-samples 200 --no-epoch-eval --quiet --devices '%s' %s "
-             "--checkpoint %s/%s",
-             launcher, TD_TANDEM_EXE, TD_SOURCE_DIR, TD_SOURCE_DIR, devices, extra,
-             td_test_tmpdir(), ckpt);
+             "%s%s train --model %s --data %s/data/mnist --batch 64 --lr 0.05 --eval-samples 200 "
+             "--no-epoch-eval --quiet --devices '%s' %s --checkpoint %s/%s",
+             launcher, TD_TANDEM_EXE, model, TD_SOURCE_DIR, devices, extra, td_test_tmpdir(), ckpt);
     rc = td_test_run_command(cmd, &out, &err);
     if (rc != 0)
         fail_msg("'%s' exited %d: %s", cmd, rc, err ? err : "");
     free(err);
     return out;
+}
+
+char *td_dp_train_cli(const char *launcher, const char *devices, const char *extra,
+                      const char *ckpt) {
+    return td_dp_train_cli_model(launcher, TD_SOURCE_DIR "/examples/mnist_mlp.json", devices, extra,
+                                 ckpt);
 }

@@ -50,6 +50,10 @@ double td_dp_checkpoint_diff(const char *path_a, const char *path_b);
 char *td_dp_train_cli(const char *launcher, const char *devices, const char *extra,
                       const char *ckpt);
 
+/* The same with the model file `model` instead of the MNIST MLP. */
+char *td_dp_train_cli_model(const char *launcher, const char *model, const char *devices,
+                            const char *extra, const char *ckpt);
+
 /* Fails unless each of the first `members` replicas of dp equals ref within
  * tol, and the last step's result res is ref_res's for a batch of `batch`
  * samples; prints each replica's difference. `what` ("f64 on cpu*3", say)

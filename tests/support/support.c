@@ -119,6 +119,14 @@ unsigned char *td_test_read_file(const char *path, size_t *n) {
     return buf;
 }
 
+void td_test_write_file(const char *path, const void *bytes, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        fail_msg("cannot write %s", path);
+    if (fwrite(bytes, 1, n, f) != n || fclose(f) != 0)
+        fail_msg("cannot write %s", path);
+}
+
 void td_test_chain_create(td_device_list *list, size_t n, uint32_t seed, td_test_chain *c) {
     c->n = n;
     c->src = malloc(n + 1);

@@ -60,6 +60,10 @@ const char *td_test_tmp(const char *name);
  * NULL); fails the test when it cannot be read. */
 unsigned char *td_test_read_file(const char *path, size_t *n);
 
+/* Writes n bytes to path (created or truncated); fails the test when it
+ * cannot. */
+void td_test_write_file(const char *path, const void *bytes, size_t n);
+
 /* n bytes passed along the first three devices of a list: a pseudo-random
  * pattern in src (from seed), written to b[0] and copied b[0] -> b[1] ->
  * b[2]; dst is n + 1 bytes for reading back. */

@@ -28,13 +28,6 @@ static unsigned char *gunzip_file(const char *path, size_t *n) {
     return buf;
 }
 
-static void spit(const char *path, const void *bytes, size_t n) {
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(bytes, 1, n, f), n);
-    fclose(f);
-}
-
 static void label_counts(const td_idx *lb, int counts[10]) {
     memset(counts, 0, 10 * sizeof *counts);
     for (size_t i = 0; i < lb->size; i++) {
@@ -92,7 +85,7 @@ static void plain_and_gzipped_files_read_the_same(void **state) {
     unsigned char *raw = gunzip_file(MNIST "t10k-labels-idx1-ubyte.gz", &n);
     td_idx a, b;
     snprintf(path, sizeof path, "%s/labels", td_test_tmpdir());
-    spit(path, raw, n);
+    td_test_write_file(path, raw, n);
     TD_ASSERT_OK(td_idx_read(path, &a));
     TD_ASSERT_OK(td_idx_read(MNIST "t10k-labels-idx1-ubyte.gz", &b));
     assert_int_equal(a.size, b.size);
@@ -109,7 +102,7 @@ static void expect_error(const char *name, const void *bytes, size_t n, td_statu
     char path[512];
     td_idx idx;
     snprintf(path, sizeof path, "%s/%s", td_test_tmpdir(), name);
-    spit(path, bytes, n);
+    td_test_write_file(path, bytes, n);
     TD_ASSERT_STATUS(td_idx_read(path, &idx), want);
     td_test_assert_message_contains(path);
     td_test_assert_message_contains(needle);

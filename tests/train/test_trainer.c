@@ -161,10 +161,7 @@ static const char *write_tiny_gpt(void) {
         "{\"type\":\"linear\",\"out\":64},{\"type\":\"gelu\"},{\"type\":\"linear\",\"out\":32}]},"
         "{\"type\":\"layernorm\"},{\"type\":\"linear\",\"out\":256}]}";
     const char *path = td_test_tmp("gpt_micro.json");
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(json, f);
-    fclose(f);
+    td_test_write_file(path, json, strlen(json));
     return path;
 }
 
@@ -229,9 +226,7 @@ static void a_character_vocabulary_is_kept_in_the_checkpoint(void **state) {
     snprintf(model, sizeof model, "%s", td_test_tmp("gpt_chars.json"));
     snprintf(ckpt, sizeof ckpt, "%s", td_test_tmp("chars.st"));
     snprintf(other, sizeof other, "%s", td_test_tmp("other.txt"));
-    assert_non_null(f = fopen(model, "w"));
-    fputs(json, f);
-    fclose(f);
+    td_test_write_file(model, json, strlen(json));
     c.model_path = model;
     c.data_path = TEXT;
     c.epochs = 0;
