@@ -95,7 +95,10 @@ typedef struct td_group_config {
 } td_group_config;
 
 #define TD_GROUP_CONFIG_INIT                                                                       \
-    { TD_TRANSPORT_AUTO, 0, 0, TD_ALGO_AUTO, 0, NULL }
+    {                                                                                              \
+        .transport = TD_TRANSPORT_AUTO, .timeout_ms = 0, .switch_bytes = 0,                        \
+        .algorithm = TD_ALGO_AUTO, .chunk_bytes = 0, .fault = NULL                                 \
+    }
 
 /* Creates a group over every device of `devices`, ranks in list order. The
  * list must outlive the group (destroy the group first). cfg may be NULL for
@@ -121,6 +124,8 @@ TD_API int td_group_local_size(const td_group *g);
 TD_API td_device *td_group_device(const td_group *g, int rank);
 /* The global rank of dev in g when it is a member in this process, else -1. */
 TD_API int td_group_rank_of(const td_group *g, const td_device *dev);
+/* How long a member waits for the others before the group fails (ms). */
+TD_API int td_group_timeout_ms(const td_group *g);
 /* "local", "mpi" or "nccl". */
 TD_API const char *td_group_transport(const td_group *g);
 /* 1 when this process's members' host threads contend for cores: more

@@ -147,7 +147,6 @@ td_status td__group_fail(td_group *g, int rank, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* TD_ERR_DEVICE_LOST with the group's failure reason as the message. */
 td_status td__group_lost(td_group *g);
-int td__group_timeout_ms(const td_group *g);
 
 /* The asynchronous engine (collectives.c): waits until every collective the
  * member started has finished; stops the engine thread. */

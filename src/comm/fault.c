@@ -216,7 +216,7 @@ td_status td__fault_check(td__member *m, td_collective_kind kind) {
         {
             uint64_t start = td_clock_ns();
             /* Twice the timeout and a second: the peers' own timeout comes first. */
-            uint64_t limit = ((uint64_t)td__group_timeout_ms(g) * 2 + 1000) * 1000000u;
+            uint64_t limit = ((uint64_t)td_group_timeout_ms(g) * 2 + 1000) * 1000000u;
             while (!atomic_load(&g->aborted)) {
                 struct timespec ts = {0, 1000000};
                 if (td_clock_ns() - start > limit)

@@ -64,7 +64,7 @@ static size_t env_switch_bytes(void) {
     return (size_t)v;
 }
 
-int td__group_timeout_ms(const td_group *g) {
+int td_group_timeout_ms(const td_group *g) {
     return g->timeout_ms;
 }
 

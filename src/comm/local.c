@@ -59,7 +59,7 @@ td_status td__comm_wait(td__member *m, atomic_uint_least64_t *p, uint64_t want, 
     unsigned rounds = 0;
     if (atomic_load_explicit(p, memory_order_acquire) >= want)
         return TD_OK;
-    limit = (uint64_t)td__group_timeout_ms(g) * 1000000u;
+    limit = (uint64_t)td_group_timeout_ms(g) * 1000000u;
     for (;;) {
         for (int i = 0; i < 64; i++) {
             if (atomic_load_explicit(p, memory_order_acquire) >= want)
@@ -96,7 +96,7 @@ td_status td__comm_wait(td__member *m, atomic_uint_least64_t *p, uint64_t want, 
                 td__group_fail(g, rank,
                                "collective #%llu: timed out after %d ms waiting for %s, which "
                                "never arrived",
-                               (unsigned long long)seq, td__group_timeout_ms(g), who);
+                               (unsigned long long)seq, td_group_timeout_ms(g), who);
                 {
                     char rec[4096];
                     TD_LOG_ERROR("%s\n%s", td_last_error(), td_group_record(g, rec, sizeof rec));

@@ -119,6 +119,10 @@ td_status td__device_sink_add(td_device_sink *sink, const td_backend_ops *ops, c
  * F times as long plus a fixed cost per pass (as a driver's launch overhead
  * adds). Does nothing when F is 1 and MS 0. */
 void td__device_throttle(td_device *dev, uint64_t start_ns);
+/* The same for one stretch of a pass that waits for other devices between
+ * its stretches (a tensor-parallel step's reductions): the slowdown applies
+ * to each stretch, the fixed latency (with_latency) once per pass. */
+void td__device_throttle_part(td_device *dev, uint64_t start_ns, int with_latency);
 double td__device_slowdown(const td_device *dev);
 
 /* A group left the device's host thread behind in a task it gave up

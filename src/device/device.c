@@ -536,8 +536,12 @@ double td__device_slowdown(const td_device *dev) {
 }
 
 void td__device_throttle(td_device *dev, uint64_t start_ns) {
+    td__device_throttle_part(dev, start_ns, 1);
+}
+
+void td__device_throttle_part(td_device *dev, uint64_t start_ns, int with_latency) {
     double f = td__device_slowdown(dev);
-    double extra_ms = dev && dev->opts.has_latency ? dev->opts.latency_ms : 0.0;
+    double extra_ms = with_latency && dev && dev->opts.has_latency ? dev->opts.latency_ms : 0.0;
     uint64_t now = td_clock_ns(), spent = now - start_ns;
     uint64_t deadline;
     if (f <= 1.0 && extra_ms <= 0)
