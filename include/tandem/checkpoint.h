@@ -125,6 +125,41 @@ TD_API td_status td_checkpoint_load(const char *path, td_model *m, td_optimizer 
 TD_API td_status td_checkpoint_load_model(const char *path, td_device *dev, td_model **out,
                                           td_train_state *state);
 
+/* Reads a checkpoint's model JSON (*model_json, malloc'ed: the caller frees
+ * it), dtype and run state after verifying the file, without building the
+ * model (which may not fit one device). */
+TD_API td_status td_checkpoint_read_meta(const char *path, char **model_json, td_dtype *dtype,
+                                         td_train_state *state);
+/* Saves a model held in parts (td_model_load_part; a pipeline's stages, in
+ * layer order, together the whole model) and their optimizers (opts may be
+ * NULL: weights only) as one whole-model checkpoint, as td_checkpoint_save
+ * saves a whole model. */
+TD_API td_status td_checkpoint_save_parts(const char *path, td_model *const *parts,
+                                          td_optimizer *const *opts, int n,
+                                          const td_train_state *state);
+/* One whole tensor in host memory, for td_checkpoint_save_host. */
+typedef struct td_ckpt_entry {
+    const char *name; /* "layers.0.weight", or "optimizer.layers.0.weight.exp_avg" */
+    int ndim;
+    int64_t shape[TD_MAX_DIMS];
+    const void *data; /* numel(shape) elements of the checkpoint's dtype */
+} td_ckpt_entry;
+
+/* Saves whole tensors held in host memory (a model put together from
+ * shards, say) as the checkpoint td_checkpoint_save writes for the model
+ * model_json in dtype: entries[0..n) in the order given (the parameters in
+ * the model's order, then the optimizer's state under "optimizer.<name>"
+ * when has_optimizer), the metadata from state (NULL: zeros). Atomic, as
+ * td_checkpoint_save; the entries are copied. */
+TD_API td_status td_checkpoint_save_host(const char *path, const char *model_json, td_dtype dtype,
+                                         const td_ckpt_entry *entries, size_t n, int has_optimizer,
+                                         const td_train_state *state);
+/* Loads part m's parameters (and opt's state when not NULL) from a
+ * whole-model checkpoint whose model JSON is m's, checking each tensor's
+ * shape and dtype; the file's other tensors belong to the other parts. */
+TD_API td_status td_checkpoint_load_part(const char *path, td_model *m, td_optimizer *opt,
+                                         td_train_state *state);
+
 #ifdef __cplusplus
 }
 #endif

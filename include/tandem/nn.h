@@ -60,6 +60,183 @@ TD_API int64_t td_model_num_classes(const td_model *m);
 /* The model's JSON text as loaded, for checkpoints. Valid while m lives. */
 TD_API const char *td_model_json(const td_model *m);
 
+/* What a model is, without building it. */
+typedef struct td_model_info {
+    td_input_kind kind;
+    int in_ndim;
+    int64_t in_shape[TD_MAX_DIMS]; /* per sample: (784), (1, 28, 28), (T) */
+    int64_t classes;               /* classes, or the vocabulary of a token model */
+    int layers;         /* top-level layers (repeat blocks expanded): where a model is cut */
+    size_t num_weights; /* scalar parameters of the whole model */
+} td_model_info;
+
+/* One top-level layer, for planning a cut. */
+typedef struct td_layer_info {
+    char type[16];         /* as in the JSON: "linear", "relu", "residual", ... */
+    size_t weights;        /* its scalar parameters */
+    size_t act_per_sample; /* activation elements a pass over one sample keeps for it
+                              (output, its gradient, workspace) */
+    int out_ndim;
+    int64_t out_shape[TD_MAX_DIMS]; /* what it gives per sample */
+} td_layer_info;
+
+/* Describes the model in json (`name` stands for its file in messages)
+ * without allocating anything on a device: *info, and when layers is not
+ * NULL, layers[0..min(info->layers, max_layers)). Errors as td_model_load's. */
+TD_API td_status td_model_describe(const char *json, const char *name, td_model_info *info,
+                                   td_layer_info *layers, int max_layers);
+/* The same of a loaded model (or part: the whole model's). */
+TD_API void td_model_get_info(const td_model *m, td_model_info *out);
+
+/* Model parts (pipeline stages) ---------------------------------------------
+ *
+ * A part holds top-level layers [first, end) of a model and only their
+ * parameters, under the whole model's names and with the whole model's
+ * initial values (a part's parameter i is the whole model's parameter
+ * first_param + i). It reads the activations layer `first` reads (the
+ * model's input when first is 0) and gives those layer end - 1 gives (the
+ * logits, and then the loss, when end is the layer count). It keeps `slots`
+ * independent sets of activations, so that that many micro-batches can be
+ * between their forward and their backward at once; each slot's arena is
+ * allocated on dev at the slot's first forward of a larger micro-batch (an
+ * arena over dev's budget is TD_ERR_OUT_OF_MEMORY naming dev). Parts run
+ * forward and backward on their device's thread (inline when called from
+ * it); one part is used by one thread at a time. A whole model is the part
+ * [0, layer count) with one slot; td_model_train_step and friends refuse
+ * any other part. The accessors above (input shape, classes, JSON) give the
+ * whole model's; td_model_param*() the part's own parameters. A bad range
+ * (first < 0, end <= first, end over the layer count) or slots < 1 is
+ * TD_ERR_INVALID_ARG. */
+TD_API td_status td_model_load_part(const char *json, const char *name, td_device *dev,
+                                    td_dtype dtype, uint64_t seed, int first, int end, int slots,
+                                    td_model **out);
+/* Layers [*first, *end) a model holds (0 and the layer count for a whole
+ * model), and the part's index of its first parameter in the whole model. */
+TD_API void td_model_part_range(const td_model *m, int *first, int *end, size_t *first_param);
+
+/* Forward of micro-batch mb (mb->n samples, whose first is sample
+ * `first_sample` of the step's batch: dropout masks as one pass over the
+ * batch) in activation slot `slot`. The first part reads mb's x or tokens;
+ * a later part reads `in`, the previous part's output (n, in...) in its
+ * dtype on any device, copied in (a peer copy where the backend can). With
+ * train, dropout is on and the last part also computes the loss of mb's
+ * labels, scaled by grad_scale for backward; *res (may be NULL) gets the
+ * loss sum and counts on the last part, zeros elsewhere. */
+TD_API td_status td_model_part_forward(td_model *m, int slot, const td_batch *mb,
+                                       int64_t first_sample, const td_buffer *in, int train,
+                                       uint64_t dropout_step, double grad_scale,
+                                       td_step_result *res);
+/* The slot's output activations (n, out...) after its forward, on m's
+ * device; valid until the slot's next forward. */
+TD_API const td_buffer *td_model_part_output(td_model *m, int slot);
+/* Backward of the slot's micro-batch: dout is the gradient of the part's
+ * output (n, out...) from the next part, on any device (copied in); NULL on
+ * the last part, which starts from its loss (a dout given there stands in
+ * for the loss's gradient). The slot must hold a forward with train set.
+ * Parameter gradients are added to what is there (accumulate = 1) or
+ * replace it (0). */
+TD_API td_status td_model_part_backward(td_model *m, int slot, const td_buffer *dout,
+                                        int accumulate);
+/* The gradient of the slot's input (n, in...) after its backward, on m's
+ * device; NULL for a part that starts at layer 0. Valid until the slot's
+ * next backward. */
+TD_API const td_buffer *td_model_part_input_grad(td_model *m, int slot);
+
+/* Tensor-parallel shards ------------------------------------------------------
+ *
+ * A shard holds every layer of a model, but each splittable unit only its
+ * slice:
+ *   an MLP pair: a linear whose output goes through an elementwise
+ *     activation (relu, gelu, tanh, sigmoid), and optionally a dropout, into
+ *     another linear of the same layer list. The first linear keeps output
+ *     features [first, first + count) (rows of its weight and bias), the
+ *     second the same input features (columns of its weight) and its whole
+ *     bias. The pair's output is partial on each shard: the model sums it
+ *     across the shards with the reduce hook, then adds the second bias once;
+ *     in backward the first linear's input gradient is summed likewise.
+ *   attention: heads [first, first + count): the rows of qkv.weight and
+ *     qkv.bias for those heads' q, k and v, the columns of proj.weight;
+ *     proj.bias whole, added after the sum; the input gradient summed in
+ *     backward.
+ * Everything else (embedding, layer norm, a lone linear, convolutions,
+ * pools) is replicated: every shard computes it on the same numbers, so its
+ * gradients agree on every shard. Pairs are found left to right in each
+ * layer list, so a linear ends at most one pair. A shard's parameters have
+ * the whole model's names and the whole model's initial values, slice by
+ * slice, exactly; td_model_train_step, td_model_train_slice and
+ * td_model_evaluate run a shard on the whole batch (the loss is the whole
+ * model's on every shard). The shards of one step call the reduce hook the
+ * same number of times, in the same order, with tensors of the same shape. */
+
+typedef enum td_split_kind {
+    TD_SPLIT_MLP = 0,   /* a linear, activation (, dropout), linear pair: hidden features */
+    TD_SPLIT_HEADS = 1, /* attention: heads */
+} td_split_kind;
+
+/* One splittable unit, for sizing a split. */
+typedef struct td_split_info {
+    td_split_kind kind;
+    int64_t size;   /* hidden features, or heads: what a plan divides */
+    int64_t width;  /* activation columns per unit of size: 1, or the head dimension */
+    char layer[64]; /* the path of its (first) layer: "layers.0", "layers.2.1" */
+    size_t weights; /* scalars of the parameters it splits, in the whole model */
+} td_split_info;
+
+#define TD_SHARD_MAX_UNITS 256
+
+/* What one shard holds of each unit, in td_model_describe_splits' order:
+ * [first[k], first[k] + count[k]) of units[k].size; count may be 0 (the
+ * shard holds none of it: its partial output is zeros). */
+typedef struct td_shard_plan {
+    int units;
+    int64_t first[TD_SHARD_MAX_UNITS], count[TD_SHARD_MAX_UNITS];
+} td_shard_plan;
+
+/* Lists the model's splittable units in forward order into
+ * units[0..min(*count, max_units)) (units may be NULL to count them);
+ * *count gets their number (0: nothing to split). Errors as
+ * td_model_describe's; more than TD_SHARD_MAX_UNITS units is
+ * TD_ERR_UNSUPPORTED. */
+TD_API td_status td_model_describe_splits(const char *json, const char *name, td_split_info *units,
+                                          int max_units, int *count);
+/* Loads the shard `plan` describes on dev, as td_model_load_string loads a
+ * whole model. A plan whose unit count differs from the model's, or a range
+ * outside a unit, is TD_ERR_INVALID_ARG naming the unit. The caller destroys
+ * *out. */
+TD_API td_status td_model_load_shard(const char *json, const char *name, td_device *dev,
+                                     td_dtype dtype, uint64_t seed, const td_shard_plan *plan,
+                                     td_model **out);
+/* 1 for a shard. */
+TD_API int td_model_is_shard(const td_model *m);
+
+/* Sums t (on the model's device) in place across every shard of the model;
+ * called on the device's thread during forward and backward. */
+typedef td_status (*td_reduce_fn)(void *arg, td_tensor *t);
+/* Sets the hook (NULL: none, right only for a shard that holds every unit
+ * whole). arg stays the caller's. */
+TD_API void td_model_set_reduce_hook(td_model *m, td_reduce_fn fn, void *arg);
+
+/* Where a parameter of a shard lies in the whole parameter of its name: the
+ * whole shape, and along dimension `dim` (-1: the whole tensor, replicated)
+ * `blocks` equal blocks (3 for attention's q, k, v rows; else 1), of each of
+ * which the shard holds [first, first + count), concatenated in block order. */
+typedef struct td_param_slice {
+    int ndim;
+    int64_t shape[TD_MAX_DIMS]; /* the whole parameter's */
+    int dim, blocks;
+    int64_t first, count;
+} td_param_slice;
+
+/* Parameter i's slice (of a model that is no shard: the whole tensor). */
+TD_API void td_model_param_slice(const td_model *m, size_t i, td_param_slice *out);
+/* Host copies between a whole parameter and a shard's slice of it, elements
+ * of elem_size bytes: gather writes the slice's elements into `whole`,
+ * scatter reads them from it. */
+TD_API void td_param_slice_gather(const td_param_slice *s, size_t elem_size, const void *part,
+                                  void *whole);
+TD_API void td_param_slice_scatter(const td_param_slice *s, size_t elem_size, const void *whole,
+                                   void *part);
+
 /* Forward and backward over the batch. The gradients become
  * grad_scale * d(loss_sum)/d(param) (grad_scale = 1/count gives the mean
  * loss); with accumulate they are added to the gradients already there.
@@ -121,7 +298,11 @@ typedef struct td_optimizer_config {
 } td_optimizer_config;
 
 #define TD_OPTIMIZER_CONFIG_INIT                                                                   \
-    { TD_OPT_SGD, 0.01, 0.9, 0, 0.9, 0.999, 1e-8, 0.0, 0.0, TD_LR_CONSTANT, 0, 0, 0.0 }
+    {                                                                                              \
+        .kind = TD_OPT_SGD, .lr = 0.01, .momentum = 0.9, .nesterov = 0, .beta1 = 0.9,              \
+        .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.0, .clip_norm = 0.0,                        \
+        .schedule = TD_LR_CONSTANT, .warmup_steps = 0, .total_steps = 0, .min_lr = 0.0             \
+    }
 
 /* Creates an optimizer over every parameter of m, state on m's device. */
 TD_API td_status td_optimizer_create(td_model *m, const td_optimizer_config *cfg,
@@ -143,6 +324,10 @@ typedef td_status (*td_sumsq_reduce_fn)(void *arg, double *sumsq);
 TD_API td_status td_optimizer_create_shard(td_model *m, const td_optimizer_config *cfg, int rank,
                                            int size, td_optimizer **out);
 TD_API void td_optimizer_set_sumsq_reduce(td_optimizer *opt, td_sumsq_reduce_fn reduce, void *arg);
+/* For a shard's optimizer (td_model_load_shard): with skip set, the sum of
+ * squares it computes before `reduce` leaves out the parameters the shard
+ * holds whole, which every shard holds alike and one of them counts. */
+TD_API void td_optimizer_set_sumsq_skip_replicated(td_optimizer *opt, int skip);
 /* The shard's rank and the number of shards (0 and 1 for a whole optimizer). */
 TD_API int td_optimizer_shard_rank(const td_optimizer *opt);
 TD_API int td_optimizer_shard_count(const td_optimizer *opt);

@@ -63,42 +63,27 @@ static td_status set_int(td_safetensors_writer *w, const char *key, long long v)
 
 td_status td_checkpoint_save(const char *path, td_model *m, td_optimizer *opt,
                              const td_train_state *state) {
-    td_safetensors_writer *w = NULL;
-    td_train_state zero;
+    if (!m)
+        return td__error(TD_ERR_INVALID_ARG, "td_checkpoint_save: path or model is NULL");
+    return td_checkpoint_save_parts(path, &m, opt ? &opt : NULL, 1, state);
+}
+
+/* Every checkpoint's metadata: the format, the model, its dtype and the run state. */
+static td_status write_meta(td_safetensors_writer *w, const char *path, const char *json,
+                            td_dtype dtype, int has_opt, const td_train_state *state) {
     char *ojson = NULL, buf[32];
     td_status st;
-    if (!path || !m)
-        return td__error(TD_ERR_INVALID_ARG, "td_checkpoint_save: path or model is NULL");
-    if (td_optimizer_shard_count(opt) > 1)
-        return td__error(TD_ERR_INVALID_ARG,
-                         "%s: the optimizer holds one shard of %d (ZeRO-1); a checkpoint takes "
-                         "the whole state (gather it first)",
-                         path, td_optimizer_shard_count(opt));
-    if (!state) {
-        memset(&zero, 0, sizeof zero);
-        state = &zero;
-    }
-    TD_TRY(td_safetensors_writer_create(&w));
-    for (size_t i = 0; i < td_model_param_count(m); i++)
-        TD_TRY(
-            td_safetensors_writer_add_tensor(w, td_model_param_name(m, i), td_model_param(m, i)));
-    if (opt)
-        for (size_t i = 0; i < td_optimizer_state_count(opt); i++) {
-            char name[512];
-            snprintf(name, sizeof name, TD_OPT_PREFIX "%s", td_optimizer_state_name(opt, i));
-            TD_TRY(td_safetensors_writer_add_tensor(w, name, td_optimizer_state(opt, i)));
-        }
     TD_TRY(td_safetensors_writer_set_meta(w, "tandem.format", TD_CKPT_FORMAT));
     TD_TRY(td_safetensors_writer_set_meta(w, "tandem.version", TD_VERSION_STRING));
-    TD_TRY(td_safetensors_writer_set_meta(w, "tandem.model", td_model_json(m)));
-    TD_TRY(td_safetensors_writer_set_meta(w, "tandem.dtype", td_dtype_name(td_model_dtype(m))));
+    TD_TRY(td_safetensors_writer_set_meta(w, "tandem.model", json));
+    TD_TRY(td_safetensors_writer_set_meta(w, "tandem.dtype", td_dtype_name(dtype)));
     TD_TRY(set_int(w, "tandem.step", state->step));
     TD_TRY(set_int(w, "tandem.epoch", state->epoch));
     TD_TRY(set_int(w, "tandem.sample", state->sample));
     snprintf(buf, sizeof buf, "%" PRIu64, state->seed);
     TD_TRY(td_safetensors_writer_set_meta(w, "tandem.seed", buf));
     TD_TRY(set_int(w, "tandem.batch", state->batch));
-    TD_TRY(td_safetensors_writer_set_meta(w, "tandem.has_optimizer", opt ? "1" : "0"));
+    TD_TRY(td_safetensors_writer_set_meta(w, "tandem.has_optimizer", has_opt ? "1" : "0"));
     if (!(ojson = opt_to_json(&state->opt))) {
         st = td__error(TD_ERR_OUT_OF_MEMORY, "%s: no memory for the metadata", path);
         goto fail;
@@ -106,18 +91,99 @@ td_status td_checkpoint_save(const char *path, td_model *m, td_optimizer *opt,
     TD_TRY(td_safetensors_writer_set_meta(w, "tandem.optimizer", ojson));
     if (state->vocab_len > 0) {
         char hex[2 * 256 + 1];
-        int n = state->vocab_len > 256 ? 256 : state->vocab_len;
-        for (int i = 0; i < n; i++)
+        int nv = state->vocab_len > 256 ? 256 : state->vocab_len;
+        for (int i = 0; i < nv; i++)
             snprintf(hex + 2 * i, 3, "%02x", (unsigned char)state->vocab[i]);
-        hex[2 * n] = '\0';
+        hex[2 * nv] = '\0';
         TD_TRY(td_safetensors_writer_set_meta(w, "tandem.vocab", hex));
     }
-    TD_TRY(td_safetensors_writer_save(w, path));
+    st = TD_OK;
+fail:
     free(ojson);
+    return st;
+}
+
+/* Adds part m's parameters, or with opt its optimizer's state, to w. */
+static td_status add_part(td_safetensors_writer *w, const char *path, td_model *m,
+                          td_optimizer *opt) {
+    td_status st;
+    if (!opt) {
+        for (size_t i = 0; i < td_model_param_count(m); i++)
+            TD_TRY(td_safetensors_writer_add_tensor(w, td_model_param_name(m, i),
+                                                    td_model_param(m, i)));
+        return TD_OK;
+    }
+    if (td_optimizer_shard_count(opt) > 1)
+        return td__error(TD_ERR_INVALID_ARG,
+                         "%s: the optimizer holds one shard of %d (ZeRO-1); a checkpoint takes "
+                         "the whole state (gather it first)",
+                         path, td_optimizer_shard_count(opt));
+    for (size_t i = 0; i < td_optimizer_state_count(opt); i++) {
+        char name[512];
+        snprintf(name, sizeof name, TD_OPT_PREFIX "%s", td_optimizer_state_name(opt, i));
+        TD_TRY(td_safetensors_writer_add_tensor(w, name, td_optimizer_state(opt, i)));
+    }
+    return TD_OK;
+fail:
+    return st;
+}
+
+td_status td_checkpoint_save_parts(const char *path, td_model *const *parts,
+                                   td_optimizer *const *opts, int n, const td_train_state *state) {
+    td_safetensors_writer *w = NULL;
+    td_train_state zero;
+    td_model *m;
+    td_status st;
+    if (!path || !parts || n < 1 || !parts[0])
+        return td__error(TD_ERR_INVALID_ARG, "td_checkpoint_save: path or model is NULL");
+    m = parts[0];
+    for (int k = 1; k < n; k++)
+        if (!parts[k] || strcmp(td_model_json(parts[k]), td_model_json(m)) != 0 ||
+            td_model_dtype(parts[k]) != td_model_dtype(m))
+            return td__error(TD_ERR_INVALID_ARG,
+                             "%s: part %d is not a part of the same model in the same dtype", path,
+                             k);
+    if (!state) {
+        memset(&zero, 0, sizeof zero);
+        state = &zero;
+    }
+    TD_TRY(td_safetensors_writer_create(&w));
+    /* Parameters first, then the optimizer's state, whatever the parts: the
+     * file is the one a whole model writes. */
+    for (int k = 0; k < n; k++)
+        TD_TRY(add_part(w, path, parts[k], NULL));
+    for (int k = 0; opts && k < n; k++)
+        TD_TRY(add_part(w, path, parts[k], opts[k]));
+    TD_TRY(write_meta(w, path, td_model_json(m), td_model_dtype(m), opts != NULL, state));
+    TD_TRY(td_safetensors_writer_save(w, path));
     td_safetensors_writer_destroy(w);
     return TD_OK;
 fail:
-    free(ojson);
+    td_safetensors_writer_destroy(w);
+    return st;
+}
+
+td_status td_checkpoint_save_host(const char *path, const char *model_json, td_dtype dtype,
+                                  const td_ckpt_entry *entries, size_t n, int has_optimizer,
+                                  const td_train_state *state) {
+    td_safetensors_writer *w = NULL;
+    td_train_state zero;
+    td_status st;
+    if (!path || !model_json || (n && !entries))
+        return td__error(TD_ERR_INVALID_ARG, "td_checkpoint_save_host: NULL argument");
+    if (!state) {
+        memset(&zero, 0, sizeof zero);
+        state = &zero;
+    }
+    TD_TRY(td_safetensors_writer_create(&w));
+    for (size_t i = 0; i < n; i++)
+        TD_TRY(td_safetensors_writer_add(w, entries[i].name, dtype, entries[i].ndim,
+                                         entries[i].shape, entries[i].data));
+    TD_TRY(write_meta(w, path, model_json, dtype, has_optimizer, state));
+    TD_TRY(td_safetensors_writer_save(w, path));
+    td_safetensors_writer_destroy(w);
+    return TD_OK;
+fail:
     td_safetensors_writer_destroy(w);
     return st;
 }
@@ -176,8 +242,9 @@ fail:
     return st;
 }
 
-/* Loads the verified file sf into m and opt. */
-static td_status load_into(const td_safetensors *sf, td_model *m, td_optimizer *opt,
+/* Loads the verified file sf into m and opt. A whole model must hold every
+ * tensor of the file; a part (whole 0) must be a part of the file's model. */
+static td_status load_into(const td_safetensors *sf, td_model *m, td_optimizer *opt, int whole,
                            td_train_state *state) {
     const char *file = td_safetensors_name(sf), *v;
     td_train_state s;
@@ -198,6 +265,8 @@ static td_status load_into(const td_safetensors *sf, td_model *m, td_optimizer *
                          "state, then hand each member its shard",
                          file, td_optimizer_shard_count(opt));
     TD_TRY(read_state(sf, &s));
+    if (!whole && (!(v = td_safetensors_meta(sf, "tandem.model")) || strcmp(v, td_model_json(m))))
+        return td__error(TD_ERR_SHAPE, "%s: holds another model than the one being loaded", file);
     for (size_t i = 0; i < td_model_param_count(m); i++)
         TD_TRY(td_safetensors_read_tensor(sf, td_model_param_name(m, i), td_model_param(m, i)));
     if (opt) {
@@ -213,7 +282,7 @@ static td_status load_into(const td_safetensors *sf, td_model *m, td_optimizer *
         td_optimizer_set_steps(opt, s.step);
     }
     /* Every tensor must belong to the model (a bigger model's file is not this one's). */
-    for (size_t i = 0; i < td_safetensors_count(sf); i++) {
+    for (size_t i = 0; whole && i < td_safetensors_count(sf); i++) {
         const char *name = td_safetensors_tensor(sf, i)->name;
         int found = 0;
         if (!strncmp(name, TD_OPT_PREFIX, strlen(TD_OPT_PREFIX))) {
@@ -235,6 +304,60 @@ fail:
     return st;
 }
 
+/* The model JSON and dtype a checkpoint's metadata holds. */
+static td_status model_meta(const td_safetensors *sf, const char **json, td_dtype *dtype) {
+    const char *path = td_safetensors_name(sf), *dt;
+    if (!(*json = td_safetensors_meta(sf, "tandem.model")))
+        return td__error(TD_ERR_CORRUPT,
+                         "%s: metadata \"tandem.model\" (the model JSON) is missing", path);
+    dt = td_safetensors_meta(sf, "tandem.dtype");
+    if (!dt || (strcmp(dt, "f32") != 0 && strcmp(dt, "f64") != 0))
+        return td__error(TD_ERR_CORRUPT, "%s: metadata \"tandem.dtype\" is missing or not f32/f64",
+                         path);
+    *dtype = !strcmp(dt, "f64") ? TD_F64 : TD_F32;
+    return TD_OK;
+}
+
+td_status td_checkpoint_read_meta(const char *path, char **model_json, td_dtype *dtype,
+                                  td_train_state *state) {
+    td_safetensors *sf = NULL;
+    td_train_state s;
+    const char *json;
+    td_status st;
+    if (!path || !model_json || !dtype)
+        return td__error(TD_ERR_INVALID_ARG, "td_checkpoint_read_meta: NULL argument");
+    *model_json = NULL;
+    TD_TRY(td_safetensors_load(path, &sf));
+    TD_TRY(model_meta(sf, &json, dtype));
+    TD_TRY(read_state(sf, &s));
+    if (!(*model_json = strdup(json))) {
+        st = td__error(TD_ERR_OUT_OF_MEMORY, "%s: no memory for the model JSON", path);
+        goto fail;
+    }
+    if (state)
+        *state = s;
+    td_safetensors_destroy(sf);
+    return TD_OK;
+fail:
+    td_safetensors_destroy(sf);
+    return st;
+}
+
+td_status td_checkpoint_load_part(const char *path, td_model *m, td_optimizer *opt,
+                                  td_train_state *state) {
+    td_safetensors *sf = NULL;
+    td_status st;
+    if (!path || !m)
+        return td__error(TD_ERR_INVALID_ARG, "td_checkpoint_load_part: path or model is NULL");
+    TD_TRY(td_safetensors_load(path, &sf));
+    TD_TRY(load_into(sf, m, opt, 0, state));
+    td_safetensors_destroy(sf);
+    return TD_OK;
+fail:
+    td_safetensors_destroy(sf);
+    return st;
+}
+
 td_status td_checkpoint_load(const char *path, td_model *m, td_optimizer *opt,
                              td_train_state *state) {
     td_safetensors *sf = NULL;
@@ -242,7 +365,7 @@ td_status td_checkpoint_load(const char *path, td_model *m, td_optimizer *opt,
     if (!path || !m)
         return td__error(TD_ERR_INVALID_ARG, "td_checkpoint_load: path or model is NULL");
     TD_TRY(td_safetensors_load(path, &sf));
-    TD_TRY(load_into(sf, m, opt, state));
+    TD_TRY(load_into(sf, m, opt, 1, state));
     td_safetensors_destroy(sf);
     return TD_OK;
 fail:
@@ -255,7 +378,8 @@ td_status td_checkpoint_load_model(const char *path, td_device *dev, td_model **
     td_safetensors *sf = NULL;
     td_model *m = NULL;
     td_train_state s;
-    const char *json, *dt;
+    const char *json;
+    td_dtype dtype;
     td_status st;
     if (!out)
         return td__error(TD_ERR_INVALID_ARG, "td_checkpoint_load_model: out is NULL");
@@ -263,21 +387,11 @@ td_status td_checkpoint_load_model(const char *path, td_device *dev, td_model **
     if (!path || !dev)
         return td__error(TD_ERR_INVALID_ARG, "td_checkpoint_load_model: path or device is NULL");
     TD_TRY(td_safetensors_load(path, &sf));
-    if (!(json = td_safetensors_meta(sf, "tandem.model"))) {
-        st = td__error(TD_ERR_CORRUPT, "%s: metadata \"tandem.model\" (the model JSON) is missing",
-                       path);
-        goto fail;
-    }
-    dt = td_safetensors_meta(sf, "tandem.dtype");
-    if (!dt || (strcmp(dt, "f32") != 0 && strcmp(dt, "f64") != 0)) {
-        st = td__error(TD_ERR_CORRUPT, "%s: metadata \"tandem.dtype\" is missing or not f32/f64",
-                       path);
-        goto fail;
-    }
+    TD_TRY(model_meta(sf, &json, &dtype));
     /* The model's seed also keys its dropout streams: a resumed run needs the same one. */
     TD_TRY(read_state(sf, &s));
-    TD_TRY(td_model_load_string(json, path, dev, !strcmp(dt, "f64") ? TD_F64 : TD_F32, s.seed, &m));
-    TD_TRY(load_into(sf, m, NULL, state));
+    TD_TRY(td_model_load_string(json, path, dev, dtype, s.seed, &m));
+    TD_TRY(load_into(sf, m, NULL, 1, state));
     td_safetensors_destroy(sf);
     *out = m;
     return TD_OK;

@@ -1,5 +1,6 @@
-/* Models: loading the JSON description, parameters, the activation arena,
- * and the training and evaluation steps. See docs/models.md for the schema. */
+/* Models: parameters, the activation arenas, and the training and
+ * evaluation steps of a whole model. Parsing and building are in describe.c,
+ * parts' passes in part.c. See docs/models.md for the schema. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,7 +21,16 @@ td_status td__model_add_param(td_model *m, td_layer *l, const char *name, int nd
     td_tensor *p = NULL, *g = NULL;
     char *full = NULL;
     char buf[160];
+    size_t numel = 1;
     *param = NULL;
+    for (int i = 0; i < ndim; i++)
+        numel *= (size_t)shape[i];
+    if (m->param_serial - l->first_serial >= TD_LAYER_MAX_PARAMS)
+        return td__error(TD_ERR_INTERNAL, "%s: too many parameters", l->path);
+    m->param_serial++;
+    m->serial_weights += numel;
+    if (m->dry)
+        return TD_OK;
     if (m->nparams == m->cap_params) {
         size_t cap = m->cap_params ? m->cap_params * 2 : 16;
         td_tensor **np = realloc(m->params, sizeof *np * cap);
@@ -32,12 +42,13 @@ td_status td__model_add_param(td_model *m, td_layer *l, const char *name, int nd
         char **nn = realloc(m->names, sizeof *nn * cap);
         if (nn)
             m->names = nn;
-        if (!np || !ng || !nn)
+        td_param_slice *ns = realloc(m->slices, sizeof *ns * cap);
+        if (ns)
+            m->slices = ns;
+        if (!np || !ng || !nn || !ns)
             return td__error(TD_ERR_OUT_OF_MEMORY, "out of memory for a model's parameters");
         m->cap_params = cap;
     }
-    if (m->nparams - l->first_param >= TD_LAYER_MAX_PARAMS)
-        return td__error(TD_ERR_INTERNAL, "%s: too many parameters", l->path);
     snprintf(buf, sizeof buf, "%s.%s", l->path, name);
     if (!(full = td__strdup(buf)))
         return TD_ERR_OUT_OF_MEMORY;
@@ -52,6 +63,12 @@ td_status td__model_add_param(td_model *m, td_layer *l, const char *name, int nd
     m->params[m->nparams] = p;
     m->grads[m->nparams] = g;
     m->names[m->nparams] = full;
+    /* whole, until td__model_add_slice says otherwise */
+    memset(&m->slices[m->nparams], 0, sizeof m->slices[m->nparams]);
+    m->slices[m->nparams].ndim = ndim;
+    memcpy(m->slices[m->nparams].shape, shape, sizeof(int64_t) * (size_t)ndim);
+    m->slices[m->nparams].dim = -1;
+    m->slices[m->nparams].blocks = 1;
     m->nparams++;
     *param = p;
     return TD_OK;
@@ -99,33 +116,33 @@ td_status td__plan_ints(td_nn_plan *p, td_buffer *view, size_t count) {
     return TD_OK;
 }
 
-static size_t labels_per_sample(const td_model *m) {
+size_t td__model_labels_per_sample(const td_model *m) {
     return m->kind == TD_INPUT_TOKENS ? (size_t)m->in_shape[0] : 1;
 }
 
 static td_status plan_all(td_model *m, td_nn_plan *p) {
-    td_status st;
-    if (m->kind == TD_INPUT_FEATURES) {
-        if ((st = td__plan_tensor(p, &m->input, 1, m->in_ndim, m->in_shape)) != TD_OK)
-            return st;
+    td_layer *root = m->root;
+    if (m->part_first > 0 || m->kind == TD_INPUT_FEATURES) {
+        TD_CHECK(td__plan_tensor(p, &m->input, 1, root->in_ndim, root->in_shape));
     } else {
         int64_t one = 1;
         /* a placeholder input: the embedding reads the tokens */
-        if ((st = td__plan_tensor(p, &m->input, 0, 1, &one)) != TD_OK)
-            return st;
-        if ((st = td__plan_ints(p, &m->tokens, (size_t)(p->n * m->in_shape[0]))) != TD_OK)
-            return st;
+        TD_CHECK(td__plan_tensor(p, &m->input, 0, 1, &one));
+        TD_CHECK(td__plan_ints(p, &m->tokens, (size_t)(p->n * m->in_shape[0])));
     }
-    if ((st = td__plan_ints(p, &m->labels, (size_t)p->n * labels_per_sample(m))) != TD_OK)
-        return st;
-    return m->root->vt->plan(m->root, p, &m->input);
+    if (m->part_end == m->info.layers)
+        TD_CHECK(td__plan_ints(p, &m->labels, (size_t)p->n * td__model_labels_per_sample(m)));
+    TD_CHECK(root->vt->plan(root, p, &m->input));
+    if (m->part_first > 0)
+        TD_CHECK(td__plan_tensor(p, &m->in_grad, 1, root->in_ndim, root->in_shape));
+    return TD_OK;
 }
 
-/* Makes room for batches of n and carves the views for exactly n. */
-static td_status prepare(td_model *m, int64_t n) {
+td_status td__model_prepare(td_model *m, int slot, int64_t n) {
     td_status st;
+    td_nn_slot *s = &m->slots[slot];
     td_nn_plan p;
-    if (n > m->cap_n) {
+    if (n > s->cap_n) {
         int64_t len;
         memset(&p, 0, sizeof p);
         p.dev = m->dev;
@@ -133,27 +150,30 @@ static td_status prepare(td_model *m, int64_t n) {
         p.dry = 1;
         if ((st = plan_all(m, &p)) != TD_OK)
             return st;
-        td_tensor_destroy(m->arena);
-        td_buffer_free(m->iarena);
-        m->arena = NULL;
-        m->iarena = NULL;
-        m->cap_n = 0;
-        m->planned_n = 0;
+        if (m->cur_slot == slot)
+            m->cur_slot = -1;
+        td_tensor_destroy(s->arena);
+        td_buffer_free(s->iarena);
+        s->arena = NULL;
+        s->iarena = NULL;
+        s->cap_n = 0;
         len = (int64_t)p.used;
-        if ((st = td_tensor_create(m->dev, m->dtype, 1, &len, &m->arena)) != TD_OK)
+        if ((st = td_tensor_create(m->dev, m->dtype, 1, &len, &s->arena)) != TD_OK)
             return st;
-        if ((st = td_buffer_alloc(m->dev, (p.iused + 1) * sizeof(int32_t), &m->iarena)) != TD_OK)
+        if ((st = td_buffer_alloc(m->dev, (p.iused + 1) * sizeof(int32_t), &s->iarena)) != TD_OK)
             return st;
-        m->cap_n = n;
+        s->cap_n = n;
     }
-    if (n != m->planned_n) {
+    if (slot != m->cur_slot || n != m->planned_n) {
         memset(&p, 0, sizeof p);
         p.dev = m->dev;
         p.n = n;
-        p.base = m->arena;
-        p.ibase = m->iarena;
+        p.base = s->arena;
+        p.ibase = s->iarena;
+        m->cur_slot = -1;
         if ((st = plan_all(m, &p)) != TD_OK)
             return st;
+        m->cur_slot = slot;
         m->planned_n = n;
     }
     return TD_OK;
@@ -171,21 +191,20 @@ typedef struct step_args {
     int64_t first; /* the batch's first sample's place in the whole batch */
 } step_args;
 
-static uint64_t mix64(uint64_t x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
+uint64_t td__model_dropout_seed(const td_model *m, uint64_t dropout_step) {
+    return td__nn_mix64(m->seed ^ td__nn_mix64(dropout_step ^ 0xD80F00D5ull));
 }
 
 static td_status write_dev(td_model *m, void *dst, const void *src, size_t nbytes) {
     return m->dev->ops->write(m->dev->ctx, dst, src, nbytes);
 }
 
-static td_status load_batch(td_model *m, const td_batch *b) {
+td_status td__model_load_batch(td_model *m, const td_batch *b, int inputs, int labels) {
     td_status st;
-    size_t nl = (size_t)b->n * labels_per_sample(m);
-    if (m->kind == TD_INPUT_FEATURES) {
+    size_t nl = (size_t)b->n * td__model_labels_per_sample(m);
+    if (!inputs) {
+        /* a later part: its input comes from the part before */
+    } else if (m->kind == TD_INPUT_FEATURES) {
         size_t count = m->input.numel;
         if (!b->x)
             return td__error(TD_ERR_INVALID_ARG, "model batch: x is NULL for a features model");
@@ -214,6 +233,8 @@ static td_status load_batch(td_model *m, const td_batch *b) {
                             (size_t)b->n * (size_t)m->in_shape[0] * sizeof(int32_t))) != TD_OK)
             return st;
     }
+    if (!labels)
+        return TD_OK;
     if (!b->labels)
         return td__error(TD_ERR_INVALID_ARG, "model batch: labels is NULL");
     return write_dev(m, m->labels.ptr, b->labels, nl * sizeof(int32_t));
@@ -229,7 +250,7 @@ static td_status run_passes(td_model *m, const step_args *a, double *loss_sum, i
     r.model = m;
     r.train = a->train;
     r.acc = a->accumulate;
-    r.dropout_seed = mix64(m->seed ^ mix64(a->dropout_step ^ 0xD80F00D5ull));
+    r.dropout_seed = td__model_dropout_seed(m, a->dropout_step);
     r.first_sample = a->first;
     r.tokens = m->kind == TD_INPUT_TOKENS ? &m->tokens : NULL;
     if ((st = m->root->vt->forward(m->root, &m->input, &r)) != TD_OK)
@@ -251,10 +272,10 @@ static td_status run_passes(td_model *m, const step_args *a, double *loss_sum, i
  * models saves most of the time spent launching kernels. Everything a graph
  * holds is fixed at recording, so models whose step reads a value that changes
  * from step to step stay eager: a dropout layer (its seed), a gradient hook
- * (the data strategy reduces from it). The optimizer is not part of the graph:
- * its learning rate and bias corrections are per-step arguments. A recording
- * that fails is said once in the log and the model trains eagerly from then
- * on. TANDEM_CUDA_GRAPHS=0 switches graphs off. */
+ * (the data strategy reduces from it), a shard's reduce hook. The optimizer is not part of the
+ * graph: its learning rate and bias corrections are per-step arguments. A recording that fails is
+ * said once in the log and the model trains eagerly from then on. TANDEM_CUDA_GRAPHS=0 switches
+ * graphs off. */
 
 static int has_dropout(const td_layer *l) {
     if (!strcmp(l->vt->type, "dropout") && l->p > 0)
@@ -276,7 +297,7 @@ static td_status graph_step(td_model *m, const step_args *a, td_step_result *res
     td_status st;
     td_graph *g = NULL;
     *done = 0;
-    if (!a->train || m->graph_off || m->hook)
+    if (!a->train || m->graph_off || m->hook || m->reduce)
         return TD_OK;
     if (!m->graph_checked) {
         m->graph_checked = 1;
@@ -284,13 +305,13 @@ static td_status graph_step(td_model *m, const step_args *a, td_step_result *res
         if (m->graph_off)
             return TD_OK;
     }
-    if (!m->graph || m->graph_n != a->batch->n || m->graph_cap != m->cap_n ||
+    if (!m->graph || m->graph_n != a->batch->n || m->graph_cap != m->slots[0].cap_n ||
         m->graph_scale != a->grad_scale || m->graph_acc != a->accumulate) {
-        int again = m->graph_n == a->batch->n && m->graph_cap == m->cap_n &&
+        int again = m->graph_n == a->batch->n && m->graph_cap == m->slots[0].cap_n &&
                     m->graph_scale == a->grad_scale && m->graph_acc == a->accumulate;
         graph_drop(m);
         m->graph_n = a->batch->n;
-        m->graph_cap = m->cap_n;
+        m->graph_cap = m->slots[0].cap_n;
         m->graph_scale = a->grad_scale;
         m->graph_acc = a->accumulate;
         /* The first step of a shape runs eagerly: it grows the backend's
@@ -344,21 +365,22 @@ static td_status step_task(td_device *dev, void *arg) {
     td_status st;
     td_step_result res = {0, 0, 0};
     int done = 0;
-    uint64_t start = td_clock_ns();
-    if ((st = prepare(m, a->batch->n)) != TD_OK)
+    m->stretch_start = td_clock_ns();
+    if ((st = td__model_prepare(m, 0, a->batch->n)) != TD_OK)
         return st;
-    if ((st = load_batch(m, a->batch)) != TD_OK)
+    if ((st = td__model_load_batch(m, a->batch, 1, 1)) != TD_OK)
         return st;
     if ((st = graph_step(m, a, &res, &done)) != TD_OK)
         return st;
     if (!done && (st = run_passes(m, a, &res.loss_sum, &res.correct)) != TD_OK)
         return st;
-    res.count = (int64_t)((size_t)a->batch->n * labels_per_sample(m));
+    res.count = (int64_t)((size_t)a->batch->n * td__model_labels_per_sample(m));
     if (a->out)
         *a->out = res;
     /* A device slowed on purpose ({slowdown=F}, {latency=MS}) is slowed
-     * here, whatever strategy runs it. */
-    td__device_throttle(dev, start);
+     * here, whatever strategy runs it (a shard's reductions slowed the
+     * stretches before them). */
+    td__device_throttle(dev, m->stretch_start);
     return TD_OK;
 }
 
@@ -368,6 +390,11 @@ static td_status run_step(td_model *m, const td_batch *batch, step_args *a) {
     if (batch->n <= 0 || batch->n > (1 << 24))
         return td__error(TD_ERR_INVALID_ARG, "model step: batch of %lld samples",
                          (long long)batch->n);
+    if (m->part_first != 0 || m->part_end != m->info.layers)
+        return td__error(TD_ERR_INVALID_ARG,
+                         "model step: a part (layers [%d, %d) of %d) runs through "
+                         "td_model_part_forward and td_model_part_backward",
+                         m->part_first, m->part_end, m->info.layers);
     return td_device_run(m->dev, step_task, a);
 }
 
@@ -390,164 +417,16 @@ td_status td_model_evaluate(td_model *m, const td_batch *batch, td_step_result *
     return run_step(m, batch, &a);
 }
 
-/* Loading -------------------------------------------------------------------------- */
-
-static td_status input_error(const char *file, const char *field, const char *what) {
-    return td__error(TD_ERR_PARSE, "%s: input.%s: %s", file, field, what);
-}
-
-static td_status parse_input(td_model *m, const char *file, json_t *in) {
-    json_t *shape = json_object_get(in, "shape"), *tokens = json_object_get(in, "tokens");
-    const char *key;
-    json_t *v;
-    if (!json_is_object(in))
-        return td__error(TD_ERR_PARSE,
-                         "%s: input: expected an object with \"shape\" or "
-                         "\"tokens\"",
-                         file);
-    json_object_foreach(in, key, v) {
-        if (strcmp(key, "shape") && strcmp(key, "tokens") && strcmp(key, "vocab"))
-            return input_error(file, key, "unknown field (shape, tokens, vocab)");
-    }
-    if (shape && tokens)
-        return td__error(TD_ERR_PARSE, "%s: input: give \"shape\" or \"tokens\", not both", file);
-    if (shape) {
-        size_t i;
-        if (!json_is_array(shape) || json_array_size(shape) < 1 || json_array_size(shape) > 3)
-            return input_error(file, "shape", "expected an array of 1 to 3 positive integers");
-        json_array_foreach(shape, i, v) {
-            if (!json_is_integer(v) || json_integer_value(v) < 1 ||
-                json_integer_value(v) > (1 << 24))
-                return input_error(file, "shape", "expected an array of 1 to 3 positive integers");
-            m->in_shape[i] = json_integer_value(v);
-        }
-        if (json_object_get(in, "vocab"))
-            return input_error(file, "vocab", "only for token input");
-        m->kind = TD_INPUT_FEATURES;
-        m->in_ndim = (int)json_array_size(shape);
-        return TD_OK;
-    }
-    if (tokens) {
-        json_t *vocab = json_object_get(in, "vocab");
-        if (!json_is_integer(tokens) || json_integer_value(tokens) < 1 ||
-            json_integer_value(tokens) > (1 << 20))
-            return input_error(file, "tokens", "expected a positive integer (the context length)");
-        if (!vocab)
-            return input_error(file, "vocab", "missing (a required integer)");
-        if (!json_is_integer(vocab) || json_integer_value(vocab) < 1 ||
-            json_integer_value(vocab) > (1 << 24))
-            return input_error(file, "vocab", "expected a positive integer");
-        m->kind = TD_INPUT_TOKENS;
-        m->in_ndim = 1;
-        m->in_shape[0] = json_integer_value(tokens);
-        m->classes = json_integer_value(vocab);
-        return TD_OK;
-    }
-    return td__error(TD_ERR_PARSE, "%s: input: expected \"shape\" or \"tokens\"", file);
-}
-
-/* "(2, 3)" for a per-sample shape. */
-static const char *shape_text(const int64_t *s, int n, char buf[64]) {
-    size_t used = (size_t)snprintf(buf, 64, "(");
-    for (int i = 0; i < n && used < 64; i++)
-        used += (size_t)snprintf(buf + used, 64 - used, "%s%lld", i ? ", " : "", (long long)s[i]);
-    if (used < 64)
-        snprintf(buf + used, 64 - used, ")");
-    return buf;
-}
-
-static td_status check_output(td_model *m, const char *file) {
-    td_layer *root = m->root, *first = root->children[0];
-    char s[64];
-    if (m->kind == TD_INPUT_TOKENS) {
-        if (strcmp(first->vt->type, "embedding"))
-            return td__error(TD_ERR_PARSE,
-                             "%s: layers[0].type: a token model starts with an embedding", file);
-        if (root->out_ndim != 2 || root->out_shape[0] != m->in_shape[0] ||
-            root->out_shape[1] != m->classes)
-            return td__error(TD_ERR_PARSE,
-                             "%s: layers: the last layer gives %s per sample; a token model "
-                             "must end with (%lld, %lld) logits (tokens, vocab)",
-                             file, shape_text(root->out_shape, root->out_ndim, s),
-                             (long long)m->in_shape[0], (long long)m->classes);
-        return TD_OK;
-    }
-    if (root->out_ndim != 1)
-        return td__error(TD_ERR_PARSE,
-                         "%s: layers: the last layer gives %s per sample; a classifier ends with "
-                         "(classes) logits (add a flatten and a linear)",
-                         file, shape_text(root->out_shape, root->out_ndim, s));
-    m->classes = root->out_shape[0];
-    return TD_OK;
-}
+/* Loading (parsing and building: describe.c) ------------------------------------------ */
 
 td_status td_model_load_string(const char *json, const char *name, td_device *dev, td_dtype dtype,
                                uint64_t seed, td_model **out) {
-    td_model *m = NULL;
-    json_t *root = NULL;
-    json_error_t jerr;
-    td_status st;
-    const char *key;
-    json_t *v;
     if (!out)
         return td__error(TD_ERR_INVALID_ARG, "td_model_load_string: out is NULL");
     *out = NULL;
     if (!json || !dev)
         return td__error(TD_ERR_INVALID_ARG, "td_model_load_string: json or device is NULL");
-    if (!name)
-        name = "<model>";
-    if (dtype != TD_F32 && dtype != TD_F64)
-        return td__error(TD_ERR_DTYPE, "%s: unknown dtype %d", name, (int)dtype);
-    if (!(root = json_loads(json, JSON_REJECT_DUPLICATES, &jerr)))
-        return td__error(TD_ERR_PARSE, "%s:%d:%d: %s", name, jerr.line, jerr.column, jerr.text);
-    if (!json_is_object(root)) {
-        st = td__error(TD_ERR_PARSE, "%s: expected a JSON object at the top", name);
-        goto fail;
-    }
-    json_object_foreach(root, key, v) {
-        if (strcmp(key, "name") && strcmp(key, "description") && strcmp(key, "input") &&
-            strcmp(key, "layers")) {
-            st = td__error(TD_ERR_PARSE, "%s: %s: unknown field (name, description, input, layers)",
-                           name, key);
-            goto fail;
-        }
-    }
-    if (!(m = td__calloc(sizeof *m, "a model"))) {
-        st = TD_ERR_OUT_OF_MEMORY;
-        goto fail;
-    }
-    m->dev = dev;
-    m->dtype = dtype;
-    m->seed = seed;
-    if (!(m->json = td__strdup(json))) {
-        st = TD_ERR_OUT_OF_MEMORY;
-        goto fail;
-    }
-    if (!json_object_get(root, "input")) {
-        st = td__error(TD_ERR_PARSE,
-                       "%s: input: missing (an object with \"shape\" or "
-                       "\"tokens\")",
-                       name);
-        goto fail;
-    }
-    if ((st = parse_input(m, name, json_object_get(root, "input"))) != TD_OK)
-        goto fail;
-    if (!json_object_get(root, "layers")) {
-        st = td__error(TD_ERR_PARSE, "%s: layers: missing (an array of layers)", name);
-        goto fail;
-    }
-    if ((st = td__layer_build_seq(m, name, json_object_get(root, "layers"), "layers", "layers",
-                                  m->in_ndim, m->in_shape, &m->root)) != TD_OK)
-        goto fail;
-    if ((st = check_output(m, name)) != TD_OK)
-        goto fail;
-    json_decref(root);
-    *out = m;
-    return TD_OK;
-fail:
-    json_decref(root);
-    td_model_destroy(m);
-    return st;
+    return td__model_build(json, name, dev, dtype, seed, 0, -1, 1, NULL, 0, out);
 }
 
 td_status td_model_load(const char *path, td_device *dev, td_dtype dtype, uint64_t seed,
@@ -599,8 +478,13 @@ void td_model_destroy(td_model *m) {
     free(m->params);
     free(m->grads);
     free(m->names);
-    td_tensor_destroy(m->arena);
-    td_buffer_free(m->iarena);
+    free(m->slices);
+    free(m->splits);
+    for (int i = 0; m->slots && i < m->nslots; i++) {
+        td_tensor_destroy(m->slots[i].arena);
+        td_buffer_free(m->slots[i].iarena);
+    }
+    free(m->slots);
     free(m->host_tmp);
     free(m->json);
     free(m);

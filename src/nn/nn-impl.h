@@ -5,7 +5,17 @@
  * out...). Its out and dout are views into the model's arena, re-carved when
  * the batch size changes, so a training step allocates nothing. Containers
  * ("sequential", "residual") hold children; a sequential's out and dout are
- * its last child's. Everything here runs on the model's device thread. */
+ * its last child's. Everything here runs on the model's device thread.
+ *
+ * Every model is a part: top-level layers [part_first, part_end) of the
+ * model its JSON describes (a whole model is [0, layer count)). The whole
+ * tree is built, the layers outside the range "dry": they count their
+ * parameters (param_serial, serial_weights) so that names, initial values
+ * and dropout streams are the whole model's, but create no tensors, and are
+ * then dropped from the root. td_model_describe builds everything dry, with
+ * no device. A part keeps `nslots` arenas; the layer views point into one
+ * of them (cur_slot) at a time and are re-carved when the slot or the batch
+ * size changes. */
 #ifndef TD_NN_IMPL_H
 #define TD_NN_IMPL_H
 
@@ -19,6 +29,21 @@
 
 typedef struct td_layer td_layer;
 typedef struct td_nn_plan td_nn_plan;
+
+/* A layer's part in a tensor-parallel shard (shard.c). */
+typedef enum td__split_kind {
+    TD__SPLIT_NONE = 0, /* whole: replicated on every shard */
+    TD__SPLIT_OUT,      /* the first linear of a pair: output features [first, first + count) */
+    TD__SPLIT_MID,      /* an activation or dropout inside a pair: those features */
+    TD__SPLIT_IN,       /* the second linear: those input features; its output is partial */
+    TD__SPLIT_HEADS,    /* attention: heads [first, first + count) of total */
+} td__split_kind;
+
+typedef struct td__split {
+    td__split_kind kind;
+    int unit;                    /* the splittable unit it belongs to */
+    int64_t first, count, total; /* features or heads */
+} td__split;
 
 /* What one forward or backward pass knows. */
 typedef struct td_nn_run {
@@ -42,14 +67,17 @@ typedef struct td_layer_vt {
 
 struct td_layer {
     const td_layer_vt *vt;
+    char type[16]; /* as in the JSON: "relu", "maxpool", ... */
     char path[64]; /* "layers.3" or "layers.3.1": parameter name prefix */
     int uid;       /* distinct per layer, for dropout streams */
     /* Per-sample shapes. */
     int in_ndim, out_ndim;
     int64_t in_shape[TD_MAX_DIMS], out_shape[TD_MAX_DIMS];
 
-    size_t first_param; /* index in the model's parameter list */
-    int nparams;
+    size_t first_param;  /* index in the model's (or part's) parameter list */
+    size_t first_serial; /* index in the whole model's parameter list */
+    size_t weights;      /* scalar parameters, children's included */
+    int nparams;         /* held: 0 for a dry layer */
     td_tensor *param[TD_LAYER_MAX_PARAMS], *grad[TD_LAYER_MAX_PARAMS];
 
     td_tensor out, dout;           /* (n, out...) views into the arena */
@@ -67,14 +95,28 @@ struct td_layer {
     int64_t heads, vocab;
     int fused; /* attention: the backend's fused kernels, chosen at planning */
     int positions;
+    td__split split; /* in a shard: its slice (TD__SPLIT_NONE elsewhere) */
 
     /* Containers. */
     td_layer **children;
     int nchildren;
 };
 
+/* One set of activations of a part: an arena, and what the micro-batch in it
+ * needs between its forward and its backward. */
+typedef struct td_nn_slot {
+    td_tensor *arena;  /* dtype elements */
+    td_buffer *iarena; /* int32 elements */
+    int64_t cap_n;     /* the arena fits batches of up to cap_n samples */
+    int64_t n;         /* samples of the last forward */
+    int forward_done, backward_done, train;
+    uint64_t dropout_seed;
+    int64_t first_sample;
+    td_buffer out, in_grad; /* views handed out by td_model_part_output, _input_grad */
+} td_nn_slot;
+
 struct td_model {
-    td_device *dev;
+    td_device *dev; /* NULL while describing */
     td_dtype dtype;
     uint64_t seed;
     char *json;
@@ -82,8 +124,17 @@ struct td_model {
     int in_ndim;
     int64_t in_shape[TD_MAX_DIMS];
     int64_t classes;
-    td_layer *root; /* a sequential */
+    td_layer *root; /* a sequential of top-level layers [part_first, part_end) */
     int nlayers_made;
+    td_model_info info; /* the whole model's */
+
+    /* The part, and how it is being built. */
+    int part_first, part_end;
+    size_t part_first_param; /* the whole model's index of this part's parameter 0 */
+    int dry;                 /* building a layer outside the part: no tensors */
+    int build_top;           /* the next sequential built is the root */
+    size_t param_serial;     /* parameters made so far, dry ones included */
+    size_t serial_weights;   /* their scalars */
 
     size_t nparams, cap_params;
     td_tensor **params, **grads;
@@ -92,13 +143,24 @@ struct td_model {
     td_grad_ready_fn hook;
     void *hook_arg;
 
-    /* Activations for batches of up to cap_n samples. */
-    int64_t cap_n, planned_n;
-    td_tensor *arena;  /* dtype elements */
-    td_buffer *iarena; /* int32 elements */
-    td_tensor input;   /* (n, in...) view, features models */
-    td_buffer tokens;  /* (n, t) int32 view */
-    td_buffer labels;  /* (n) or (n, t) int32 view */
+    /* A tensor-parallel shard (shard.c): each layer's split by uid, each
+     * parameter's place in the whole one (cap_params entries), and the hook
+     * that sums partial activations across the shards. */
+    td__split *splits; /* NULL: not a shard */
+    int nsplits;
+    td_param_slice *slices;
+    td_reduce_fn reduce;
+    void *reduce_arg;
+
+    /* Activations: the views are carved for planned_n samples in slot cur_slot
+     * (-1: none). */
+    td_nn_slot *slots;
+    int nslots, cur_slot;
+    int64_t planned_n;
+    td_tensor input;   /* (n, in...) view: features, or a later part's input */
+    td_tensor in_grad; /* (n, in...) view: a later part's input gradient */
+    td_buffer tokens;  /* (n, t) int32 view, the part with the embedding */
+    td_buffer labels;  /* (n) or (n, t) int32 view, the part with the loss */
     void *host_tmp;    /* f64 conversion of inputs */
     size_t host_tmp_n;
 
@@ -115,6 +177,10 @@ struct td_model {
     double graph_loss;
     int64_t graph_correct;
     uint64_t graph_replays; /* steps run by replaying (tests read it) */
+    /* When the pass's current stretch of compute began: its start, or the
+     * end of the shard's last reduction (a slowed device is slowed per
+     * stretch, td__model_reduce). */
+    uint64_t stretch_start;
 };
 
 /* The planner: a dry pass counts, a second carves views. */
@@ -132,7 +198,11 @@ td_status td__plan_tensor(td_nn_plan *p, td_tensor *view, int batched, int ndim,
                           const int64_t *shape);
 td_status td__plan_ints(td_nn_plan *p, td_buffer *view, size_t count);
 
-/* Layers (layers.c) -------------------------------------------------------- */
+/* Layers (layers.c, built in layers_build.c) ---------------------------------- */
+
+extern const td_layer_vt td__linear_vt, td__act_vt, td__dropout_vt, td__flatten_vt,
+    td__layernorm_vt, td__embedding_vt, td__attention_vt, td__conv2d_vt, td__pool_vt,
+    td__sequential_vt, td__residual_vt;
 
 /* Builds the layer described by `spec` at JSON path `where` for per-sample
  * input shape in[0..in_ndim), appending its parameters to m. On failure the
@@ -149,8 +219,50 @@ void td__layer_destroy(td_layer *l);
  * even where the backend has the fused kernels. */
 extern int td__nn_generic_attention;
 
-/* Registers a parameter of l (created on m's device) named "<path>.<name>". */
+/* Registers a parameter of l (created on m's device) named "<path>.<name>".
+ * While m->dry it only counts it and *param is NULL: the init helpers skip
+ * NULL parameters. */
 td_status td__model_add_param(td_model *m, td_layer *l, const char *name, int ndim,
                               const int64_t *shape, td_tensor **param);
+
+/* SplitMix64's finaliser: parameter init streams, dropout seeds. */
+uint64_t td__nn_mix64(uint64_t x);
+
+/* Models (model.c) ---------------------------------------------------------- */
+
+/* Makes slot's arena fit n samples and carves the views onto it. On the
+ * device's thread. */
+td_status td__model_prepare(td_model *m, int slot, int64_t n);
+/* Writes b's inputs (x or tokens: when `inputs`) and labels (when `labels`)
+ * into the carved views. */
+td_status td__model_load_batch(td_model *m, const td_batch *b, int inputs, int labels);
+size_t td__model_labels_per_sample(const td_model *m);
+/* The step's dropout seed, as every strategy draws it. */
+uint64_t td__model_dropout_seed(const td_model *m, uint64_t dropout_step);
+
+/* Loading (describe.c) ------------------------------------------------------ */
+
+/* Builds the part [first, end) of the model in json (end < 0: to the last
+ * layer) with `slots` activation slots on dev; dev NULL builds everything dry
+ * (describing). splits (NULL: none) makes a shard: splits[uid] for the layer
+ * built uid-th, nsplits of them (copied). Errors as td_model_load's; on
+ * failure *out is NULL. */
+td_status td__model_build(const char *json, const char *name, td_device *dev, td_dtype dtype,
+                          uint64_t seed, int first, int end, int slots, const td__split *splits,
+                          int nsplits, td_model **out);
+
+/* Shards (shard.c) ------------------------------------------------------------- */
+
+/* Registers a parameter whose whole shape is whole[0..ndim), of which the
+ * model holds the slice `slice` describes (dim < 0: all), initialised as the
+ * whole parameter would be: uniform in [-bound, bound] (normal 0, bound when
+ * normal), each element from its place in the whole tensor. */
+td_status td__model_add_slice(td_model *m, td_layer *l, const char *name, int ndim,
+                              const int64_t *whole, int dim, int blocks, int64_t first,
+                              int64_t count, int normal, double bound, td_tensor **param);
+/* Sums t across the shards through the model's reduce hook (nothing without one). */
+td_status td__model_reduce(td_model *m, td_tensor *t);
+/* Zeros t (a view) on the device's thread. */
+td_status td__zero(td_tensor *t);
 
 #endif

@@ -17,7 +17,8 @@ struct td_optimizer {
     int shard, shards; /* ZeRO-1: this optimizer's shard of `shards` (0 of 1: all) */
     td_sumsq_reduce_fn reduce;
     void *reduce_arg;
-    int per_param; /* state tensors per parameter: 0, 1 (SGD) or 2 (AdamW) */
+    int skip_replicated; /* a shard's: leave its whole parameters out of the norm */
+    int per_param;       /* state tensors per parameter: 0, 1 (SGD) or 2 (AdamW) */
     size_t nstate;
     td_tensor **state;
     char **names;
@@ -167,6 +168,10 @@ void td_optimizer_set_sumsq_reduce(td_optimizer *o, td_sumsq_reduce_fn reduce, v
         o->reduce_arg = arg;
     }
 }
+void td_optimizer_set_sumsq_skip_replicated(td_optimizer *o, int skip) {
+    if (o)
+        o->skip_replicated = skip ? 1 : 0;
+}
 int td_optimizer_shard_rank(const td_optimizer *o) {
     return o ? o->shard : 0;
 }
@@ -234,6 +239,8 @@ static td_status grad_sumsq(td_optimizer *o, double *sum) {
             td_tensor w, g, state[2];
             double s;
             if ((part && o->shard != 0) || !part_views(o, i, part, &w, &g, state))
+                continue;
+            if (o->skip_replicated && o->m->splits && o->m->slices[i].dim < 0)
                 continue;
             if ((st = td__op_sumsq(&g, &s)) != TD_OK)
                 return st;

@@ -1,4 +1,5 @@
-/* The safetensors format: a verifying reader and an atomic writer. */
+/* The safetensors format: the verifying reader (the writer is
+ * safetensors_write.c). */
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -13,17 +14,12 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
-#include "tandem/checkpoint.h"
+#include "nn/safetensors-impl.h"
 
 /* Python's safetensors refuses headers over 100 MB; so does this reader. */
 #define TD_ST_MAX_HEADER ((uint64_t)100 * 1000 * 1000)
 /* Files larger than this are refused before reading. */
 #define TD_ST_MAX_FILE ((size_t)1 << 36)
-#define TD_ST_CRC_KEY  "tandem.crc32"
-
-typedef struct st_meta {
-    char *key, *value;
-} st_meta;
 
 struct td_safetensors {
     char name[1024];
@@ -86,24 +82,26 @@ static int cmp_meta(const void *a, const void *b) {
     return strcmp(((const st_meta *)a)->key, ((const st_meta *)b)->key);
 }
 
-/* CRC-32 of the data, then of each metadata key and value (with their
- * terminating zeros) in key order, leaving out the checksum itself. */
-static uint32_t checksum(const uint8_t *data, size_t n, st_meta *meta, size_t nmeta) {
-    uLong crc = crc32(0L, Z_NULL, 0);
+uint32_t td__st_crc_data(uint32_t crc, const void *data, size_t n) {
+    const Bytef *p = data;
     while (n > 0) {
         uInt chunk = n > (1u << 30) ? (1u << 30) : (uInt)n;
-        crc = crc32(crc, data, chunk);
-        data += chunk;
+        crc = (uint32_t)crc32(crc, p, chunk);
+        p += chunk;
         n -= chunk;
     }
+    return crc;
+}
+
+uint32_t td__st_crc_meta(uint32_t crc, st_meta *meta, size_t nmeta) {
     qsort(meta, nmeta, sizeof *meta, cmp_meta);
     for (size_t i = 0; i < nmeta; i++) {
         if (!strcmp(meta[i].key, TD_ST_CRC_KEY))
             continue;
-        crc = crc32(crc, (const Bytef *)meta[i].key, (uInt)strlen(meta[i].key) + 1);
-        crc = crc32(crc, (const Bytef *)meta[i].value, (uInt)strlen(meta[i].value) + 1);
+        crc = (uint32_t)crc32(crc, (const Bytef *)meta[i].key, (uInt)strlen(meta[i].key) + 1);
+        crc = (uint32_t)crc32(crc, (const Bytef *)meta[i].value, (uInt)strlen(meta[i].value) + 1);
     }
-    return (uint32_t)crc;
+    return crc;
 }
 
 static int cmp_offset(const void *a, const void *b) {
@@ -299,7 +297,8 @@ td_status td_safetensors_parse(const void *bytes, size_t n, const char *name,
         const char *want = td_safetensors_meta(st, TD_ST_CRC_KEY);
         if (want) {
             char got[16];
-            snprintf(got, sizeof got, "%08x", checksum(data, data_len, st->meta, st->nmeta));
+            snprintf(got, sizeof got, "%08x",
+                     td__st_crc_meta(td__st_crc_data(0, data, data_len), st->meta, st->nmeta));
             if (strcmp(got, want) != 0) {
                 st_ = td__error(TD_ERR_CORRUPT,
                                 "%s: checksum mismatch (stored %.16s, computed %s): the tensors "
@@ -424,305 +423,4 @@ td_status td_safetensors_read_tensor(const td_safetensors *st, const char *name,
     if (s != TD_OK)
         return td__error_prefix(s, "%s: tensor \"%s\": ", st->name, name);
     return TD_OK;
-}
-
-/* Writing ------------------------------------------------------------------ */
-
-typedef struct st_entry {
-    char *name;
-    td_dtype dtype;
-    int ndim;
-    int64_t shape[TD_ST_MAX_DIMS];
-    void *data;
-    size_t nbytes;
-} st_entry;
-
-struct td_safetensors_writer {
-    st_entry *entries;
-    size_t count, cap;
-    st_meta *meta;
-    size_t nmeta, meta_cap;
-};
-
-td_status td_safetensors_writer_create(td_safetensors_writer **out) {
-    if (!out)
-        return td__error(TD_ERR_INVALID_ARG, "td_safetensors_writer_create: out is NULL");
-    *out = td__calloc(sizeof **out, "a safetensors writer");
-    return *out ? TD_OK : TD_ERR_OUT_OF_MEMORY;
-}
-
-void td_safetensors_writer_destroy(td_safetensors_writer *w) {
-    if (!w)
-        return;
-    for (size_t i = 0; i < w->count; i++) {
-        free(w->entries[i].name);
-        free(w->entries[i].data);
-    }
-    for (size_t i = 0; i < w->nmeta; i++) {
-        free(w->meta[i].key);
-        free(w->meta[i].value);
-    }
-    free(w->entries);
-    free(w->meta);
-    free(w);
-}
-
-static td_status add_entry(td_safetensors_writer *w, const char *name, td_dtype dtype, int ndim,
-                           const int64_t *shape, st_entry **out) {
-    size_t numel = 1;
-    st_entry *e = NULL;
-    if (!w || !name || (ndim > 0 && !shape))
-        return td__error(TD_ERR_INVALID_ARG, "safetensors writer: NULL argument");
-    if (!*name || !strcmp(name, "__metadata__"))
-        return td__error(TD_ERR_INVALID_ARG, "safetensors writer: tensor name \"%s\" is reserved",
-                         name);
-    if (ndim < 0 || ndim > TD_ST_MAX_DIMS)
-        return td__error(TD_ERR_INVALID_ARG, "safetensors writer: tensor \"%s\": %d dimensions",
-                         name, ndim);
-    for (size_t i = 0; i < w->count; i++)
-        if (!strcmp(w->entries[i].name, name))
-            return td__error(TD_ERR_INVALID_ARG, "safetensors writer: tensor \"%s\" added twice",
-                             name);
-    for (int d = 0; d < ndim; d++) {
-        if (shape[d] < 0)
-            return td__error(TD_ERR_INVALID_ARG, "safetensors writer: tensor \"%s\": shape[%d] < 0",
-                             name, d);
-        numel *= (size_t)shape[d];
-    }
-    if (w->count == w->cap) {
-        size_t cap = w->cap ? 2 * w->cap : 16;
-        st_entry *grown = realloc(w->entries, cap * sizeof *grown);
-        if (!grown)
-            return td__error(TD_ERR_OUT_OF_MEMORY, "safetensors writer: no memory");
-        w->entries = grown;
-        w->cap = cap;
-    }
-    e = &w->entries[w->count];
-    memset(e, 0, sizeof *e);
-    e->dtype = dtype;
-    e->ndim = ndim;
-    for (int d = 0; d < ndim; d++)
-        e->shape[d] = shape[d];
-    e->nbytes = numel * td_dtype_size(dtype);
-    if (!(e->name = td__strdup(name)) || !(e->data = malloc(e->nbytes ? e->nbytes : 1))) {
-        free(e->name);
-        return td__error(TD_ERR_OUT_OF_MEMORY, "safetensors writer: no memory for \"%s\"", name);
-    }
-    w->count++;
-    *out = e;
-    return TD_OK;
-}
-
-td_status td_safetensors_writer_add(td_safetensors_writer *w, const char *name, td_dtype dtype,
-                                    int ndim, const int64_t *shape, const void *data) {
-    st_entry *e = NULL;
-    td_status st = add_entry(w, name, dtype, ndim, shape, &e);
-    if (st == TD_OK && e->nbytes)
-        memcpy(e->data, data, e->nbytes);
-    return st;
-}
-
-td_status td_safetensors_writer_add_tensor(td_safetensors_writer *w, const char *name,
-                                           const td_tensor *t) {
-    int64_t shape[TD_MAX_DIMS];
-    st_entry *e = NULL;
-    td_status st;
-    if (!t)
-        return td__error(TD_ERR_INVALID_ARG, "safetensors writer: tensor \"%s\" is NULL",
-                         name ? name : "?");
-    for (int d = 0; d < td_tensor_ndim(t); d++)
-        shape[d] = td_tensor_dim(t, d);
-    if ((st = add_entry(w, name, td_tensor_dtype(t), td_tensor_ndim(t), shape, &e)) != TD_OK)
-        return st;
-    if ((st = td_tensor_read(t, e->data, e->nbytes)) != TD_OK) {
-        w->count--;
-        free(e->name);
-        free(e->data);
-        return td__error_prefix(st, "saving tensor \"%s\": ", name);
-    }
-    return TD_OK;
-}
-
-td_status td_safetensors_writer_set_meta(td_safetensors_writer *w, const char *key,
-                                         const char *value) {
-    char *v;
-    if (!w || !key || !value)
-        return td__error(TD_ERR_INVALID_ARG, "safetensors writer: NULL metadata");
-    if (!strcmp(key, TD_ST_CRC_KEY))
-        return td__error(TD_ERR_INVALID_ARG, "safetensors writer: metadata \"%s\" is reserved",
-                         key);
-    if (!(v = td__strdup(value)))
-        return TD_ERR_OUT_OF_MEMORY;
-    for (size_t i = 0; i < w->nmeta; i++)
-        if (!strcmp(w->meta[i].key, key)) {
-            free(w->meta[i].value);
-            w->meta[i].value = v;
-            return TD_OK;
-        }
-    if (w->nmeta == w->meta_cap) {
-        size_t cap = w->meta_cap ? 2 * w->meta_cap : 16;
-        st_meta *grown = realloc(w->meta, cap * sizeof *grown);
-        if (!grown) {
-            free(v);
-            return td__error(TD_ERR_OUT_OF_MEMORY, "safetensors writer: no memory");
-        }
-        w->meta = grown;
-        w->meta_cap = cap;
-    }
-    if (!(w->meta[w->nmeta].key = td__strdup(key))) {
-        free(v);
-        return TD_ERR_OUT_OF_MEMORY;
-    }
-    w->meta[w->nmeta++].value = v;
-    return TD_OK;
-}
-
-/* The header JSON, padded with spaces so the data starts 8-byte aligned. */
-static td_status build_header(td_safetensors_writer *w, const char *crc, char **out, size_t *len) {
-    json_t *root = json_object(), *meta = json_object();
-    size_t off = 0, n, padded;
-    char *text = NULL, *buf;
-    td_status st = TD_ERR_OUT_OF_MEMORY;
-    *out = NULL;
-    if (!root || !meta)
-        goto fail;
-    for (size_t i = 0; i < w->nmeta; i++)
-        if (json_object_set_new(meta, w->meta[i].key, json_string(w->meta[i].value)) != 0) {
-            st =
-                td__error(TD_ERR_INVALID_ARG,
-                          "safetensors writer: metadata \"%s\" is not valid UTF-8", w->meta[i].key);
-            goto fail;
-        }
-    json_object_set_new(meta, TD_ST_CRC_KEY, json_string(crc));
-    json_object_set(root, "__metadata__", meta);
-    for (size_t i = 0; i < w->count; i++) {
-        const st_entry *e = &w->entries[i];
-        json_t *t = json_object(), *shape = json_array();
-        for (int d = 0; d < e->ndim; d++)
-            json_array_append_new(shape, json_integer(e->shape[d]));
-        json_object_set_new(t, "dtype", json_string(e->dtype == TD_F64 ? "F64" : "F32"));
-        json_object_set_new(t, "shape", shape);
-        json_object_set_new(t, "data_offsets",
-                            json_pack("[II]", (json_int_t)off, (json_int_t)(off + e->nbytes)));
-        if (json_object_set_new(root, e->name, t) != 0) {
-            st = td__error(TD_ERR_INVALID_ARG,
-                           "safetensors writer: tensor name \"%s\" is not valid UTF-8", e->name);
-            goto fail;
-        }
-        off += e->nbytes;
-    }
-    if (!(text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER)))
-        goto fail;
-    n = strlen(text);
-    padded = (n + 7) / 8 * 8;
-    if (!(buf = malloc(padded)))
-        goto fail;
-    memcpy(buf, text, n);
-    memset(buf + n, ' ', padded - n);
-    *out = buf;
-    *len = padded;
-    st = TD_OK;
-fail:
-    if (st == TD_ERR_OUT_OF_MEMORY)
-        td__error(st, "safetensors writer: no memory for the header");
-    free(text);
-    json_decref(meta);
-    json_decref(root);
-    return st;
-}
-
-static td_status write_all(int fd, const void *p, size_t n, const char *path) {
-    const uint8_t *b = p;
-    while (n > 0) {
-        ssize_t w = write(fd, b, n > (1u << 30) ? (1u << 30) : n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return td__error(TD_ERR_IO, "%s: write failed: %s", path,
-                             w < 0 ? strerror(errno) : "no progress");
-        b += w;
-        n -= (size_t)w;
-    }
-    return TD_OK;
-}
-
-td_status td_safetensors_writer_save(td_safetensors_writer *w, const char *path) {
-    char tmp[PATH_MAX], dir[PATH_MAX], crc[16];
-    char *header = NULL;
-    size_t hlen = 0;
-    uint8_t lenbytes[8];
-    uLong c;
-    int fd = -1, dfd, created = 0;
-    td_status st;
-    if (!w || !path)
-        return td__error(TD_ERR_INVALID_ARG, "td_safetensors_writer_save: NULL argument");
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path) >= (int)sizeof tmp)
-        return td__error(TD_ERR_INVALID_ARG, "%s: path too long", path);
-    {
-        /* The checksum the reader recomputes: data, then sorted metadata. */
-        c = crc32(0L, Z_NULL, 0);
-        for (size_t i = 0; i < w->count; i++)
-            for (size_t o = 0; o < w->entries[i].nbytes; o += (1u << 30)) {
-                size_t k = w->entries[i].nbytes - o;
-                c = crc32(c, (const Bytef *)w->entries[i].data + o,
-                          (uInt)(k > (1u << 30) ? (1u << 30) : k));
-            }
-        st_meta *sorted = malloc((w->nmeta + 1) * sizeof *sorted);
-        if (!sorted)
-            return td__error(TD_ERR_OUT_OF_MEMORY, "safetensors writer: no memory");
-        if (w->nmeta)
-            memcpy(sorted, w->meta, w->nmeta * sizeof *sorted);
-        qsort(sorted, w->nmeta, sizeof *sorted, cmp_meta);
-        for (size_t i = 0; i < w->nmeta; i++) {
-            c = crc32(c, (const Bytef *)sorted[i].key, (uInt)strlen(sorted[i].key) + 1);
-            c = crc32(c, (const Bytef *)sorted[i].value, (uInt)strlen(sorted[i].value) + 1);
-        }
-        free(sorted);
-        snprintf(crc, sizeof crc, "%08x", (uint32_t)c);
-    }
-    if ((st = build_header(w, crc, &header, &hlen)) != TD_OK)
-        return st;
-    for (int i = 0; i < 8; i++)
-        lenbytes[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
-    if ((fd = mkstemp(tmp)) < 0) {
-        st = td__error(TD_ERR_IO, "%s: cannot create a temporary file beside it: %s", path,
-                       strerror(errno));
-        goto fail;
-    }
-    created = 1;
-    TD_TRY(write_all(fd, lenbytes, 8, tmp));
-    TD_TRY(write_all(fd, header, hlen, tmp));
-    for (size_t i = 0; i < w->count; i++)
-        TD_TRY(write_all(fd, w->entries[i].data, w->entries[i].nbytes, tmp));
-    /* mkstemp makes 0600; a checkpoint is an ordinary file. */
-    if (fchmod(fd, 0644) != 0 || fsync(fd) != 0) {
-        st = td__error(TD_ERR_IO, "%s: fsync failed: %s", tmp, strerror(errno));
-        goto fail;
-    }
-    if (close(fd) != 0) {
-        fd = -1;
-        st = td__error(TD_ERR_IO, "%s: close failed: %s", tmp, strerror(errno));
-        goto fail;
-    }
-    fd = -1;
-    if (rename(tmp, path) != 0) {
-        st = td__error(TD_ERR_IO, "%s: cannot rename the temporary file over it: %s", path,
-                       strerror(errno));
-        goto fail;
-    }
-    /* The rename itself is durable only once the folder is synced. */
-    snprintf(dir, sizeof dir, "%s", path);
-    if ((dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY)) >= 0) {
-        fsync(dfd);
-        close(dfd);
-    }
-    free(header);
-    return TD_OK;
-fail:
-    if (fd >= 0)
-        close(fd);
-    if (created)
-        unlink(tmp);
-    free(header);
-    return st;
 }

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "support/support.h"
@@ -293,6 +294,27 @@ static void saves_are_atomic(void **state) {
     closedir(d);
 }
 
+/* A saved file gets the mode the umask gives new files (it was 0644 always). */
+static void saves_follow_the_umask(void **state) {
+    static const mode_t masks[] = {077, 022, 027};
+    td_safetensors_writer *w;
+    int64_t s1[1] = {1};
+    char path[512];
+    struct stat sb;
+    mode_t old = umask(022);
+    snprintf(path, sizeof path, "%s/mode.safetensors", td_test_tmpdir());
+    TD_ASSERT_OK(td_safetensors_writer_create(&w));
+    TD_ASSERT_OK(td_safetensors_writer_add(w, "x", TD_F32, 1, s1, F));
+    for (size_t i = 0; i < sizeof masks / sizeof *masks; i++) {
+        umask(masks[i]);
+        TD_ASSERT_OK(td_safetensors_writer_save(w, path));
+        assert_int_equal(stat(path, &sb), 0);
+        assert_int_equal(sb.st_mode & 0777, 0666 & ~masks[i]);
+    }
+    umask(old);
+    td_safetensors_writer_destroy(w);
+}
+
 static void python_safetensors_reads_it_when_installed(void **state) {
     /* The benchmark's virtual environment has the safetensors package. */
     const char *py = TD_SOURCE_DIR "/bench/.venv/bin/python";
@@ -370,6 +392,7 @@ int main(void) {
         cmocka_unit_test(malformed_files_are_clear_errors),
         cmocka_unit_test(corrupted_copies_of_a_good_file_are_errors),
         cmocka_unit_test(saves_are_atomic),
+        cmocka_unit_test(saves_follow_the_umask),
         cmocka_unit_test(python_safetensors_reads_it_when_installed),
     };
     return cmocka_run_group_tests(tests, td_test_tmpdir_setup, td_test_tmpdir_teardown);

@@ -1,0 +1,490 @@
+/* Building layers from their JSON specs: checking every field, shapes, and
+ * creating and initialising the parameters (with a shard's slices: shard.c). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "nn/nn-impl.h"
+
+static int64_t prod(const int64_t *s, int n) {
+    int64_t p = 1;
+    for (int i = 0; i < n; i++)
+        p *= s[i];
+    return p;
+}
+
+static const char *shape_text(const int64_t *s, int n, char buf[64]) {
+    size_t used = (size_t)snprintf(buf, 64, "(");
+    for (int i = 0; i < n && used < 64; i++)
+        used += (size_t)snprintf(buf + used, 64 - used, "%s%lld", i ? ", " : "", (long long)s[i]);
+    if (used < 64)
+        snprintf(buf + used, 64 - used, ")");
+    return buf;
+}
+
+/* Building from JSON --------------------------------------------------------------------- */
+
+typedef struct build_ctx {
+    td_model *m;
+    const char *file;
+    json_t *spec;
+    const char *where;
+} build_ctx;
+
+static td_status field_error(const build_ctx *b, const char *field, const char *what) {
+    return td__error(TD_ERR_PARSE, "%s: %s.%s: %s", b->file, b->where, field, what);
+}
+
+/* An integer field >= min; `def` when absent and not required. */
+static td_status get_int(const build_ctx *b, const char *key, int required, int64_t def,
+                         int64_t min, int64_t max, int64_t *out) {
+    json_t *v = json_object_get(b->spec, key);
+    char msg[128];
+    if (!v) {
+        if (required)
+            return field_error(b, key, "missing (a required integer)");
+        *out = def;
+        return TD_OK;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < min || json_integer_value(v) > max) {
+        if (min == 1)
+            snprintf(msg, sizeof msg, "expected a positive integer (at most %lld)", (long long)max);
+        else
+            snprintf(msg, sizeof msg, "expected an integer from %lld to %lld", (long long)min,
+                     (long long)max);
+        return field_error(b, key, msg);
+    }
+    *out = json_integer_value(v);
+    return TD_OK;
+}
+
+static td_status get_real(const build_ctx *b, const char *key, double def, double lo, double hi,
+                          int hi_open, double *out) {
+    json_t *v = json_object_get(b->spec, key);
+    char msg[128];
+    double x;
+    if (!v) {
+        *out = def;
+        return TD_OK;
+    }
+    x = json_is_number(v) ? json_number_value(v) : NAN;
+    if (!json_is_number(v) || !(x >= lo) || (hi_open ? !(x < hi) : !(x <= hi))) {
+        snprintf(msg, sizeof msg, "expected a number in [%g, %g%s", lo, hi, hi_open ? ")" : "]");
+        return field_error(b, key, msg);
+    }
+    *out = x;
+    return TD_OK;
+}
+
+static td_status get_bool(const build_ctx *b, const char *key, int def, int *out) {
+    json_t *v = json_object_get(b->spec, key);
+    if (!v) {
+        *out = def;
+        return TD_OK;
+    }
+    if (!json_is_boolean(v))
+        return field_error(b, key, "expected true or false");
+    *out = json_is_true(v);
+    return TD_OK;
+}
+
+/* Every key of the spec must be in the NULL-terminated list. */
+static td_status check_keys(const build_ctx *b, const char *const *allowed) {
+    const char *key;
+    json_t *v;
+    json_object_foreach(b->spec, key, v) {
+        int ok = 0;
+        (void)v;
+        for (const char *const *a = allowed; *a && !ok; a++)
+            ok = !strcmp(*a, key);
+        if (!ok)
+            return field_error(b, key, "unknown field for this layer type");
+    }
+    return TD_OK;
+}
+
+static td_status shape_error(const build_ctx *b, const char *type, const char *need, int in_ndim,
+                             const int64_t *in_shape) {
+    char s[64];
+    return td__error(TD_ERR_PARSE, "%s: %s: %s needs %s input, got %s", b->file, b->where, type,
+                     need, shape_text(in_shape, in_ndim, s));
+}
+
+/* The stream of the parameter made last: its place in the whole model, so
+ * that a part starts from the whole model's values. */
+static uint64_t init_stream(const td_model *m) {
+    return td__nn_mix64(m->seed ^ td__nn_mix64((uint64_t)m->param_serial - 1));
+}
+
+static td_status init_uniform_fan_in(td_model *m, td_tensor *t, int64_t fan_in) {
+    double bound = fan_in > 0 ? 1.0 / sqrt((double)fan_in) : 0.0;
+    if (!t) /* dry */
+        return TD_OK;
+    /* kaiming_uniform(a = sqrt 5) gives the same bound as the bias: 1 / sqrt(fan_in). */
+    return td_tensor_rand_uniform(t, init_stream(m), 0, -bound, bound);
+}
+
+static td_status add_uniform_param(td_model *m, td_layer *l, const char *name, int ndim,
+                                   const int64_t *shape, int64_t fan_in, td_tensor **p) {
+    TD_CHECK(td__model_add_param(m, l, name, ndim, shape, p));
+    return init_uniform_fan_in(m, *p, fan_in);
+}
+
+static td_status build_leaf(build_ctx *b, const char *type, td_layer *l, int in_ndim,
+                            const int64_t *in) {
+    td_model *m = b->m;
+    memcpy(l->out_shape, in, sizeof(int64_t) * (size_t)in_ndim);
+    l->out_ndim = in_ndim;
+    if (!strcmp(type, "linear")) {
+        static const char *const keys[] = {"type", "out", "bias", NULL};
+        int64_t w[2];
+        const td__split *sp;
+        int wdim;
+        double bound;
+        TD_CHECK(check_keys(b, keys));
+        TD_CHECK(get_int(b, "out", 1, 0, 1, 1 << 24, &l->out_features));
+        TD_CHECK(get_bool(b, "bias", 1, &l->has_bias));
+        if (in_ndim < 1)
+            return shape_error(b, type, "at least one dimension of", in_ndim, in);
+        l->vt = &td__linear_vt;
+        /* A shard's pair: the first keeps rows (output features), the second
+         * columns of the whole weight (out, in); its bias stays whole. */
+        sp = &l->split;
+        wdim = sp->kind == TD__SPLIT_OUT ? 0 : sp->kind == TD__SPLIT_IN ? 1 : -1;
+        w[0] = l->out_features;
+        w[1] = sp->kind == TD__SPLIT_IN ? sp->total : in[in_ndim - 1];
+        bound = 1.0 / sqrt((double)w[1]);
+        TD_CHECK(td__model_add_slice(m, l, "weight", 2, w, wdim, 1, sp->first, sp->count, 0, bound,
+                                     &l->param[0]));
+        if (l->has_bias)
+            TD_CHECK(td__model_add_slice(m, l, "bias", 1, w, wdim == 0 ? 0 : -1, 1, sp->first,
+                                         sp->count, 0, bound, &l->param[1]));
+        if (sp->kind == TD__SPLIT_OUT)
+            l->out_features = sp->count;
+        l->out_shape[in_ndim - 1] = l->out_features;
+        return TD_OK;
+    }
+    if (!strcmp(type, "relu") || !strcmp(type, "gelu") || !strcmp(type, "tanh") ||
+        !strcmp(type, "sigmoid")) {
+        static const char *const keys[] = {"type", NULL};
+        TD_CHECK(check_keys(b, keys));
+        l->vt = &td__act_vt;
+        l->act = !strcmp(type, "relu")   ? TD_ACT_RELU
+                 : !strcmp(type, "gelu") ? TD_ACT_GELU
+                 : !strcmp(type, "tanh") ? TD_ACT_TANH
+                                         : TD_ACT_SIGMOID;
+        return TD_OK;
+    }
+    if (!strcmp(type, "dropout")) {
+        static const char *const keys[] = {"type", "p", NULL};
+        TD_CHECK(check_keys(b, keys));
+        TD_CHECK(get_real(b, "p", 0.5, 0.0, 1.0, 1, &l->p));
+        l->vt = &td__dropout_vt;
+        return TD_OK;
+    }
+    if (!strcmp(type, "flatten")) {
+        static const char *const keys[] = {"type", NULL};
+        TD_CHECK(check_keys(b, keys));
+        l->vt = &td__flatten_vt;
+        l->out_ndim = 1;
+        l->out_shape[0] = prod(in, in_ndim);
+        return TD_OK;
+    }
+    if (!strcmp(type, "layernorm")) {
+        static const char *const keys[] = {"type", "eps", NULL};
+        int64_t c;
+        TD_CHECK(check_keys(b, keys));
+        TD_CHECK(get_real(b, "eps", 1e-5, 0.0, 1.0, 0, &l->eps));
+        if (in_ndim < 1)
+            return shape_error(b, type, "at least one dimension of", in_ndim, in);
+        l->vt = &td__layernorm_vt;
+        c = in[in_ndim - 1];
+        TD_CHECK(td__model_add_param(m, l, "weight", 1, &c, &l->param[0]));
+        if (l->param[0])
+            TD_CHECK(td_tensor_fill(l->param[0], 1.0));
+        TD_CHECK(td__model_add_param(m, l, "bias", 1, &c, &l->param[1]));
+        return l->param[1] ? td_tensor_fill(l->param[1], 0.0) : TD_OK;
+    }
+    if (!strcmp(type, "embedding")) {
+        static const char *const keys[] = {"type", "vocab", "dim", "positions", NULL};
+        int64_t dim, s[2];
+        TD_CHECK(check_keys(b, keys));
+        TD_CHECK(get_int(b, "vocab", 1, 0, 1, 1 << 24, &l->vocab));
+        TD_CHECK(get_int(b, "dim", 1, 0, 1, 1 << 20, &dim));
+        TD_CHECK(get_bool(b, "positions", 1, &l->positions));
+        if (m->kind != TD_INPUT_TOKENS || in_ndim != 1 || m->param_serial != 0)
+            return shape_error(b, type, "the model's tokens as", in_ndim, in);
+        if (m->classes > 0 && l->vocab != m->classes)
+            return field_error(b, "vocab", "differs from input.vocab");
+        l->vt = &td__embedding_vt;
+        l->out_ndim = 2;
+        l->out_shape[0] = in[0];
+        l->out_shape[1] = dim;
+        s[0] = l->vocab;
+        s[1] = dim;
+        TD_CHECK(td__model_add_param(m, l, "wte.weight", 2, s, &l->param[0]));
+        if (l->param[0])
+            TD_CHECK(td_tensor_rand_normal(l->param[0], init_stream(m), 0, 0.0, 1.0));
+        if (l->positions) {
+            s[0] = in[0];
+            TD_CHECK(td__model_add_param(m, l, "wpe.weight", 2, s, &l->param[1]));
+            if (l->param[1])
+                TD_CHECK(td_tensor_rand_normal(l->param[1], init_stream(m), 0, 0.0, 1.0));
+        }
+        return TD_OK;
+    }
+    if (!strcmp(type, "attention")) {
+        static const char *const keys[] = {"type", "heads", "causal", NULL};
+        int causal, hd;
+        int64_t c, d, s[2];
+        double bound;
+        TD_CHECK(check_keys(b, keys));
+        TD_CHECK(get_int(b, "heads", 1, 0, 1, 4096, &l->heads));
+        TD_CHECK(get_bool(b, "causal", 1, &causal));
+        if (!causal)
+            return field_error(b, "causal", "only causal self-attention is implemented");
+        if (in_ndim != 2)
+            return shape_error(b, type, "(tokens, channels)", in_ndim, in);
+        c = in[1];
+        if (c % l->heads != 0)
+            return field_error(b, "heads", "must divide the channels");
+        l->vt = &td__attention_vt;
+        /* A shard's heads: their rows of q, k and v (three blocks of qkv's
+         * rows) and their columns of the projection. */
+        d = c / l->heads;
+        hd = l->split.kind == TD__SPLIT_HEADS ? 0 : -1;
+        bound = 1.0 / sqrt((double)c);
+        s[0] = 3 * c;
+        s[1] = c;
+        TD_CHECK(td__model_add_slice(m, l, "qkv.weight", 2, s, hd, 3, l->split.first * d,
+                                     l->split.count * d, 0, bound, &l->param[0]));
+        TD_CHECK(td__model_add_slice(m, l, "qkv.bias", 1, s, hd, 3, l->split.first * d,
+                                     l->split.count * d, 0, bound, &l->param[1]));
+        s[0] = c;
+        TD_CHECK(td__model_add_slice(m, l, "proj.weight", 2, s, hd < 0 ? -1 : 1, 1,
+                                     l->split.first * d, l->split.count * d, 0, bound,
+                                     &l->param[2]));
+        TD_CHECK(add_uniform_param(m, l, "proj.bias", 1, s, c, &l->param[3]));
+        return TD_OK;
+    }
+    if (!strcmp(type, "conv2d") || !strcmp(type, "maxpool") || !strcmp(type, "avgpool")) {
+        static const char *const conv_keys[] = {"type",    "out",  "kernel", "stride",
+                                                "padding", "bias", NULL};
+        static const char *const pool_keys[] = {"type", "kernel", "stride", "padding", NULL};
+        int conv = !strcmp(type, "conv2d");
+        td_conv_desc *d = &l->conv;
+        TD_CHECK(check_keys(b, conv ? conv_keys : pool_keys));
+        if (in_ndim != 3)
+            return shape_error(b, type, "(channels, height, width)", in_ndim, in);
+        d->c = in[0];
+        d->h = in[1];
+        d->w = in[2];
+        TD_CHECK(get_int(b, "kernel", 1, 0, 1, 1024, &d->kh));
+        d->kw = d->kh;
+        TD_CHECK(get_int(b, "stride", 0, conv ? 1 : d->kh, 1, 1024, &d->stride));
+        TD_CHECK(get_int(b, "padding", 0, 0, 0, 1024, &d->pad));
+        if (conv) {
+            TD_CHECK(get_int(b, "out", 1, 0, 1, 1 << 20, &d->oc));
+            TD_CHECK(get_bool(b, "bias", 1, &l->has_bias));
+        } else {
+            d->oc = d->c;
+            if (2 * d->pad > d->kh)
+                return field_error(b, "padding", "must be at most half the kernel");
+        }
+        if (d->h + 2 * d->pad < d->kh || d->w + 2 * d->pad < d->kw)
+            return field_error(b, "kernel", "larger than the padded input");
+        d->oh = (d->h + 2 * d->pad - d->kh) / d->stride + 1;
+        d->ow = (d->w + 2 * d->pad - d->kw) / d->stride + 1;
+        l->out_shape[0] = d->oc;
+        l->out_shape[1] = d->oh;
+        l->out_shape[2] = d->ow;
+        if (conv) {
+            int64_t w[4] = {d->oc, d->c, d->kh, d->kw};
+            l->vt = &td__conv2d_vt;
+            TD_CHECK(add_uniform_param(m, l, "weight", 4, w, d->c * d->kh * d->kw, &l->param[0]));
+            if (l->has_bias)
+                TD_CHECK(add_uniform_param(m, l, "bias", 1, w, d->c * d->kh * d->kw, &l->param[1]));
+        } else {
+            l->vt = &td__pool_vt;
+            l->pool = !strcmp(type, "maxpool") ? TD_POOL_MAX : TD_POOL_AVG;
+        }
+        return TD_OK;
+    }
+    return field_error(b, "type",
+                       "unknown layer type (linear, conv2d, maxpool, avgpool, relu, gelu, tanh, "
+                       "sigmoid, dropout, flatten, layernorm, embedding, attention, residual, "
+                       "repeat)");
+}
+
+td_status td__layer_build(td_model *m, const char *file, json_t *spec, const char *where,
+                          const char *path, int in_ndim, const int64_t *in_shape, td_layer **out) {
+    build_ctx b = {m, file, spec, where};
+    json_t *jt;
+    const char *type;
+    td_layer *l;
+    td_status st;
+    *out = NULL;
+    if (!json_is_object(spec))
+        return td__error(TD_ERR_PARSE, "%s: %s: expected an object", file, where);
+    jt = json_object_get(spec, "type");
+    if (!jt)
+        return field_error(&b, "type", "missing (a required string)");
+    if (!json_is_string(jt))
+        return field_error(&b, "type", "expected a string");
+    type = json_string_value(jt);
+    if (!(l = td__calloc(sizeof *l, "a layer")))
+        return TD_ERR_OUT_OF_MEMORY;
+    snprintf(l->path, sizeof l->path, "%s", path);
+    snprintf(l->type, sizeof l->type, "%s", type);
+    l->uid = m->nlayers_made++;
+    if (m->splits && l->uid < m->nsplits)
+        l->split = m->splits[l->uid];
+    l->in_ndim = in_ndim;
+    memcpy(l->in_shape, in_shape, sizeof(int64_t) * (size_t)in_ndim);
+    l->first_param = m->nparams;
+    l->first_serial = m->param_serial;
+    l->weights = m->serial_weights;
+    if (!strcmp(type, "residual")) {
+        static const char *const keys[] = {"type", "layers", NULL};
+        char s1[64], s2[64], w2[256];
+        td_layer *inner = NULL;
+        if ((st = check_keys(&b, keys)) != TD_OK)
+            goto fail;
+        l->vt = &td__residual_vt;
+        snprintf(w2, sizeof w2, "%s.layers", where);
+        if ((st = td__layer_build_seq(m, file, json_object_get(spec, "layers"), w2, path, in_ndim,
+                                      in_shape, &inner)) != TD_OK)
+            goto fail;
+        if (!(l->children = td__calloc(sizeof *l->children, "a residual block"))) {
+            td__layer_destroy(inner);
+            st = TD_ERR_OUT_OF_MEMORY;
+            goto fail;
+        }
+        l->children[0] = inner;
+        l->nchildren = 1;
+        if (inner->out_ndim != in_ndim ||
+            memcmp(inner->out_shape, in_shape, sizeof(int64_t) * (size_t)in_ndim) != 0) {
+            st = td__error(TD_ERR_PARSE,
+                           "%s: %s: residual: its layers turn %s into %s; they must "
+                           "keep the shape",
+                           file, where, shape_text(in_shape, in_ndim, s1),
+                           shape_text(inner->out_shape, inner->out_ndim, s2));
+            goto fail;
+        }
+        l->out_ndim = in_ndim;
+        memcpy(l->out_shape, in_shape, sizeof(int64_t) * (size_t)in_ndim);
+        l->weights = m->serial_weights - l->weights;
+        *out = l;
+        return TD_OK;
+    }
+    if ((st = build_leaf(&b, type, l, in_ndim, in_shape)) != TD_OK)
+        goto fail;
+    l->weights = m->serial_weights - l->weights;
+    l->nparams = (int)(m->nparams - l->first_param);
+    for (int i = 0; i < l->nparams; i++)
+        l->grad[i] = m->grads[l->first_param + (size_t)i];
+    *out = l;
+    return TD_OK;
+fail:
+    td__layer_destroy(l);
+    return st;
+}
+
+static td_status seq_append(td_layer *seq, td_layer *child, int *cap) {
+    if (seq->nchildren == *cap) {
+        int ncap = *cap ? *cap * 2 : 8;
+        td_layer **n = realloc(seq->children, sizeof *n * (size_t)ncap);
+        if (!n)
+            return td__error(TD_ERR_OUT_OF_MEMORY, "out of memory building a model");
+        seq->children = n;
+        *cap = ncap;
+    }
+    seq->children[seq->nchildren++] = child;
+    return TD_OK;
+}
+
+/* Appends the layers of JSON array arr to seq; repeat blocks expand in place.
+ * In the root (top), a layer outside the model's part is built dry. */
+static td_status seq_fill(td_model *m, const char *file, json_t *arr, const char *where,
+                          const char *path, td_layer *seq, int *cap, int depth, int top) {
+    size_t i;
+    json_t *spec;
+    td_status st;
+    if (depth > 16)
+        return td__error(TD_ERR_PARSE, "%s: %s: layers nested more than 16 deep", file, where);
+    if (!json_is_array(arr))
+        return td__error(TD_ERR_PARSE, "%s: %s: expected an array of layers", file, where);
+    json_array_foreach(arr, i, spec) {
+        char w[256], p[64];
+        int in_ndim = seq->nchildren ? seq->children[seq->nchildren - 1]->out_ndim : seq->in_ndim;
+        const int64_t *in =
+            seq->nchildren ? seq->children[seq->nchildren - 1]->out_shape : seq->in_shape;
+        json_t *jt = json_object_get(spec, "type");
+        td_layer *child = NULL;
+        snprintf(w, sizeof w, "%s[%zu]", where, i);
+        if (json_is_string(jt) && !strcmp(json_string_value(jt), "repeat")) {
+            build_ctx b = {m, file, spec, w};
+            static const char *const keys[] = {"type", "count", "layers", NULL};
+            int64_t count;
+            char w2[256];
+            TD_CHECK(check_keys(&b, keys));
+            TD_CHECK(get_int(&b, "count", 1, 0, 1, 1024, &count));
+            snprintf(w2, sizeof w2, "%s.layers", w);
+            for (int64_t k = 0; k < count; k++)
+                TD_CHECK(seq_fill(m, file, json_object_get(spec, "layers"), w2, path, seq, cap,
+                                  depth + 1, top));
+            continue;
+        }
+        if (top) {
+            int k = seq->nchildren;
+            m->dry = !m->dev || k < m->part_first || k >= m->part_end;
+            if (k == m->part_first)
+                m->part_first_param = m->param_serial;
+        }
+        snprintf(p, sizeof p, "%s.%d", path, seq->nchildren);
+        if ((st = td__layer_build(m, file, spec, w, p, in_ndim, in, &child)) != TD_OK)
+            return st;
+        if ((st = seq_append(seq, child, cap)) != TD_OK) {
+            td__layer_destroy(child);
+            return st;
+        }
+    }
+    return TD_OK;
+}
+
+td_status td__layer_build_seq(td_model *m, const char *file, json_t *arr, const char *where,
+                              const char *path, int in_ndim, const int64_t *in_shape,
+                              td_layer **out) {
+    td_layer *seq;
+    int cap = 0, top = m->build_top;
+    td_status st;
+    *out = NULL;
+    m->build_top = 0;
+    if (!(seq = td__calloc(sizeof *seq, "a layer list")))
+        return TD_ERR_OUT_OF_MEMORY;
+    seq->vt = &td__sequential_vt;
+    snprintf(seq->path, sizeof seq->path, "%s", path);
+    seq->uid = m->nlayers_made++;
+    seq->in_ndim = in_ndim;
+    memcpy(seq->in_shape, in_shape, sizeof(int64_t) * (size_t)in_ndim);
+    seq->first_param = m->nparams;
+    seq->first_serial = m->param_serial;
+    snprintf(seq->type, sizeof seq->type, "sequential");
+    if ((st = seq_fill(m, file, arr, where, path, seq, &cap, 0, top)) != TD_OK)
+        goto fail;
+    if (seq->nchildren == 0) {
+        st = td__error(TD_ERR_PARSE, "%s: %s: expected at least one layer", file, where);
+        goto fail;
+    }
+    seq->out_ndim = seq->children[seq->nchildren - 1]->out_ndim;
+    memcpy(seq->out_shape, seq->children[seq->nchildren - 1]->out_shape,
+           sizeof(int64_t) * TD_MAX_DIMS);
+    *out = seq;
+    return TD_OK;
+fail:
+    td__layer_destroy(seq);
+    return st;
+}

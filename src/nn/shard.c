@@ -1,0 +1,322 @@
+/* Tensor-parallel shards: finding a model's splittable units, building a
+ * shard that holds a slice of each, and mapping its parameters to the whole
+ * model's.
+ *
+ * The units are found on a dry build of the whole model: in every layer list
+ * (the root, a residual's layers) a linear followed by an elementwise
+ * activation, an optional dropout and another linear is a pair, scanned left
+ * to right so that a linear ends at most one pair; every attention layer is
+ * a unit. Layer uids follow the build order, which the JSON alone fixes, so
+ * a table indexed by uid (td__split) tells the real build what each layer
+ * holds: layers_build.c shapes and initialises the slices from it and the
+ * layers (layers.c) sum their partial results through the model's reduce
+ * hook. A slice is initialised from the whole parameter's stream, each
+ * contiguous run of it with the counter offset of its place in the whole
+ * tensor, so its values are the whole model's bit for bit. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "device/device-impl.h"
+#include "nn/nn-impl.h"
+
+/* Slices ------------------------------------------------------------------------ */
+
+/* A slice as runs: for o < outer and b < blocks, a run of count * inner
+ * elements at part offset (o * blocks + b) * count * inner and whole offset
+ * (o * extent + b * (extent / blocks) + first) * inner. */
+typedef struct runs {
+    int64_t outer, blocks, extent, inner, first, count;
+} runs;
+
+static runs slice_runs(const td_param_slice *s) {
+    runs r = {1, 1, 1, 1, 0, 1};
+    int64_t all = 1;
+    for (int i = 0; i < s->ndim; i++)
+        all *= s->shape[i];
+    if (s->dim < 0) {
+        r.count = all;
+        r.extent = all;
+        return r;
+    }
+    for (int i = 0; i < s->dim; i++)
+        r.outer *= s->shape[i];
+    for (int i = s->dim + 1; i < s->ndim; i++)
+        r.inner *= s->shape[i];
+    r.blocks = s->blocks;
+    r.extent = s->shape[s->dim];
+    r.first = s->first;
+    r.count = s->count;
+    return r;
+}
+
+static void slice_copy(const td_param_slice *s, size_t es, const void *src, void *dst,
+                       int to_whole) {
+    runs r = slice_runs(s);
+    size_t len = (size_t)(r.count * r.inner) * es;
+    for (int64_t o = 0; o < r.outer; o++)
+        for (int64_t b = 0; b < r.blocks; b++) {
+            size_t part = (size_t)((o * r.blocks + b) * r.count * r.inner) * es;
+            size_t whole =
+                (size_t)((o * r.extent + b * (r.extent / r.blocks) + r.first) * r.inner) * es;
+            if (to_whole)
+                memcpy((char *)dst + whole, (const char *)src + part, len);
+            else
+                memcpy((char *)dst + part, (const char *)src + whole, len);
+        }
+}
+
+void td_param_slice_gather(const td_param_slice *s, size_t elem_size, const void *part,
+                           void *whole) {
+    if (s && part && whole)
+        slice_copy(s, elem_size, part, whole, 1);
+}
+
+void td_param_slice_scatter(const td_param_slice *s, size_t elem_size, const void *whole,
+                            void *part) {
+    if (s && part && whole)
+        slice_copy(s, elem_size, whole, part, 0);
+}
+
+td_status td__model_add_slice(td_model *m, td_layer *l, const char *name, int ndim,
+                              const int64_t *whole, int dim, int blocks, int64_t first,
+                              int64_t count, int normal, double bound, td_tensor **param) {
+    int64_t shape[TD_MAX_DIMS];
+    td_param_slice *s;
+    uint64_t stream;
+    runs r;
+    memcpy(shape, whole, sizeof(int64_t) * (size_t)ndim);
+    if (dim >= 0)
+        shape[dim] = (int64_t)blocks * count;
+    TD_CHECK(td__model_add_param(m, l, name, ndim, shape, param));
+    if (!*param) /* dry */
+        return TD_OK;
+    s = &m->slices[m->nparams - 1];
+    memcpy(s->shape, whole, sizeof(int64_t) * (size_t)ndim);
+    if (dim >= 0) {
+        s->dim = dim;
+        s->blocks = blocks;
+        s->first = first;
+        s->count = count;
+    }
+    /* the whole parameter's stream: its place among the whole model's */
+    stream = td__nn_mix64(m->seed ^ td__nn_mix64((uint64_t)m->param_serial - 1));
+    r = slice_runs(s);
+    for (int64_t o = 0; o < r.outer; o++)
+        for (int64_t b = 0; b < r.blocks && r.count > 0; b++) {
+            int64_t n = r.count * r.inner;
+            uint64_t at =
+                (uint64_t)((o * r.extent + b * (r.extent / r.blocks) + r.first) * r.inner);
+            td_tensor v;
+            TD_CHECK(td__tensor_view(&v, *param, (size_t)((o * r.blocks + b) * n), 1, &n));
+            TD_CHECK(normal ? td_tensor_rand_normal(&v, stream, at, 0.0, bound)
+                            : td_tensor_rand_uniform(&v, stream, at, -bound, bound));
+        }
+    return TD_OK;
+}
+
+td_status td__model_reduce(td_model *m, td_tensor *t) {
+    td_status st;
+    if (!m->reduce)
+        return TD_OK;
+    /* A slowed device is slow at its compute, not at waiting for the others. */
+    td__device_throttle_part(m->dev, m->stretch_start, 0);
+    st = m->reduce(m->reduce_arg, t);
+    m->stretch_start = td_clock_ns();
+    return st;
+}
+
+td_status td__zero(td_tensor *t) {
+    return t->numel ? td_tensor_fill(t, 0.0) : TD_OK;
+}
+
+/* Finding the units ---------------------------------------------------------------- */
+
+typedef struct finder {
+    td__split *splits; /* by uid */
+    td_split_info *units;
+    int nunits, max_units;
+} finder;
+
+static int is_act(const td_layer *l) {
+    return l->vt == &td__act_vt;
+}
+
+static void add_unit(finder *f, td_split_kind kind, const td_layer *l, int64_t size, int64_t width,
+                     size_t weights) {
+    if (f->nunits < TD_SHARD_MAX_UNITS) {
+        td_split_info *u = &f->units[f->nunits];
+        memset(u, 0, sizeof *u);
+        u->kind = kind;
+        u->size = size;
+        u->width = width;
+        snprintf(u->layer, sizeof u->layer, "%s", l->path);
+        u->weights = weights;
+    }
+    f->nunits++;
+}
+
+static void mark(finder *f, const td_layer *l, td__split_kind kind) {
+    f->splits[l->uid].kind = kind;
+    f->splits[l->uid].unit = f->nunits;
+}
+
+static void find_units(finder *f, const td_layer *l) {
+    if (l->vt == &td__attention_vt) {
+        mark(f, l, TD__SPLIT_HEADS);
+        /* qkv weight and bias, the projection's weight: all but its bias */
+        add_unit(f, TD_SPLIT_HEADS, l, l->heads, l->in_shape[1] / l->heads,
+                 l->weights - (size_t)l->in_shape[1]);
+        return;
+    }
+    if (l->vt == &td__residual_vt) {
+        find_units(f, l->children[0]);
+        return;
+    }
+    if (l->vt != &td__sequential_vt)
+        return;
+    for (int i = 0; i < l->nchildren; i++) {
+        td_layer *a = l->children[i], *second = NULL;
+        int mid = 0;
+        if (a->vt == &td__linear_vt && i + 2 < l->nchildren && is_act(l->children[i + 1])) {
+            mid = 1;
+            if (l->children[i + 2]->vt == &td__dropout_vt)
+                mid = 2;
+            if (i + mid + 1 < l->nchildren && l->children[i + mid + 1]->vt == &td__linear_vt)
+                second = l->children[i + mid + 1];
+        }
+        if (!second) {
+            find_units(f, a);
+            continue;
+        }
+        mark(f, a, TD__SPLIT_OUT);
+        for (int k = 1; k <= mid; k++)
+            mark(f, l->children[i + k], TD__SPLIT_MID);
+        mark(f, second, TD__SPLIT_IN);
+        add_unit(f, TD_SPLIT_MLP, a, a->out_features, 1,
+                 a->weights + second->weights -
+                     (second->has_bias ? (size_t)second->out_features : 0));
+        i += mid + 1;
+    }
+}
+
+/* Describes json's units into *f (splits by uid: f->splits, malloc'ed). */
+static td_status find(const char *json, const char *name, finder *f, int *nsplits,
+                      td_model_info *info) {
+    td_model *m = NULL;
+    TD_CHECK(td__model_build(json, name, NULL, TD_F32, 0, 0, -1, 0, NULL, 0, &m));
+    if (!(f->splits =
+              td__calloc(sizeof *f->splits * (size_t)(m->nlayers_made + 1), "a model's splits"))) {
+        td_model_destroy(m);
+        return TD_ERR_OUT_OF_MEMORY;
+    }
+    *nsplits = m->nlayers_made;
+    find_units(f, m->root);
+    if (info)
+        *info = m->info;
+    td_model_destroy(m);
+    if (f->nunits > TD_SHARD_MAX_UNITS)
+        return td__error(TD_ERR_UNSUPPORTED, "%s: %d splittable units; shards take at most %d",
+                         name ? name : "<model>", f->nunits, TD_SHARD_MAX_UNITS);
+    return TD_OK;
+}
+
+td_status td_model_describe_splits(const char *json, const char *name, td_split_info *units,
+                                   int max_units, int *count) {
+    td_split_info all[TD_SHARD_MAX_UNITS];
+    finder f;
+    td_status st;
+    int nsplits;
+    if (!json || !count)
+        return td__error(TD_ERR_INVALID_ARG, "td_model_describe_splits: json or count is NULL");
+    *count = 0;
+    memset(&f, 0, sizeof f);
+    f.units = all;
+    st = find(json, name, &f, &nsplits, NULL);
+    free(f.splits);
+    if (st != TD_OK)
+        return st;
+    for (int i = 0; units && i < f.nunits && i < max_units; i++)
+        units[i] = all[i];
+    *count = f.nunits;
+    return TD_OK;
+}
+
+/* Shards ----------------------------------------------------------------------- */
+
+td_status td_model_load_shard(const char *json, const char *name, td_device *dev, td_dtype dtype,
+                              uint64_t seed, const td_shard_plan *plan, td_model **out) {
+    td_split_info units[TD_SHARD_MAX_UNITS];
+    td_model_info info;
+    finder f;
+    td_status st;
+    int nsplits = 0;
+    if (!out)
+        return td__error(TD_ERR_INVALID_ARG, "td_model_load_shard: out is NULL");
+    *out = NULL;
+    if (!json || !dev || !plan)
+        return td__error(TD_ERR_INVALID_ARG, "td_model_load_shard: json, device or plan is NULL");
+    if (!name)
+        name = "<model>";
+    memset(&f, 0, sizeof f);
+    f.units = units;
+    if ((st = find(json, name, &f, &nsplits, &info)) != TD_OK)
+        goto done;
+    if (plan->units != f.nunits) {
+        st = td__error(TD_ERR_INVALID_ARG,
+                       "%s: the shard plan has %d units; the model has %d splittable units", name,
+                       plan->units, f.nunits);
+        goto done;
+    }
+    for (int k = 0; k < f.nunits; k++)
+        if (plan->first[k] < 0 || plan->count[k] < 0 ||
+            plan->first[k] + plan->count[k] > units[k].size) {
+            st = td__error(TD_ERR_INVALID_ARG,
+                           "%s: shard plan unit %d (%s at %s): [%lld, %lld) is not within its "
+                           "%lld %s",
+                           name, k, units[k].kind == TD_SPLIT_HEADS ? "attention" : "MLP pair",
+                           units[k].layer, (long long)plan->first[k],
+                           (long long)(plan->first[k] + plan->count[k]), (long long)units[k].size,
+                           units[k].kind == TD_SPLIT_HEADS ? "heads" : "hidden features");
+            goto done;
+        }
+    for (int i = 0; i < nsplits; i++) {
+        td__split *s = &f.splits[i];
+        if (s->kind == TD__SPLIT_NONE)
+            continue;
+        s->first = plan->first[s->unit];
+        s->count = plan->count[s->unit];
+        s->total = units[s->unit].size;
+    }
+    if ((st = td__model_build(json, name, dev, dtype, seed, 0, -1, 1, f.splits, nsplits, out)) !=
+        TD_OK)
+        goto done;
+    (*out)->info.num_weights = info.num_weights; /* the whole model's */
+done:
+    free(f.splits);
+    return st;
+}
+
+int td_model_is_shard(const td_model *m) {
+    return m && m->splits != NULL;
+}
+
+void td_model_set_reduce_hook(td_model *m, td_reduce_fn fn, void *arg) {
+    if (!m)
+        return;
+    m->reduce = fn;
+    m->reduce_arg = arg;
+}
+
+void td_model_param_slice(const td_model *m, size_t i, td_param_slice *out) {
+    if (!out)
+        return;
+    memset(out, 0, sizeof *out);
+    out->dim = -1;
+    out->blocks = 1;
+    if (m && i < m->nparams)
+        *out = m->slices[i];
+}
