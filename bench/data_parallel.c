@@ -170,7 +170,7 @@ static int setup(config *c, const char *json, int64_t batch, td_loader *loader, 
 
 /* The shortest and longest of a step's members' reduction times: the
  * shortest has no waiting for the others in it. */
-static void comm_range(const td_dp_stats *s, double *least, double *most) {
+static void comm_range(const td_step_stats *s, double *least, double *most) {
     *least = INFINITY;
     *most = 0;
     for (int i = 0; i < s->members; i++) {
@@ -186,7 +186,7 @@ typedef struct window_stats {
 
 /* A step's part of the window's breakdown (config.compute to rest), added
  * to sum[0..3]; members that sat the step out are left out. */
-static void add_breakdown(const td_dp_stats *s, double least_comm, double sum[4]) {
+static void add_breakdown(const td_step_stats *s, double least_comm, double sum[4]) {
     double longest = 0, shortest = INFINITY, update = 0;
     for (int i = 0; i < s->members; i++) {
         if (s->m[i].parked)
@@ -212,7 +212,7 @@ static int measure(const config *c, int w, int64_t batch, td_loader *loader, win
     double hsum = 0, csum = 0, rsum = 0, parts[4] = {0, 0, 0, 0};
     td_batch b;
     td_step_result r;
-    td_dp_stats stats;
+    td_step_stats stats;
     if (next_full_batch(loader, batch, &b) || td_dp_step(c->dp, &b, 0, &r, NULL) != TD_OK)
         return 1;
     for (int s = 0; s < c->steps; s++) {

@@ -161,7 +161,7 @@ static int dp_window(dp_run *r, int w, int steps) {
     double busy = 0;
     for (int s = 0; s < steps; s++) {
         td_step_result res;
-        td_dp_stats st;
+        td_step_stats st;
         if (td_dp_step(r->dp, &b, (uint64_t)s, &res, &st)) {
             fprintf(stderr, "training on %s: %s\n", r->spec, td_last_error());
             return 1;

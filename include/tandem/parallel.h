@@ -14,6 +14,43 @@
 extern "C" {
 #endif
 
+/* What one step of any strategy reports ------------------------------------ */
+
+#define TD_DP_MAX_MEMBERS 64
+
+/* One member's part of a step. */
+typedef struct td_member_stats {
+    int64_t samples;  /* its slice (data), or the micro-batches' samples it passed (pipeline) */
+    double share;     /* its share when the step was split (data), or of the layers' cost */
+    double compute_s; /* forward and backward */
+    double comm_s;    /* data: waiting for reductions after its backward ended (exposed);
+                         pipeline: copying activations and their gradients in */
+    double update_s;  /* the optimizer step (and ZeRO-1's gather of the weights) */
+    double wait_s;    /* the rest of the step: idle (waiting for the others) */
+    int parked;       /* sat the step out (see td_balancer_parked) */
+} td_member_stats;
+
+typedef struct td_step_stats {
+    int members;
+    double step_s;  /* wall time of the whole step */
+    double ideal_s; /* total compute work / sum of speeds */
+    /* Share of the reduction hidden behind backward: on this process's member
+     * whose backward ended last (its last bucket's start), the part of its
+     * reductions' run time (td_comm_request_times) before that; 0 without
+     * overlap. */
+    double hidden_fraction;
+    /* The step's gradient buckets, and how many of them the same member
+     * started from within backward (all of them with overlap, the last as
+     * backward ends; none without). */
+    int buckets, buckets_in_backward;
+    /* pipeline: micro-batches, the measured bubble (the stages' mean share
+     * of the step spent idle) and 1F1B's theory (p - 1) / (m + p - 1) */
+    int micro_batches;
+    double bubble, bubble_theory;
+    td_member_stats m[TD_DP_MAX_MEMBERS];
+    char stragglers[512]; /* lines naming devices that slowed down, or "" */
+} td_step_stats;
+
 typedef struct td_balancer td_balancer;
 
 #define TD_BALANCER_MAX_DEVICES 256
@@ -28,7 +65,7 @@ typedef struct td_balancer_config {
 } td_balancer_config;
 
 #define TD_BALANCER_CONFIG_INIT                                                                    \
-    { 0.02, 0.3, 1.5, 1 }
+    { .min_share = 0.02, .smoothing = 0.3, .straggler_ratio = 1.5, .park = 1 }
 
 /* A balancer over n devices (at most TD_BALANCER_MAX_DEVICES), equal shares
  * until told costs. names[i] (may be NULL) name the devices in reports; they
@@ -117,8 +154,6 @@ TD_API double td_balancer_ideal_seconds(const td_balancer *b, int64_t total);
 
 typedef struct td_dp td_dp;
 
-#define TD_DP_MAX_MEMBERS 64
-
 typedef struct td_dp_config {
     int deterministic;         /* see above */
     int64_t chunk_samples;     /* micro-chunk size in deterministic mode (16) */
@@ -132,35 +167,11 @@ typedef struct td_dp_config {
 } td_dp_config;
 
 #define TD_DP_CONFIG_INIT                                                                          \
-    { 0, 16, 256u << 10, 4u << 20, -1, 1, TD_BALANCER_CONFIG_INIT, 0 }
-
-/* One member's part of a step. */
-typedef struct td_dp_member_stats {
-    int64_t samples;  /* its slice */
-    double share;     /* its share when the step was split */
-    double compute_s; /* forward and backward */
-    double comm_s;    /* waiting for reductions after its backward ended (exposed) */
-    double update_s;  /* the optimizer step (and ZeRO-1's gather of the weights) */
-    double wait_s;    /* the rest of the step: idle until the slowest member finished */
-    int parked;       /* sat the step out (see td_balancer_parked) */
-} td_dp_member_stats;
-
-typedef struct td_dp_stats {
-    int members;
-    double step_s;  /* wall time of the whole step */
-    double ideal_s; /* total compute work / sum of speeds */
-    /* Share of the reduction hidden behind backward: on this process's member
-     * whose backward ended last (its last bucket's start), the part of its
-     * reductions' run time (td_comm_request_times) before that; 0 without
-     * overlap. */
-    double hidden_fraction;
-    /* The step's gradient buckets, and how many of them the same member
-     * started from within backward (all of them with overlap, the last as
-     * backward ends; none without). */
-    int buckets, buckets_in_backward;
-    td_dp_member_stats m[TD_DP_MAX_MEMBERS];
-    char stragglers[512]; /* lines naming devices that slowed down, or "" */
-} td_dp_stats;
+    {                                                                                              \
+        .deterministic = 0, .chunk_samples = 16, .first_bucket_bytes = 256u << 10,                 \
+        .bucket_bytes = 4u << 20, .overlap = -1, .rebalance = 1,                                   \
+        .balancer = TD_BALANCER_CONFIG_INIT, .zero = 0                                             \
+    }
 
 /* Loads a replica of the model (JSON text; `name` stands for its file in
  * messages) on every local member of g, in dtype, from seed, and an
@@ -180,7 +191,7 @@ TD_API td_status td_dp_calibrate(td_dp *dp, const td_batch *batch);
  * process). `step` seeds dropout. *res gets the whole batch's loss sum and
  * accuracy counts; *stats (may be NULL) the timings. */
 TD_API td_status td_dp_step(td_dp *dp, const td_batch *batch, uint64_t step, td_step_result *res,
-                            td_dp_stats *stats);
+                            td_step_stats *stats);
 
 /* The `alternate` strategy: whole batches go round-robin across the members,
  * weighted by their speed; per_batch[i] gets batch i's result, exactly what

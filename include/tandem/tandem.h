@@ -9,6 +9,7 @@
 #include "tandem/nn.h"
 #include "tandem/parallel.h"
 #include "tandem/status.h"
+#include "tandem/strategy.h"
 #include "tandem/tensor.h"
 #include "tandem/train.h"
 

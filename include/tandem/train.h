@@ -12,6 +12,7 @@
 
 #include "tandem/nn.h"
 #include "tandem/parallel.h"
+#include "tandem/strategy.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -81,7 +82,7 @@ typedef struct td_text_options {
 } td_text_options;
 
 #define TD_TEXT_OPTIONS_INIT                                                                       \
-    { 128, 0.1, TD_TEXT_BYTES }
+    { .context = 128, .val_fraction = 0.1, .vocab = TD_TEXT_BYTES }
 
 /* A character-level text data set. The file's first (1 - val_fraction) bytes
  * train, the rest validate. Training sample i is the window of T tokens
@@ -187,21 +188,29 @@ typedef struct td_train_config {
     td_train_callback callback;
     void *callback_arg;
     int64_t eval_every; /* also evaluate every this many steps; 0: not */
-    /* How the devices share the work: NULL or "single" trains on the first
-     * device; "data" keeps a replica on every device (and, under mpirun, in
-     * every process) and splits each batch by measured speed. */
+    /* How the devices share the work (td_strategy_names): NULL or "single"
+     * trains on the first device; "data" keeps a replica on every device
+     * (and, under mpirun, in every process) and splits each batch by
+     * measured speed; "pipeline" cuts the model's layers into stages, one
+     * per device. */
     const char *strategy;
-    int deterministic;   /* data: bitwise the same weights for any device count */
-    size_t bucket_bytes; /* data: gradient bucket size; 0: the default */
-    int zero;            /* data: ZeRO-1, each device keeps its shard of the optimizer state */
-    int overlap;         /* data: reduce gradients during backward: 1 on, 0 off, -1 as the
-                            devices suit (td_dp_config.overlap; the default) */
+    int deterministic;     /* data: bitwise the same weights for any device count */
+    size_t bucket_bytes;   /* data: gradient bucket size; 0: the default */
+    int zero;              /* data: ZeRO-1, each device keeps its shard of the optimizer state */
+    int overlap;           /* data: reduce gradients during backward: 1 on, 0 off, -1 as the
+                              devices suit (td_dp_config.overlap; the default) */
+    int64_t micro_batches; /* pipeline: micro-batches per step (at most the batch); 0: chosen
+                              from the batch and the stage count */
 } td_train_config;
 
 #define TD_TRAIN_CONFIG_INIT                                                                       \
     {                                                                                              \
-        NULL, NULL, NULL, TD_F32, 1, 0, 64, 1, TD_OPTIMIZER_CONFIG_INIT, 0.0, 0, 1, NULL, 0, NULL, \
-            NULL, NULL, NULL, 0, NULL, 0, 0, 0, -1                                                 \
+        .model_path = NULL, .data_path = NULL, .devices = NULL, .dtype = TD_F32, .epochs = 1,      \
+        .steps = 0, .batch = 64, .seed = 1, .opt = TD_OPTIMIZER_CONFIG_INIT, .max_seconds = 0.0,   \
+        .eval_samples = 0, .eval_each_epoch = 1, .checkpoint = NULL, .checkpoint_every = 0,        \
+        .resume = NULL, .metrics = NULL, .callback = NULL, .callback_arg = NULL, .eval_every = 0,  \
+        .strategy = NULL, .deterministic = 0, .bucket_bytes = 0, .zero = 0, .overlap = -1,         \
+        .micro_batches = 0                                                                         \
     }
 
 typedef struct td_train_summary {
@@ -217,18 +226,20 @@ typedef struct td_train_summary {
     int stopped;       /* 1 when max_seconds or the callback ended the run early */
     char device[32];   /* the device that trained ("cpu:0"), or the first of several */
     int devices_named; /* devices --devices opened (in this process) */
-    /* The data strategy: every member's totals over the run. */
+    char strategy[16]; /* the strategy that trained ("single", "data", "pipeline") */
+    /* Every member's totals over the run (td_step_stats added up). */
     int members;        /* devices that trained, all processes; 1 for "single" */
     int root;           /* 1 in the process that reports (MPI rank 0, or the only one) */
     double hidden;      /* mean share of the gradient reduction hidden behind backward */
     double ideal_ratio; /* mean step time over the ideal (work / sum of speeds) */
-    int buckets, buckets_in_backward; /* the last step's (td_dp_stats) */
+    int buckets, buckets_in_backward; /* the last step's (td_step_stats) */
     struct td_train_member {
         char name[32];
         int64_t samples;
-        double share;         /* of all samples */
+        double share;         /* of all samples (data), or of the layers' cost (pipeline) */
         double compute_s;     /* forward and backward */
-        double comm_s;        /* waiting for reductions after backward (exposed) */
+        double comm_s;        /* data: waiting for reductions after backward (exposed);
+                                 pipeline: copying activations and their gradients in */
         double update_s;      /* the optimizer step (and ZeRO-1's gather of the weights) */
         double wait_s;        /* idle until the slowest member finished */
         int64_t parked_steps; /* steps it sat out (see td_balancer_parked) */
@@ -259,6 +270,13 @@ TD_API td_status td_evaluate(td_model *m, const td_dataset *ds, int64_t batch, i
  * order). */
 TD_API td_status td_evaluate_alternate(td_dp *dp, const td_dataset *ds, int64_t batch,
                                        int64_t max_samples, td_step_result *out);
+
+/* The same through a strategy (td_strategy_evaluate): the batches' results
+ * are added in order, so the result equals td_evaluate() on one device up to
+ * what the strategy's own arithmetic changes (nothing for single, data and
+ * alternate). */
+TD_API td_status td_evaluate_strategy(td_strategy *s, const td_dataset *ds, int64_t batch,
+                                      int64_t max_samples, td_step_result *out);
 
 #ifdef __cplusplus
 }

@@ -20,8 +20,10 @@ static void usage(FILE *out) {
                  "  --batch B          samples per forward pass (default 1000; 64 for text)\n"
                  "  --samples N        the first N samples only\n"
                  "  --devices SPEC     devices (default cpu)\n"
-                 "  --strategy S       single (default: the first device) or alternate (whole\n"
-                 "                     batches round-robin over every device, weighted by speed)\n"
+                 "  --strategy S       single (default: the first device), alternate or data\n"
+                 "                     (whole batches round-robin over every device, weighted\n"
+                 "                     by speed) or pipeline (the layers cut into stages, one\n"
+                 "                     per device)\n"
                  "  --json             print one JSON object\n"
                  "  --help             show this help\n");
 }
@@ -39,33 +41,36 @@ static const struct option options[] = {
     {NULL, 0, NULL, 0},
 };
 
-/* A replica of m on every device, m's weights broadcast, shares from a
- * calibration on the first training samples. */
-static td_status make_replicas(td_device_list *devs, td_model *m, const td_dataset *calib,
-                               td_group **group, td_dp **dp) {
-    td_optimizer_config opt = TD_OPTIMIZER_CONFIG_INIT;
+/* The checkpoint's model under strategy `name` over every device, its
+ * shares (if any) from a calibration on the first training samples. */
+static td_status make_strategy(td_device_list *devs, const char *name, const char *ckpt,
+                               const char *json, td_dtype dtype, int64_t batch,
+                               const td_dataset *calib, td_group **group, td_strategy **s) {
+    td_strategy_config cfg = TD_STRATEGY_CONFIG_INIT;
     td_loader *l = NULL;
     td_batch b;
     td_status st;
-    td_model *r0;
-    if ((st = td_group_create(devs, NULL, group)) != TD_OK)
-        return st;
-    if ((st = td_dp_create(*group, td_model_json(m), "checkpoint", td_model_dtype(m), 1, &opt, NULL,
-                           dp)) != TD_OK)
-        return st;
-    r0 = td_dp_model(*dp, 0);
-    for (size_t p = 0; p < td_model_param_count(m); p++)
-        if ((st = td_tensor_copy(td_model_param(r0, p), td_model_param(m, p))) != TD_OK)
-            return st;
-    if ((st = td_dp_sync_replicas(*dp)) != TD_OK)
+    cfg.name = name;
+    cfg.dtype = dtype;
+    cfg.batch = batch;
+    if ((st = td_group_create(devs, NULL, group)) != TD_OK ||
+        (st = td_strategy_create(*group, json, ckpt, &cfg, s)) != TD_OK ||
+        (st = td_strategy_load(*s, ckpt, NULL)) != TD_OK)
         return st;
     if ((st = td_loader_create(calib, 64, 0, 0, &l)) != TD_OK)
         return st;
     st = td_loader_next(l, &b);
     if (st == TD_OK && b.n > 0)
-        st = td_dp_calibrate(*dp, &b);
+        st = td_strategy_calibrate(*s, &b);
     td_loader_destroy(l);
     return st;
+}
+
+static int known_strategy(const char *name) {
+    for (const char *const *n = td_strategy_names(); *n; n++)
+        if (!strcmp(*n, name))
+            return 1;
+    return 0;
 }
 
 static int parse_count(const char *flag, const char *s, long long *out) {
@@ -82,11 +87,13 @@ static int parse_count(const char *flag, const char *s, long long *out) {
 int td_cli_eval(int argc, char **argv) {
     const char *ckpt = NULL, *data = NULL, *devices = "cpu", *split = "test", *strategy = "single";
     td_group *group = NULL;
-    td_dp *dp = NULL;
+    td_strategy *strat = NULL;
     long long batch = 0, samples = 0;
     int c, json = 0;
     td_device_list *devs = NULL;
-    td_model *m = NULL;
+    char *model_json = NULL;
+    td_dtype dtype;
+    td_model_info info;
     td_dataset *train = NULL, *test = NULL;
     td_step_result r;
     td_status st;
@@ -103,12 +110,15 @@ int td_cli_eval(int argc, char **argv) {
         case 's': split = optarg; break;
         case 'D': devices = optarg; break;
         case 'S':
-            if (strcmp(optarg, "single") && strcmp(optarg, "alternate")) {
-                fprintf(stderr, "tandem eval: --strategy is single or alternate, not '%s'\n",
-                        optarg);
+            if (strcmp(optarg, "alternate") && !known_strategy(optarg)) {
+                char list[128] = "";
+                for (const char *const *n = td_strategy_names(); *n; n++)
+                    snprintf(list + strlen(list), sizeof list - strlen(list), ", %s", *n);
+                fprintf(stderr, "tandem eval: --strategy is alternate%s, not '%s'\n", list, optarg);
                 return 2;
             }
-            strategy = optarg;
+            /* Evaluating, the data strategy goes round-robin: `alternate`. */
+            strategy = !strcmp(optarg, "alternate") ? "data" : optarg;
             break;
         case 'j': json = 1; break;
         case 'b':
@@ -139,9 +149,8 @@ int td_cli_eval(int argc, char **argv) {
         fprintf(stderr, "tandem eval: --split is test or train, not '%s'\n", split);
         return 2;
     }
-    if ((st = td_devices_open(devices, &devs)) != TD_OK)
-        return td_cli_fail("eval", st);
-    if ((st = td_checkpoint_load_model(ckpt, td_device_list_get(devs, 0), &m, NULL)) != TD_OK) {
+    if ((st = td_checkpoint_read_meta(ckpt, &model_json, &dtype, NULL)) != TD_OK ||
+        (st = td_model_describe(model_json, ckpt, &info, NULL, 0)) != TD_OK) {
         rc = td_cli_fail("eval", st);
         goto done;
     }
@@ -149,26 +158,24 @@ int td_cli_eval(int argc, char **argv) {
         fprintf(stderr, "tandem eval: %s: no such file or folder (--data)\n", data);
         goto done;
     }
-    if (td_model_input_kind(m) == TD_INPUT_TOKENS && S_ISDIR(sb.st_mode)) {
+    if (info.kind == TD_INPUT_TOKENS && S_ISDIR(sb.st_mode)) {
         fprintf(stderr,
                 "tandem eval: %s: a folder; the model reads tokens, so --data must be a "
                 "text file\n",
                 data);
         goto done;
     }
-    if (td_model_input_kind(m) != TD_INPUT_TOKENS && !S_ISDIR(sb.st_mode)) {
+    if (info.kind != TD_INPUT_TOKENS && !S_ISDIR(sb.st_mode)) {
         fprintf(stderr,
                 "tandem eval: %s: not a folder; the model reads images, so --data must "
                 "be a folder of MNIST IDX files\n",
                 data);
         goto done;
     }
-    if (td_model_input_kind(m) == TD_INPUT_TOKENS) {
+    if (info.kind == TD_INPUT_TOKENS) {
         td_text_options o = TD_TEXT_OPTIONS_INIT;
-        int64_t shape[TD_MAX_DIMS];
-        td_model_input_shape(m, shape);
-        o.context = shape[0];
-        o.vocab = td_model_num_classes(m) >= 256 ? TD_TEXT_BYTES : TD_TEXT_CHARS;
+        o.context = info.in_shape[0];
+        o.vocab = info.classes >= 256 ? TD_TEXT_BYTES : TD_TEXT_CHARS;
         st = td_text_open(data, &o, &train, &test);
         if (!batch)
             batch = 64;
@@ -177,17 +184,16 @@ int td_cli_eval(int argc, char **argv) {
         if (!batch)
             batch = 1000;
     }
+    if (st == TD_OK)
+        st = td_devices_open(devices, &devs);
+    if (st == TD_OK)
+        st = make_strategy(devs, strategy, ckpt, model_json, dtype, batch, train, &group, &strat);
     if (st != TD_OK) {
         rc = td_cli_fail("eval", st);
         goto done;
     }
-    if (!strcmp(strategy, "alternate") && (st = make_replicas(devs, m, train, &group, &dp))) {
-        rc = td_cli_fail("eval", st);
-        goto done;
-    }
     t0 = td_clock_ns();
-    st = dp ? td_evaluate_alternate(dp, !strcmp(split, "train") ? train : test, batch, samples, &r)
-            : td_evaluate(m, !strcmp(split, "train") ? train : test, batch, samples, &r);
+    st = td_evaluate_strategy(strat, !strcmp(split, "train") ? train : test, batch, samples, &r);
     if (st != TD_OK) {
         rc = td_cli_fail("eval", st);
         goto done;
@@ -205,11 +211,11 @@ int td_cli_eval(int argc, char **argv) {
                secs);
     rc = 0;
 done:
-    td_dp_destroy(dp);
+    td_strategy_destroy(strat);
     td_group_destroy(group);
     td_dataset_destroy(train);
     td_dataset_destroy(test);
-    td_model_destroy(m);
+    free(model_json);
     td_device_list_destroy(devs);
     return rc;
 }

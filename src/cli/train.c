@@ -34,9 +34,11 @@ static void usage(FILE *out) {
             "  --clip X            clip gradients to global norm X (default off)\n"
             "  --precision P       f32 (default) or f64\n"
             "  --devices SPEC      devices (default cpu): 'cpu*2', 'cpu:0,cpu:1{slowdown=3}'\n"
-            "  --strategy S        single (default: the first device trains) or data (a\n"
+            "  --strategy S        single (default: the first device trains), data (a\n"
             "                      replica on every device, batches split by measured speed,\n"
-            "                      gradients all-reduced; under mpirun, across processes)\n"
+            "                      gradients all-reduced; under mpirun, across processes) or\n"
+            "                      pipeline (the layers cut into stages, one per device,\n"
+            "                      micro-batches flowing through them)\n"
             "  --deterministic     data: bitwise the same weights for any number of devices\n"
             "  --zero              data: ZeRO-1, each device keeps only its shard of the\n"
             "                      optimizer state (weights all-gathered after each step)\n"
@@ -44,6 +46,8 @@ static void usage(FILE *out) {
             "  --overlap WHEN      data: reduce each bucket while backward goes on: auto\n"
             "                      (default: unless every device is a CPU device of this\n"
             "                      process, whose cores would do both), on or off\n"
+            "  --micro-batches M   pipeline: micro-batches per step, at most the batch\n"
+            "                      (default: four per device, or the batch if smaller)\n"
             "  --seed S            initialisation, data order and dropout (default 1)\n"
             "  --checkpoint PATH   save a checkpoint (safetensors) at each epoch's end and last\n"
             "  --checkpoint-every N  also every N steps\n"
@@ -80,6 +84,7 @@ enum {
     OPT_ZERO,
     OPT_BUCKET_BYTES,
     OPT_OVERLAP,
+    OPT_MICRO_BATCHES,
     OPT_SEED,
     OPT_CHECKPOINT,
     OPT_CHECKPOINT_EVERY,
@@ -94,10 +99,33 @@ enum {
     OPT_HELP,
 };
 
-/* The data strategy's table: each device's share and where its time went. */
+static int known_strategy(const char *name) {
+    for (const char *const *n = td_strategy_names(); *n; n++)
+        if (!strcmp(*n, name))
+            return 1;
+    return 0;
+}
+
+/* "single, data or pipeline" into buf. */
+static const char *strategy_list(char *buf, size_t size) {
+    const char *const *n = td_strategy_names();
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; n[i] && used < size; i++)
+        used += (size_t)snprintf(buf + used, size - used, "%s%s",
+                                 i == 0 ? "" : (n[i + 1] ? ", " : " or "), n[i]);
+    return buf;
+}
+
+/* The table of the members of a run over several devices: each one's share
+ * and where its time went. Under pipeline its share is of the layers' cost,
+ * its communication is the transfer of activations and their gradients,
+ * and its wait is the pipeline's idle time. */
 static void print_members(const td_train_summary *s) {
+    int pipeline = !strcmp(s->strategy, "pipeline");
     printf("\n%-14s %9s %7s %11s %10s %10s %10s %8s\n", "device", "samples", "share", "compute s",
-           "comm s", "update s", "wait s", "parked");
+           pipeline ? "transfer s" : "comm s", "update s", pipeline ? "idle s" : "wait s",
+           "parked");
     for (int r = 0; r < s->members && r < TD_DP_MAX_MEMBERS; r++)
         printf("%-14s %9lld %6.1f%% %11.3f %10.3f %10.3f %10.3f %8lld\n", s->member[r].name,
                (long long)s->member[r].samples, 100 * s->member[r].share, s->member[r].compute_s,
@@ -118,10 +146,14 @@ static void print_members(const td_train_summary *s) {
         else if (s->member[r].lost_at_step)
             printf("lost: %s in step %lld; the other devices trained on\n", s->member[r].name,
                    (long long)s->member[r].lost_at_step);
-    printf("gradient reduction: %d bucket%s, %d started during backward, %.0f%% of its time "
-           "hidden behind backward; step time %.2fx the ideal\n\n",
-           s->buckets, s->buckets == 1 ? "" : "s", s->buckets_in_backward, 100 * s->hidden,
-           s->ideal_ratio);
+    if (pipeline)
+        printf("pipeline: share: of the layers' cost; transfer: activations and their "
+               "gradients copied in; idle: the bubble and waiting for the neighbours\n\n");
+    else
+        printf("gradient reduction: %d bucket%s, %d started during backward, %.0f%% of its time "
+               "hidden behind backward; step time %.2fx the ideal\n\n",
+               s->buckets, s->buckets == 1 ? "" : "s", s->buckets_in_backward, 100 * s->hidden,
+               s->ideal_ratio);
 }
 
 static const struct option options[] = {
@@ -146,6 +178,7 @@ static const struct option options[] = {
     {"zero", no_argument, NULL, OPT_ZERO},
     {"bucket-bytes", required_argument, NULL, OPT_BUCKET_BYTES},
     {"overlap", required_argument, NULL, OPT_OVERLAP},
+    {"micro-batches", required_argument, NULL, OPT_MICRO_BATCHES},
     {"seed", required_argument, NULL, OPT_SEED},
     {"checkpoint", required_argument, NULL, OPT_CHECKPOINT},
     {"checkpoint-every", required_argument, NULL, OPT_CHECKPOINT_EVERY},
@@ -360,8 +393,10 @@ int td_cli_train(int argc, char **argv) {
             break;
         case OPT_DEVICES: cfg.devices = optarg; break;
         case OPT_STRATEGY:
-            if (strcmp(optarg, "single") && strcmp(optarg, "data")) {
-                fprintf(stderr, "tandem train: --strategy is single or data, not '%s'\n", optarg);
+            if (!known_strategy(optarg)) {
+                char list[128];
+                fprintf(stderr, "tandem train: --strategy is %s, not '%s'\n",
+                        strategy_list(list, sizeof list), optarg);
                 return 2;
             }
             cfg.strategy = optarg;
@@ -382,6 +417,11 @@ int td_cli_train(int argc, char **argv) {
                 fprintf(stderr, "tandem train: --overlap is auto, on or off, not '%s'\n", optarg);
                 return 2;
             }
+            break;
+        case OPT_MICRO_BATCHES:
+            if (!parse_int("train", "micro-batches", optarg, 1, &iv))
+                return 2;
+            cfg.micro_batches = iv;
             break;
         case OPT_SEED:
             if (!parse_int("train", "seed", optarg, 0, &iv))
@@ -457,7 +497,7 @@ int td_cli_train(int argc, char **argv) {
         print_members(&sum);
     else if (sum.devices_named > 1)
         printf("trained on %s, the first of the %d devices --devices named (--strategy data "
-               "trains on all)\n",
+               "or pipeline trains on all)\n",
                sum.device, sum.devices_named);
     if (cfg.checkpoint)
         printf("checkpoint: %s\n", cfg.checkpoint);

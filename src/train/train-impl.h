@@ -4,7 +4,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
+#include "tandem/checkpoint.h"
 #include "tandem/train.h"
 
 /* Reads the whole file at path into a malloc'ed buffer; larger than max_bytes
@@ -16,5 +18,65 @@ td_status td__read_file(const char *path, size_t max_bytes, uint8_t **out, size_
  * naming `name`. */
 td_status td__gunzip(const uint8_t *in, size_t n, const char *name, size_t max_out, uint8_t **out,
                      size_t *out_len);
+
+/* A run of td_train_run (trainer.c), and its recovery from lost devices
+ * (recovery.c). */
+typedef struct td__trainer {
+    const td_train_config *cfg;
+    td_device_list *devs;
+    td_group *group; /* the strategy's devices: all of them, or the survivors of a loss */
+    td_strategy *s;
+    td_strategy_config scfg; /* what s was made with (and a replacement is) */
+    char *json;              /* the model's JSON */
+    const char *model_name;  /* its file (or the checkpoint's), for messages */
+    td_dataset *train, *test;
+    td_dataset_info info;
+    td_loader *loader;
+    td_train_state state;
+    const char *saved;        /* the run's newest checkpoint (written or resumed from), or NULL */
+    int root;                 /* this process reports and saves */
+    int stop;                 /* the callback or the time limit ended the run */
+    int64_t bpe;              /* batches per epoch */
+    td_step_result evaluated; /* the last evaluation's sums */
+    double last_eval_loss, last_eval_acc;
+    int64_t last_eval_step; /* the step of the last evaluation, or -1 */
+    td_train_summary *summary;
+    FILE *metrics;
+    uint64_t t0;          /* process start of the run */
+    double train_seconds; /* in steps only */
+    int64_t samples;      /* trained on in this process */
+    /* The members' numbers: steps reported, and per summary row its shares
+     * weighted by the batches' samples, over all the batches' samples. */
+    int64_t stat_steps;
+    double share_sum[TD_DP_MAX_MEMBERS], batch_samples;
+    /* The current epoch. */
+    double ep_loss;
+    int64_t ep_correct, ep_count, ep_samples, ep_batches;
+    double ep_seconds;
+} td__trainer;
+
+/* The summary's row of the group's member `rank`, found by its name (a
+ * lost device keeps its row while the survivors' ranks change); a new row
+ * when it has none. */
+struct td_train_member *td__train_member_row(td__trainer *t, int rank);
+
+/* Measures the strategy's members on the first training samples. */
+td_status td__train_calibrate(td__trainer *t);
+
+/* What a lost device left the step: to be taken again by the survivors,
+ * taken already, or the run gone back to its newest checkpoint. */
+typedef enum td__after_loss { TD__STEP_TO_REDO, TD__STEP_TAKEN, TD__STEPS_REWOUND } td__after_loss;
+
+/* After a call on t->s failed with `lost` (TD_ERR_DEVICE_LOST): the run goes
+ * on over the survivors (*after says what became of the step;
+ * steps_before: the optimizer steps counted before it), or back to its
+ * newest checkpoint, or ends with why. */
+td_status td__train_carry_on(td__trainer *t, td_status lost, int64_t steps_before,
+                             td__after_loss *after);
+
+/* Runs op, which works between steps on every member (a checkpoint, an
+ * evaluation). A device lost in it is handled as after a loss in a step's
+ * last exchange, and op runs again. */
+td_status td__train_despite_lost(td__trainer *t, td_status (*op)(td__trainer *));
 
 #endif

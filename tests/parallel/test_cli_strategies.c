@@ -208,7 +208,7 @@ static void refused(const char *args, int code, const char *why) {
 }
 
 static void bad_strategies_are_refused(void **state) {
-    refused("--strategy tiles", 2, "--strategy is single or data");
+    refused("--strategy tiles", 2, "--strategy is single, data, pipeline");
     refused("--zero", 1, "ZeRO-1 (--zero) belongs to the data strategy");
     refused("--devices 'cpu*2' --strategy data --zero --deterministic", 1,
             "ZeRO-1 and deterministic mode do not go together");
@@ -291,8 +291,9 @@ static int occurrences(const char *text, const char *needle) {
  * (250 ms a pass, against cpu:1's steps of a few ms, tens under
  * ThreadSanitizer), so when cpu:1 fails the run goes back to its
  * checkpoint of step 8 and cpu:0 trains on alone.
- * cpu:1 fails in step 10 (at its 120th collective); in a second run
- * between steps 12 and 13 (its 150th), while the checkpoint of step 12
+ * cpu:1 fails in step 10 (at its 101st collective, counting the 13 that
+ * create the replicas and calibrate them); in a second run
+ * between steps 12 and 13 (its 131st), while the checkpoint of step 12
  * brings cpu:0's replica up to date, which used to end the run; in a third
  * there, while the evaluation of step 12 does (checkpoints every 8 steps
  * and evaluations every 4), and step 12 is evaluated once, when the run
@@ -303,13 +304,13 @@ static void a_lost_device_holding_the_only_current_replica_sends_the_run_back(vo
     static const struct {
         const char *fault, *every, *said, *event;
     } cases[] = {
-        {"TANDEM_FAULT=cpu:1@any:120:error ", "--checkpoint-every 4",
+        {"TANDEM_FAULT=cpu:1@any:101:error ", "--checkpoint-every 4",
          "lost: cpu:1 in step 10; the other devices went back to the checkpoint of step 8",
          "{\"event\":\"rewind\",\"step\":9,\"to_step\":8,\"lost\":\"cpu:1\"}"},
-        {"TANDEM_FAULT=cpu:1@any:150:error ", "--checkpoint-every 4",
+        {"TANDEM_FAULT=cpu:1@any:131:error ", "--checkpoint-every 4",
          "lost: cpu:1 in step 13; the other devices went back to the checkpoint of step 8",
          "{\"event\":\"rewind\",\"step\":12,\"to_step\":8,\"lost\":\"cpu:1\"}"},
-        {"TANDEM_FAULT=cpu:1@any:150:error ", "--checkpoint-every 8 --eval-every 4",
+        {"TANDEM_FAULT=cpu:1@any:131:error ", "--checkpoint-every 8 --eval-every 4",
          "lost: cpu:1 in step 13; the other devices went back to the checkpoint of step 8",
          "{\"event\":\"rewind\",\"step\":12,\"to_step\":8,\"lost\":\"cpu:1\"}"},
     };
@@ -346,7 +347,7 @@ static char *train_linear(const char *fault, const char *devices, const char *ex
 }
 
 /* An epoch that a loss sends the run back into is trained again and
- * counted once: cpu:1 fails at its 42nd collective, while the checkpoint at
+ * counted once: cpu:1 fails at its 35th collective, while the checkpoint at
  * the first epoch's end (after step 8) brings the parked cpu:0 up to date;
  * the run goes back to its checkpoint of step 6 and ends the first epoch a
  * second time. It reports 2 epochs and 16 steps, and its weights are one
@@ -356,7 +357,7 @@ static void an_epoch_trained_again_after_a_loss_counts_once(void **state) {
     double d;
     (void)state;
     free(train_linear("", "cpu:0", "", "linear1.safetensors"));
-    out = train_linear("TANDEM_FAULT=cpu:1@any:42:error ", "cpu:0{latency=250},cpu:1",
+    out = train_linear("TANDEM_FAULT=cpu:1@any:35:error ", "cpu:0{latency=250},cpu:1",
                        "--strategy data --checkpoint-every 6", "linear2.safetensors");
     if (!strstr(out, "lost: cpu:1 in step 9; the other devices went back to the checkpoint of "
                      "step 6") ||

@@ -101,7 +101,7 @@ static void data_parallel_equals_one_device_with_and_without_overlap(void **stat
         TD_ASSERT_OK(td_group_create_spec("cpu*3", NULL, &g));
         dp = make_dp_overlap(g, (td_dtype)dt, 0, overlap, zero, speeds);
         for (int s = 0; s < STEPS; s++) {
-            td_dp_stats stats;
+            td_step_stats stats;
             TD_ASSERT_OK(td_dp_step(dp, &d->batch[s], (uint64_t)s, &res, &stats));
             assert_int_equal(stats.members, 3);
             assert_true(stats.hidden_fraction >= 0 && stats.hidden_fraction <= 1);
@@ -146,7 +146,7 @@ static void one_bucket_hides_nothing(void **state) {
     TD_ASSERT_OK(td_dp_calibrate(dp, &d->batch[0]));
     for (int s = 0; s < STEPS; s++) {
         td_step_result res;
-        td_dp_stats stats;
+        td_step_stats stats;
         TD_ASSERT_OK(td_dp_step(dp, &d->batch[s], (uint64_t)s, &res, &stats));
         if (stats.hidden_fraction != 0)
             fail_msg("step %d: %g of one bucket's reduction hidden", s, stats.hidden_fraction);
@@ -247,7 +247,7 @@ static void a_slowed_device_gets_a_smaller_share(void **state) {
     td_dp_config cfg = TD_DP_CONFIG_INIT;
     td_optimizer_config o = sgd();
     td_step_result res;
-    td_dp_stats stats;
+    td_step_stats stats;
     for (int i = 0; i < N * 64; i++)
         x[i] = (float)td_rng_normal(3, (uint64_t)i);
     for (int i = 0; i < N; i++)
@@ -272,7 +272,7 @@ static void a_slowed_device_gets_a_smaller_share(void **state) {
     /* Each member's parts are its own intervals inside the step: compute,
      * then the reduction, then the update; what is left is waiting. */
     for (int r = 0; r < 2; r++) {
-        const td_dp_member_stats *m = &stats.m[r];
+        const td_member_stats *m = &stats.m[r];
         assert_true(m->compute_s > 0 && m->comm_s > 0 && m->update_s > 0 && m->wait_s >= 0);
         if (m->compute_s + m->comm_s + m->update_s > stats.step_s)
             fail_msg("member %d: compute %g + comm %g + update %g s exceed the step's %g s", r,
@@ -315,7 +315,7 @@ static void a_device_with_a_large_fixed_cost_is_parked_and_comes_back(void **sta
     td_model *ref = NULL;
     td_optimizer *ref_opt = NULL;
     td_step_result res, want;
-    td_dp_stats stats;
+    td_step_stats stats;
     const double equal[2] = {0, 0}, per[2] = {1e-5, 1e-5};
     TD_ASSERT_OK(td_devices_open("cpu:0", &one));
     TD_ASSERT_OK(
@@ -485,7 +485,7 @@ static void zero_1_parks_a_device_inside_the_group(void **state) {
     ref = train_single(td_device_list_get(one, 0), TD_F64, d, &ref_res);
     dp = make_parking_dp(d, 1, &g);
     for (int s = 0; s < STEPS; s++) {
-        td_dp_stats stats;
+        td_step_stats stats;
         if (s == 2) /* the costs change: both equal now, so cpu:1 comes back */
             TD_ASSERT_OK(td_balancer_set_costs(td_dp_balancer(dp), equal, per));
         TD_ASSERT_OK(td_dp_step(dp, &d->batch[s], (uint64_t)s, &res, &stats));
@@ -554,7 +554,7 @@ static void a_device_lost_while_another_is_parked(void **state) {
     td_group *g = NULL, *survivors = NULL;
     td_dp *dp = NULL;
     td_step_result res;
-    td_dp_stats stats;
+    td_step_stats stats;
     gc.fault = "cpu:2@allreduce:7:error";
     cfg.rebalance = 0;
     TD_ASSERT_OK(td_group_create_spec("cpu*3", &gc, &g));

@@ -162,7 +162,7 @@ void td_dp_check_equals_one_device(const char *spec, const char *name) {
         TD_ASSERT_OK(td_dp_create(g, json, name, (td_dtype)dt, SEED, &o, &cfg, &dp));
         TD_ASSERT_OK(td_balancer_set_speeds(td_dp_balancer(dp), speeds));
         for (int s = 0; s < TD_DP_CHECK_STEPS; s++) {
-            td_dp_stats stats;
+            td_step_stats stats;
             TD_ASSERT_OK(td_dp_step(dp, &d->batch[s], (uint64_t)s, &res, &stats));
             assert_int_equal(stats.members, 2);
             assert_int_equal(stats.m[0].samples + stats.m[1].samples, TD_DP_CHECK_BATCH);

@@ -1,0 +1,125 @@
+/* tandem: strategies — how the devices of a group share one model's
+ * training and evaluation, behind one interface.
+ *
+ *   single    the group's first device holds the model and does everything
+ *   data      a replica on every device; each batch split by measured speed,
+ *             gradients all-reduced (td_dp in parallel.h)
+ *   pipeline  the model's layers cut into consecutive stages, one per
+ *             device; each batch cut into micro-batches that flow through
+ *             the stages in the 1F1B order
+ *
+ * The trainer, `tandem eval` and C programs drive each the same way: create
+ * it over a group, step, evaluate, save and load whole-model checkpoints. A
+ * checkpoint holds the whole model under its own parameter names whatever
+ * strategy wrote it, so a run saved under one strategy resumes under any
+ * other. Every call is made from one thread that is no member's host thread;
+ * for a group over several MPI processes every process makes the same calls.
+ */
+#ifndef TANDEM_STRATEGY_H
+#define TANDEM_STRATEGY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tandem/checkpoint.h"
+#include "tandem/comm.h"
+#include "tandem/nn.h"
+#include "tandem/parallel.h"
+#include "tandem/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct td_strategy td_strategy;
+
+typedef struct td_strategy_config {
+    const char *name;        /* "single" (also NULL), "data" or "pipeline" */
+    td_dtype dtype;          /* of the weights and activations */
+    uint64_t seed;           /* initialisation (as td_model_load's) and dropout */
+    td_optimizer_config opt; /* every member's optimizer */
+    int64_t batch;           /* samples a step takes (the plan's micro-batches come from it) */
+    td_dp_config data;       /* data: buckets, overlap, determinism, ZeRO-1, balancing */
+    int64_t micro_batches;   /* pipeline: micro-batches per step; 0: chosen from the batch
+                                and the stage count */
+} td_strategy_config;
+
+#define TD_STRATEGY_CONFIG_INIT                                                                    \
+    {                                                                                              \
+        .name = NULL, .dtype = TD_F32, .seed = 1, .opt = TD_OPTIMIZER_CONFIG_INIT, .batch = 64,    \
+        .data = TD_DP_CONFIG_INIT, .micro_batches = 0                                              \
+    }
+
+/* The strategy names, NULL-terminated, for messages and usage texts. */
+TD_API const char *const *td_strategy_names(void);
+
+/* Creates the strategy cfg->name over g's devices for the model described by
+ * model_json (`model_name` stands for its file in messages), its weights
+ * initialised from cfg->seed exactly as td_model_load would, so every
+ * strategy starts from the same weights. g must outlive the strategy. An
+ * unknown name, a device without f64 for an f64 model, or a model that does
+ * not fit the devices' memory is an error naming the name, device or
+ * budget. On failure *out is NULL. */
+TD_API td_status td_strategy_create(td_group *g, const char *model_json, const char *model_name,
+                                    const td_strategy_config *cfg, td_strategy **out);
+/* NULL-safe. */
+TD_API void td_strategy_destroy(td_strategy *s);
+
+TD_API const char *td_strategy_name(const td_strategy *s);
+TD_API td_group *td_strategy_group(td_strategy *s);
+/* What the model reads and predicts: kind, input shape, classes. */
+TD_API void td_strategy_model_info(const td_strategy *s, td_model_info *out);
+/* A line per member saying what it holds ("cpu:0: layers 0-5, 12.1 MB"), for
+ * the run's report. Written into buf (truncated to n); returns buf. */
+TD_API const char *td_strategy_plan(const td_strategy *s, char *buf, size_t n);
+
+/* Measures the members on a few passes over `sample` (no update) and sizes
+ * their shares from it; nothing to do for strategies without shares. */
+TD_API td_status td_strategy_calibrate(td_strategy *s, const td_batch *sample);
+
+/* One training step on the global batch (host memory; the same in every
+ * process). `step` keys dropout. *res gets the whole batch's loss sum and
+ * counts; *stats (may be NULL) where the time went, member by member. */
+TD_API td_status td_strategy_step(td_strategy *s, const td_batch *batch, uint64_t step,
+                                  td_step_result *res, td_step_stats *stats);
+
+/* Forward only over n batches: per_batch[i] gets batch i's result, what one
+ * device evaluating batch i gives. */
+TD_API td_status td_strategy_evaluate(td_strategy *s, const td_batch *batches, size_t n,
+                                      td_step_result *per_batch);
+
+/* Writes the whole model and optimizer state with `state` to path, as
+ * td_checkpoint_save does for one model (atomically; only the process of
+ * global rank 0 writes). state NULL: the strategy's step count, seed,
+ * batch and optimizer configuration, at data position 0. */
+TD_API td_status td_strategy_save(td_strategy *s, const char *path, const td_train_state *state);
+/* Loads a whole-model checkpoint (weights, optimizer state, step count) into
+ * every member's part; *state (may be NULL) gets its run state, in every
+ * process. The checkpoint's model must be the strategy's. The configuration
+ * stays the strategy's: its seed keys dropout, so a run resumed the way it
+ * was saved creates the strategy with the checkpoint's seed and optimizer
+ * configuration (td_checkpoint_read_meta). */
+TD_API td_status td_strategy_load(td_strategy *s, const char *path, td_train_state *state);
+
+/* The learning rate the next step will use, and optimizer steps taken. */
+TD_API double td_strategy_lr(const td_strategy *s);
+TD_API int64_t td_strategy_steps(const td_strategy *s);
+
+/* After a call failed with TD_ERR_DEVICE_LOST: a new group of the members
+ * less those lost (the caller destroys it). */
+TD_API td_status td_strategy_survivors(td_strategy *s, td_group **out);
+
+/* Carries the run on over `survivors` (a group td_strategy_survivors made)
+ * from the state the survivors hold: *out is a new strategy over them and
+ * *step_taken says whether the failed step's update was made (steps_before:
+ * the optimizer steps counted before that step). TD_ERR_UNSUPPORTED, with
+ * *why saying what was lost, when the lost members held state no survivor
+ * has: then the run can only go back to a checkpoint (td_strategy_create
+ * over the survivors, then td_strategy_load). s stays as it is. */
+TD_API td_status td_strategy_carry_on(td_strategy *s, td_group *survivors, int64_t steps_before,
+                                      td_strategy **out, int *step_taken, const char **why);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,616 @@
+/* The `pipeline` strategy: member k of the group holds the model's layers
+ * [first_k, end_k) (a part, td_model_load_part) and its own optimizer for
+ * them. A step cuts the batch into M micro-batches that go through the
+ * stages in the 1F1B order: stage s of P first runs P - s - 1 forwards, then
+ * one forward and one backward in turn, then the backwards left, so it holds
+ * at most P - s micro-batches' activations. A stage receives its input from
+ * the stage before and the gradient of its output from the stage after
+ * through a channel: the sender posts its buffer, the receiver copies it onto
+ * its own device (a peer copy where the backend can) on its own thread and
+ * marks it consumed, and the sender overwrites a posted buffer only once it
+ * was. Gradients of the micro-batches add up on each stage, scaled by one
+ * over the whole batch's labels, so each stage's optimizer step is exactly
+ * one device's over the whole batch (up to summation order). The step ends
+ * with an all-gather of every stage's numbers and timings, a collective, so
+ * a lost member fails the step as under the data strategy. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "parallel/pipeline-impl.h"
+#include "parallel/strategy-impl.h"
+
+/* Per member and step, gathered: compute, transfer, update and idle
+ * seconds, loss sum, correct, count. */
+#define STAT_WORDS 7
+/* Micro-batches a step may be cut into. */
+#define MAX_MICRO 4096
+
+typedef struct channel {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    const td_buffer *buf[TD_PP_MAX_STAGES]; /* message j at [j % TD_PP_MAX_STAGES] */
+    int64_t posted, consumed;               /* messages 0..posted-1 posted; consumed likewise */
+} channel;
+
+typedef struct stage {
+    td_group *group;
+    td_device *dev;
+    int rank, slots;
+    td_model *part; /* NULL: an empty member, which holds no layer */
+    td_optimizer *opt;
+    td_buffer *recv; /* what this stage copies its neighbours' messages into */
+    size_t recv_bytes;
+    td_buffer *stats_send, *stats_all; /* (STAT_WORDS), (size, STAT_WORDS) f64 */
+    td_buffer *scalar;                 /* (1) f64: the gradients' squared norm, summed */
+    double compute_s, comm_s, update_s, wait_s;
+    td_step_result res;
+} stage;
+
+typedef struct pipeline {
+    td_strategy *s;
+    td_group *g;
+    int size;
+    td_model_info info;
+    td_layer_info *layers;
+    td_pp_plan plan;
+    int64_t micro_batches;
+    stage st[TD_PP_MAX_STAGES];
+    int prev[TD_PP_MAX_STAGES], next[TD_PP_MAX_STAGES]; /* neighbours with layers, or -1 */
+    channel fwd[TD_PP_MAX_STAGES];                      /* k to next[k]: activations */
+    channel bwd[TD_PP_MAX_STAGES];                      /* k to prev[k]: their gradients */
+    int abort; /* a member failed: the others stop (atomic) */
+
+    /* The step or evaluation under way. */
+    const td_batch *batch; /* training: the whole batch */
+    const td_batch *evals; /* evaluation: one micro-batch per batch */
+    td_step_result *eval_res;
+    int64_t m, off[MAX_MICRO], cnt[MAX_MICRO]; /* micro-batches: first sample, samples */
+    int train;
+    uint64_t step;
+    double grad_scale;
+} pipeline;
+
+/* Channels ---------------------------------------------------------------- */
+
+static void chan_reset(channel *c) {
+    pthread_mutex_lock(&c->mu);
+    c->posted = c->consumed = 0;
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Waits until pred(c, j) holds, the pipeline aborts, or the group's timeout
+ * passes; `what` names what is awaited, `who` from whom. */
+static td_status chan_wait(pipeline *p, channel *c, int64_t j, int for_consumed, const char *what,
+                           int who) {
+    struct timespec now, until;
+    uint64_t deadline = td_clock_ns() + (uint64_t)td_group_timeout_ms(p->g) * 1000000u;
+    td_status st = TD_OK;
+    pthread_mutex_lock(&c->mu);
+    while ((for_consumed ? c->consumed <= j : c->posted <= j) && st == TD_OK) {
+        if (__atomic_load_n(&p->abort, __ATOMIC_ACQUIRE))
+            st = td__error(TD_ERR_DEVICE_LOST, "pipeline: stopped, another stage failed");
+        else if (td_clock_ns() > deadline)
+            st = td__error(TD_ERR_DEVICE_LOST,
+                           "pipeline: %s (%s) did not %s micro-batch %lld within %d ms",
+                           td_device_name(p->st[who].dev), what, for_consumed ? "take" : "send",
+                           (long long)j, td_group_timeout_ms(p->g));
+        else {
+            clock_gettime(CLOCK_REALTIME, &now);
+            until = now;
+            until.tv_nsec += 20000000; /* wake to look at the group and the deadline */
+            if (until.tv_nsec >= 1000000000) {
+                until.tv_sec++;
+                until.tv_nsec -= 1000000000;
+            }
+            pthread_cond_timedwait(&c->cv, &c->mu, &until);
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    return st;
+}
+
+static void chan_post(channel *c, int64_t j, const td_buffer *buf) {
+    pthread_mutex_lock(&c->mu);
+    c->buf[j % TD_PP_MAX_STAGES] = buf;
+    c->posted = j + 1;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void chan_consumed(channel *c, int64_t j) {
+    pthread_mutex_lock(&c->mu);
+    c->consumed = j + 1;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void abort_all(pipeline *p) {
+    __atomic_store_n(&p->abort, 1, __ATOMIC_RELEASE);
+    for (int k = 0; k < p->size; k++) {
+        pthread_mutex_lock(&p->fwd[k].mu);
+        pthread_cond_broadcast(&p->fwd[k].cv);
+        pthread_mutex_unlock(&p->fwd[k].mu);
+        pthread_mutex_lock(&p->bwd[k].mu);
+        pthread_cond_broadcast(&p->bwd[k].cv);
+        pthread_mutex_unlock(&p->bwd[k].mu);
+    }
+}
+
+/* Grows the stage's receive buffer to at least `bytes` (on its own thread). */
+static td_status ensure_recv(stage *s, size_t bytes) {
+    if (s->recv_bytes >= bytes)
+        return TD_OK;
+    td_buffer_free(s->recv);
+    s->recv = NULL;
+    s->recv_bytes = 0;
+    TD_CHECK(td_buffer_alloc(s->dev, bytes, &s->recv));
+    s->recv_bytes = bytes;
+    return TD_OK;
+}
+
+/* Takes message j of c (from member `from`) into the stage's receive buffer. */
+static td_status receive(pipeline *p, stage *s, channel *c, int64_t j, int from, size_t bytes) {
+    uint64_t t0 = td_clock_ns(), t1;
+    td_status st = chan_wait(p, c, j, 0, "the stage before or after", from);
+    const td_buffer *src;
+    t1 = td_clock_ns();
+    if (st == TD_OK)
+        st = ensure_recv(s, bytes);
+    s->wait_s += (double)(t1 - t0) * 1e-9;
+    if (st != TD_OK)
+        return st;
+    pthread_mutex_lock(&c->mu);
+    src = c->buf[j % TD_PP_MAX_STAGES];
+    pthread_mutex_unlock(&c->mu);
+    st = td_buffer_copy(s->recv, 0, src, 0, bytes);
+    s->comm_s += (double)(td_clock_ns() - t1) * 1e-9;
+    if (st == TD_OK)
+        chan_consumed(c, j);
+    return st;
+}
+
+/* Before a stage overwrites the buffer it posted for micro-batch j - slots
+ * (the same slot), the neighbour must have taken it. */
+static td_status wait_taken(pipeline *p, stage *s, channel *c, int64_t j, int to) {
+    uint64_t t0 = td_clock_ns();
+    td_status st = j >= s->slots ? chan_wait(p, c, j - s->slots, 1, "the next stage", to) : TD_OK;
+    s->wait_s += (double)(td_clock_ns() - t0) * 1e-9;
+    return st;
+}
+
+/* The schedule ------------------------------------------------------------ */
+
+static size_t act_bytes(const pipeline *p, int layer, int64_t n) {
+    const td_layer_info *li = &p->layers[layer];
+    size_t e = (size_t)n;
+    for (int d = 0; d < li->out_ndim; d++)
+        e *= (size_t)li->out_shape[d];
+    return e * (p->s->cfg.dtype == TD_F64 ? 8 : 4);
+}
+
+static td_batch micro(const pipeline *p, int64_t j) {
+    const td_batch *b = p->evals ? &p->evals[j] : p->batch;
+    int64_t off = p->evals ? 0 : p->off[j],
+            lps = p->info.kind == TD_INPUT_TOKENS ? p->info.in_shape[0] : 1;
+    int64_t feats = 1;
+    td_batch mb;
+    for (int d = 0; d < p->info.in_ndim; d++)
+        feats *= p->info.in_shape[d];
+    mb.n = p->evals ? b->n : p->cnt[j];
+    mb.x = b->x ? b->x + off * feats : NULL;
+    mb.tokens = b->tokens ? b->tokens + off * feats : NULL;
+    mb.labels = b->labels ? b->labels + off * lps : NULL;
+    return mb;
+}
+
+static td_status forward(pipeline *p, stage *s, int k, int64_t j) {
+    td_batch mb = micro(p, j);
+    int slot = (int)(j % s->slots), first, end;
+    const td_buffer *in = NULL;
+    td_step_result r;
+    uint64_t t0;
+    td_status st;
+    td_model_part_range(s->part, &first, &end, NULL);
+    if (p->prev[k] >= 0) {
+        TD_CHECK(receive(p, s, &p->fwd[p->prev[k]], j, p->prev[k], act_bytes(p, first - 1, mb.n)));
+        in = s->recv;
+    }
+    if (p->next[k] >= 0)
+        TD_CHECK(wait_taken(p, s, &p->fwd[k], j, p->next[k]));
+    t0 = td_clock_ns();
+    st = td_model_part_forward(s->part, slot, &mb, p->evals ? 0 : p->off[j], in, p->train, p->step,
+                               p->grad_scale, &r);
+    s->compute_s += (double)(td_clock_ns() - t0) * 1e-9;
+    if (st != TD_OK)
+        return st;
+    if (p->next[k] >= 0)
+        chan_post(&p->fwd[k], j, td_model_part_output(s->part, slot));
+    else if (p->evals)
+        p->eval_res[j] = r;
+    else {
+        s->res.loss_sum += r.loss_sum;
+        s->res.correct += r.correct;
+        s->res.count += r.count;
+    }
+    return TD_OK;
+}
+
+static td_status backward(pipeline *p, stage *s, int k, int64_t j) {
+    int slot = (int)(j % s->slots), first, end;
+    const td_buffer *dout = NULL;
+    uint64_t t0;
+    td_status st;
+    td_model_part_range(s->part, &first, &end, NULL);
+    if (p->next[k] >= 0) {
+        TD_CHECK(
+            receive(p, s, &p->bwd[p->next[k]], j, p->next[k], act_bytes(p, end - 1, p->cnt[j])));
+        dout = s->recv;
+    }
+    if (p->prev[k] >= 0)
+        TD_CHECK(wait_taken(p, s, &p->bwd[k], j, p->prev[k]));
+    t0 = td_clock_ns();
+    st = td_model_part_backward(s->part, slot, dout, j > 0);
+    s->compute_s += (double)(td_clock_ns() - t0) * 1e-9;
+    if (st == TD_OK && p->prev[k] >= 0)
+        chan_post(&p->bwd[k], j, td_model_part_input_grad(s->part, slot));
+    return st;
+}
+
+/* Stage k's share of a step: 1F1B, then its optimizer step. */
+static td_status run_schedule(pipeline *p, stage *s, int k) {
+    int64_t m = p->m, warm = s->slots - 1 < m ? s->slots - 1 : m;
+    uint64_t t0;
+    if (!p->train) {
+        for (int64_t j = 0; j < m; j++)
+            TD_CHECK(forward(p, s, k, j));
+        return TD_OK;
+    }
+    for (int64_t j = 0; j < warm; j++)
+        TD_CHECK(forward(p, s, k, j));
+    for (int64_t j = 0; j < m; j++) {
+        if (j + warm < m)
+            TD_CHECK(forward(p, s, k, j + warm));
+        TD_CHECK(backward(p, s, k, j));
+    }
+    t0 = td_clock_ns();
+    TD_CHECK(td_optimizer_step(s->opt, NULL));
+    s->update_s += (double)(td_clock_ns() - t0) * 1e-9;
+    return TD_OK;
+}
+
+/* The squared norm of every stage's gradients, for clipping (each stage's
+ * optimizer calls it from its step). */
+static td_status sum_over_stages(void *arg, double *sumsq) {
+    stage *s = arg;
+    TD_CHECK(td_buffer_write(s->scalar, 0, sumsq, sizeof *sumsq));
+    TD_CHECK(td_allreduce(s->group, s->scalar, 0, s->scalar, 0, 1, TD_F64, TD_REDUCE_SUM));
+    return td_buffer_read(s->scalar, 0, sumsq, sizeof *sumsq);
+}
+
+static td_status gather_stats(td_group *g, stage *s) {
+    double v[STAT_WORDS] = {s->compute_s,        s->comm_s,       s->update_s,
+                            s->wait_s,           s->res.loss_sum, (double)s->res.correct,
+                            (double)s->res.count};
+    TD_CHECK(td_buffer_write(s->stats_send, 0, v, sizeof v));
+    return td_allgather(g, s->stats_send, 0, s->stats_all, 0, STAT_WORDS, TD_F64);
+}
+
+static td_status member_run(td_group *g, td_device *dev, int rank, int size, void *arg) {
+    pipeline *p = arg;
+    stage *s = &p->st[rank];
+    td_status st = TD_OK;
+    (void)dev, (void)size;
+    s->compute_s = s->comm_s = s->update_s = s->wait_s = 0;
+    memset(&s->res, 0, sizeof s->res);
+    if (s->part)
+        st = run_schedule(p, s, rank);
+    else if (p->train && p->s->cfg.opt.clip_norm > 0) { /* the others' norm waits for ours */
+        double zero = 0;
+        st = sum_over_stages(s, &zero);
+    }
+    if (st != TD_OK) {
+        abort_all(p);
+        return st;
+    }
+    return p->evals ? TD_OK : gather_stats(g, s);
+}
+
+/* Splits a batch of n samples into p->m micro-batches as even as can be. */
+static void split(pipeline *p, int64_t n) {
+    int64_t off = 0;
+    p->m = p->micro_batches < n ? p->micro_batches : n;
+    for (int64_t j = 0; j < p->m; j++) {
+        p->cnt[j] = n / p->m + (j < n % p->m);
+        p->off[j] = off;
+        off += p->cnt[j];
+    }
+}
+
+static td_status run(pipeline *p) {
+    __atomic_store_n(&p->abort, 0, __ATOMIC_RELEASE);
+    for (int k = 0; k < p->size; k++) {
+        chan_reset(&p->fwd[k]);
+        chan_reset(&p->bwd[k]);
+    }
+    return td_group_run(p->g, member_run, p);
+}
+
+static stage *first_stage(pipeline *p) {
+    for (int k = 0; k < p->size; k++)
+        if (p->st[k].part)
+            return &p->st[k];
+    return NULL;
+}
+
+static void fill_stats(pipeline *p, const double *all, int64_t n, double step_s,
+                       td_step_stats *stats) {
+    double cost = 0, speed = 0, idle = 0;
+    int active = 0;
+    memset(stats, 0, sizeof *stats);
+    stats->members = p->size;
+    stats->step_s = step_s;
+    stats->micro_batches = (int)p->m;
+    for (int k = 0; k < p->size; k++) {
+        cost += p->plan.seconds[k];
+        speed += p->plan.alone_s[k] > 0 ? 1.0 / p->plan.alone_s[k] : 0;
+    }
+    /* The plan timed a batch of the configured size. */
+    stats->ideal_s = speed > 0 ? (double)n / (double)p->s->cfg.batch / speed : 0;
+    for (int k = 0; k < p->size; k++) {
+        td_member_stats *m = &stats->m[k];
+        const double *v = all + (size_t)k * STAT_WORDS;
+        m->samples = p->st[k].part ? n : 0;
+        m->share = cost > 0 ? p->plan.seconds[k] / cost : 0;
+        m->compute_s = v[0];
+        m->comm_s = v[1];
+        m->update_s = v[2];
+        m->wait_s = fmax(0, step_s - v[0] - v[1] - v[2]);
+        m->parked = !p->st[k].part;
+        if (p->st[k].part) {
+            idle += step_s > 0 ? m->wait_s / step_s : 0;
+            active++;
+        }
+    }
+    stats->bubble = active ? idle / active : 0;
+    stats->bubble_theory = (double)(active - 1) / (double)(p->m + active - 1);
+}
+
+static td_status pp_step(void *impl, const td_batch *batch, uint64_t step, td_step_result *res,
+                         td_step_stats *stats) {
+    pipeline *p = impl;
+    int64_t lps = p->info.kind == TD_INPUT_TOKENS ? p->info.in_shape[0] : 1;
+    double all[TD_PP_MAX_STAGES * STAT_WORDS];
+    uint64_t t0 = td_clock_ns();
+    td_status st;
+    split(p, batch->n);
+    p->batch = batch;
+    p->evals = NULL;
+    p->train = 1;
+    p->step = step;
+    p->grad_scale = 1.0 / (double)(batch->n * lps);
+    TD_CHECK(run(p));
+    st = td_buffer_read(p->st[0].stats_all, 0, all, sizeof(double) * STAT_WORDS * (size_t)p->size);
+    if (st != TD_OK)
+        return st;
+    memset(res, 0, sizeof *res);
+    for (int k = 0; k < p->size; k++) {
+        res->loss_sum += all[k * STAT_WORDS + 4];
+        res->correct += (int64_t)all[k * STAT_WORDS + 5];
+        res->count += (int64_t)all[k * STAT_WORDS + 6];
+    }
+    if (stats)
+        fill_stats(p, all, batch->n, (double)(td_clock_ns() - t0) * 1e-9, stats);
+    return TD_OK;
+}
+
+static td_status pp_evaluate(void *impl, const td_batch *batches, size_t n,
+                             td_step_result *per_batch) {
+    pipeline *p = impl;
+    p->evals = batches;
+    p->eval_res = per_batch;
+    p->m = (int64_t)n;
+    p->train = 0;
+    p->step = 0;
+    p->grad_scale = 0;
+    return n ? run(p) : TD_OK;
+}
+
+static td_status pp_save(void *impl, const char *path, const td_train_state *state) {
+    pipeline *p = impl;
+    td_model *parts[TD_PP_MAX_STAGES];
+    td_optimizer *opts[TD_PP_MAX_STAGES];
+    int n = 0;
+    for (int k = 0; k < p->size; k++)
+        if (p->st[k].part) {
+            parts[n] = p->st[k].part;
+            opts[n++] = p->st[k].opt;
+        }
+    return td_checkpoint_save_parts(path, parts, opts, n, state);
+}
+
+static td_status pp_load(void *impl, const char *path, td_train_state *state) {
+    pipeline *p = impl;
+    for (int k = 0; k < p->size; k++)
+        if (p->st[k].part)
+            TD_CHECK(td_checkpoint_load_part(path, p->st[k].part, p->st[k].opt, state));
+    return TD_OK;
+}
+
+static double pp_lr(void *impl) {
+    return td_optimizer_lr(first_stage(impl)->opt);
+}
+
+static int64_t pp_steps(void *impl) {
+    return td_optimizer_steps(first_stage(impl)->opt);
+}
+
+static void pp_model_info(void *impl, td_model_info *out) {
+    *out = ((pipeline *)impl)->info;
+}
+
+static const char *pp_plan_text(void *impl, char *buf, size_t n) {
+    pipeline *p = impl;
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int k = 0; k < p->size && used < n; k++) {
+        const char *name = td_device_name(p->st[k].dev);
+        if (!p->st[k].part)
+            used += (size_t)snprintf(buf + used, n - used,
+                                     "%s: no layer (more devices than layers, or too slow to "
+                                     "shorten the step)\n",
+                                     name);
+        else
+            used += (size_t)snprintf(
+                buf + used, n - used,
+                "%s: layers %d-%d (%s .. %s), %.1f MB, %.1f ms a step "
+                "measured, %d micro-batch slot%s\n",
+                name, p->plan.first[k], p->plan.end[k] - 1, p->layers[p->plan.first[k]].type,
+                p->layers[p->plan.end[k] - 1].type, (double)p->plan.bytes[k] / 1e6,
+                p->plan.seconds[k] * 1e3, p->st[k].slots, p->st[k].slots == 1 ? "" : "s");
+    }
+    return buf;
+}
+
+static void pp_destroy(void *impl) {
+    pipeline *p = impl;
+    if (!p)
+        return;
+    for (int k = 0; k < p->size; k++) {
+        stage *s = &p->st[k];
+        td_optimizer_destroy(s->opt);
+        td_model_destroy(s->part);
+        td_buffer_free(s->recv);
+        td_buffer_free(s->stats_send);
+        td_buffer_free(s->stats_all);
+        td_buffer_free(s->scalar);
+        pthread_mutex_destroy(&p->fwd[k].mu);
+        pthread_cond_destroy(&p->fwd[k].cv);
+        pthread_mutex_destroy(&p->bwd[k].mu);
+        pthread_cond_destroy(&p->bwd[k].cv);
+    }
+    free(p->layers);
+    free(p);
+}
+
+/* The micro-batch count: the configured one, checked, or four per stage. */
+static td_status choose_micro_batches(pipeline *p) {
+    const td_strategy_config *c = &p->s->cfg;
+    int64_t m = c->micro_batches;
+    if (m < 0)
+        return td__error(TD_ERR_INVALID_ARG, "pipeline: %lld micro-batches: give at least 1",
+                         (long long)m);
+    if (m == 0)
+        m = c->batch < 4 * (int64_t)p->size ? c->batch : 4 * (int64_t)p->size;
+    if (m > c->batch)
+        return td__error(TD_ERR_INVALID_ARG,
+                         "pipeline: %lld micro-batches for a batch of %lld samples: at most one "
+                         "micro-batch per sample",
+                         (long long)m, (long long)c->batch);
+    if (m > MAX_MICRO)
+        return td__error(TD_ERR_INVALID_ARG, "pipeline: %lld micro-batches: at most %d",
+                         (long long)m, MAX_MICRO);
+    p->micro_batches = m;
+    return TD_OK;
+}
+
+static td_status describe(pipeline *p) {
+    td_strategy *s = p->s;
+    TD_CHECK(td_model_describe(s->json, s->model_name, &p->info, NULL, 0));
+    if (!(p->layers =
+              td__calloc((size_t)p->info.layers * sizeof *p->layers, "the layers' descriptions")))
+        return TD_ERR_OUT_OF_MEMORY;
+    return td_model_describe(s->json, s->model_name, &p->info, p->layers, p->info.layers);
+}
+
+static td_status check_devices(pipeline *p) {
+    if (strcmp(td_group_transport(p->g), "local") || td_group_local_size(p->g) != p->size)
+        return td__error(TD_ERR_UNSUPPORTED,
+                         "pipeline: runs within one process (the group's transport is %s); "
+                         "across processes use the data strategy",
+                         td_group_transport(p->g));
+    for (int k = 0; k < p->size && p->s->cfg.dtype == TD_F64; k++)
+        if (!td_device_supports_f64(td_group_device(p->g, k)))
+            return td__error(TD_ERR_UNSUPPORTED, "%s has no f64 arithmetic (--precision f64)",
+                             td_device_name(td_group_device(p->g, k)));
+    return TD_OK;
+}
+
+static td_status make_stage(pipeline *p, int k) {
+    td_strategy *s = p->s;
+    stage *st = &p->st[k];
+    st->group = p->g;
+    st->dev = td_group_device(p->g, k);
+    st->rank = k;
+    TD_CHECK(td_buffer_alloc(st->dev, sizeof(double) * STAT_WORDS, &st->stats_send));
+    TD_CHECK(
+        td_buffer_alloc(st->dev, sizeof(double) * STAT_WORDS * (size_t)p->size, &st->stats_all));
+    TD_CHECK(td_buffer_alloc(st->dev, sizeof(double), &st->scalar));
+    if (p->plan.end[k] == p->plan.first[k])
+        return TD_OK;
+    st->slots = td__pp_slots(&p->plan, k, p->micro_batches);
+    TD_CHECK(td_model_load_part(s->json, s->model_name, st->dev, s->cfg.dtype, s->cfg.seed,
+                                p->plan.first[k], p->plan.end[k], st->slots, &st->part));
+    TD_CHECK(td_optimizer_create(st->part, &s->cfg.opt, &st->opt));
+    if (s->cfg.opt.clip_norm > 0)
+        td_optimizer_set_sumsq_reduce(st->opt, sum_over_stages, st);
+    return TD_OK;
+}
+
+static td_status pp_create(td_strategy *s) {
+    pipeline *p = td__calloc(sizeof *p, "a pipeline");
+    td_pp_need need;
+    int last = -1;
+    if (!p)
+        return TD_ERR_OUT_OF_MEMORY;
+    s->impl = p;
+    p->s = s;
+    p->g = s->group;
+    if (td_group_size(s->group) > TD_PP_MAX_STAGES)
+        return td__error(TD_ERR_INVALID_ARG, "pipeline: %d devices; at most %d",
+                         td_group_size(s->group), TD_PP_MAX_STAGES);
+    p->size = td_group_size(s->group);
+    for (int k = 0; k < p->size; k++) {
+        pthread_mutex_init(&p->fwd[k].mu, NULL);
+        pthread_cond_init(&p->fwd[k].cv, NULL);
+        pthread_mutex_init(&p->bwd[k].mu, NULL);
+        pthread_cond_init(&p->bwd[k].cv, NULL);
+    }
+    TD_CHECK(check_devices(p));
+    TD_CHECK(choose_micro_batches(p));
+    TD_CHECK(describe(p));
+    need = (td_pp_need){s->json,  s->model_name, s->cfg.dtype, s->cfg.seed,     &s->cfg.opt,
+                        &p->info, p->layers,     s->cfg.batch, p->micro_batches};
+    TD_CHECK(td__pp_plan(p->g, &need, &p->plan));
+    for (int k = 0; k < p->size; k++) {
+        p->prev[k] = p->next[k] = -1;
+        if (p->plan.end[k] == p->plan.first[k])
+            continue;
+        p->prev[k] = last;
+        if (last >= 0)
+            p->next[last] = k;
+        last = k;
+    }
+    for (int k = 0; k < p->size; k++)
+        TD_CHECK(make_stage(p, k));
+    return TD_OK;
+}
+
+const td_strategy_ops td__strategy_pipeline = {
+    .name = "pipeline",
+    .create = pp_create,
+    .destroy = pp_destroy,
+    .model_info = pp_model_info,
+    .plan = pp_plan_text,
+    .step = pp_step,
+    .evaluate = pp_evaluate,
+    .save = pp_save,
+    .load = pp_load,
+    .lr = pp_lr,
+    .steps = pp_steps,
+};

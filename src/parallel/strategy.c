@@ -1,0 +1,213 @@
+/* The strategy dispatcher: checks arguments, keeps what every strategy
+ * needs (the group, the model's JSON, the configuration) in td_strategy,
+ * finds the strategy's table by name and fills the optional slots it leaves
+ * NULL with their defaults. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "parallel/strategy-impl.h"
+
+static const td_strategy_ops *const strategies[] = {
+    &td__strategy_single,
+    &td__strategy_data,
+    &td__strategy_pipeline,
+    &td__strategy_tensor,
+};
+
+#define NSTRATEGIES (sizeof strategies / sizeof *strategies)
+
+/* The same names in the same order, NULL-terminated (a table's name is not
+ * a constant expression, so this list cannot be built from the tables). */
+static const char *const names[NSTRATEGIES + 1] = {"single", "data", "pipeline", "tensor", NULL};
+
+const char *const *td_strategy_names(void) {
+    return names;
+}
+
+static const td_strategy_ops *find(const char *name) {
+    for (size_t i = 0; i < NSTRATEGIES; i++)
+        if (!strcmp(strategies[i]->name, name))
+            return strategies[i];
+    return NULL;
+}
+
+/* "single, data, pipeline" into buf. */
+static const char *known(char *buf, size_t n) {
+    size_t used = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < NSTRATEGIES && used < n; i++)
+        used += (size_t)snprintf(buf + used, n - used, "%s%s", i ? ", " : "", strategies[i]->name);
+    return buf;
+}
+
+/* A td_strategy of ops over g with copies of json, name and cfg, and no
+ * state yet; NULL when out of memory. */
+static td_strategy *alloc_strategy(const td_strategy_ops *ops, td_group *g, const char *json,
+                                   const char *name, const td_strategy_config *cfg) {
+    td_strategy *s = td__calloc(sizeof *s, "a strategy");
+    if (!s)
+        return NULL;
+    s->ops = ops;
+    s->group = g;
+    s->cfg = *cfg;
+    s->cfg.name = ops->name; /* the caller's string need not outlive s */
+    s->json = td__strdup(json);
+    s->model_name = td__strdup(name ? name : "(model)");
+    if (!s->json || !s->model_name) {
+        td_strategy_destroy(s);
+        return NULL;
+    }
+    return s;
+}
+
+td_status td_strategy_create(td_group *g, const char *model_json, const char *model_name,
+                             const td_strategy_config *cfg, td_strategy **out) {
+    const td_strategy_ops *ops;
+    td_strategy *s;
+    td_status st;
+    char list[128];
+    if (!out)
+        return td__error(TD_ERR_INVALID_ARG, "td_strategy_create: out is NULL");
+    *out = NULL;
+    if (!g || !model_json || !cfg)
+        return td__error(TD_ERR_INVALID_ARG, "td_strategy_create: group, model or config is NULL");
+    if (!(ops = find(cfg->name ? cfg->name : "single")))
+        return td__error(TD_ERR_INVALID_ARG, "unknown strategy '%s' (known: %s)", cfg->name,
+                         known(list, sizeof list));
+    if (td_group_size(g) < 1)
+        return td__error(TD_ERR_INVALID_ARG, "%s: the group has no device", ops->name);
+    if (!(s = alloc_strategy(ops, g, model_json, model_name, cfg)))
+        return TD_ERR_OUT_OF_MEMORY;
+    if ((st = ops->create(s)) != TD_OK) {
+        td_strategy_destroy(s);
+        return st;
+    }
+    *out = s;
+    return TD_OK;
+}
+
+void td_strategy_destroy(td_strategy *s) {
+    if (!s)
+        return;
+    if (s->ops && s->ops->destroy)
+        s->ops->destroy(s->impl);
+    free(s->json);
+    free(s->model_name);
+    free(s);
+}
+
+const char *td_strategy_name(const td_strategy *s) {
+    return s ? s->ops->name : NULL;
+}
+
+td_group *td_strategy_group(td_strategy *s) {
+    return s ? s->group : NULL;
+}
+
+void td_strategy_model_info(const td_strategy *s, td_model_info *out) {
+    if (!out)
+        return;
+    memset(out, 0, sizeof *out);
+    if (s)
+        s->ops->model_info(s->impl, out);
+}
+
+const char *td_strategy_plan(const td_strategy *s, char *buf, size_t n) {
+    if (!buf || n == 0)
+        return buf;
+    buf[0] = '\0';
+    return s && s->ops->plan ? s->ops->plan(s->impl, buf, n) : buf;
+}
+
+td_status td_strategy_calibrate(td_strategy *s, const td_batch *sample) {
+    if (!s || !sample || sample->n < 1)
+        return td__error(TD_ERR_INVALID_ARG, "td_strategy_calibrate: needs a batch of samples");
+    return s->ops->calibrate ? s->ops->calibrate(s->impl, sample) : TD_OK;
+}
+
+td_status td_strategy_step(td_strategy *s, const td_batch *batch, uint64_t step,
+                           td_step_result *res, td_step_stats *stats) {
+    if (!s || !batch || batch->n < 1 || !batch->labels || !res)
+        return td__error(TD_ERR_INVALID_ARG, "td_strategy_step: needs a batch with labels");
+    return s->ops->step(s->impl, batch, step, res, stats);
+}
+
+td_status td_strategy_evaluate(td_strategy *s, const td_batch *batches, size_t n,
+                               td_step_result *per_batch) {
+    if (!s || (n && (!batches || !per_batch)))
+        return td__error(TD_ERR_INVALID_ARG, "td_strategy_evaluate: NULL argument");
+    for (size_t i = 0; i < n; i++)
+        if (batches[i].n < 1 || !batches[i].labels)
+            return td__error(TD_ERR_INVALID_ARG, "td_strategy_evaluate: batch %zu is empty", i);
+    return n ? s->ops->evaluate(s->impl, batches, n, per_batch) : TD_OK;
+}
+
+td_status td_strategy_save(td_strategy *s, const char *path, const td_train_state *state) {
+    td_train_state def;
+    if (!s || !path)
+        return td__error(TD_ERR_INVALID_ARG, "td_strategy_save: strategy or path is NULL");
+    if (!state) {
+        /* Without a run's state: the strategy's own. */
+        memset(&def, 0, sizeof def);
+        def.step = td_strategy_steps(s);
+        def.seed = s->cfg.seed;
+        def.batch = s->cfg.batch;
+        def.opt = s->cfg.opt;
+        state = &def;
+    }
+    return s->ops->save(s->impl, path, state);
+}
+
+td_status td_strategy_load(td_strategy *s, const char *path, td_train_state *state) {
+    if (!s || !path)
+        return td__error(TD_ERR_INVALID_ARG, "td_strategy_load: strategy or path is NULL");
+    return s->ops->load(s->impl, path, state);
+}
+
+double td_strategy_lr(const td_strategy *s) {
+    return s ? s->ops->lr(s->impl) : 0.0;
+}
+
+int64_t td_strategy_steps(const td_strategy *s) {
+    return s ? s->ops->steps(s->impl) : 0;
+}
+
+td_status td_strategy_survivors(td_strategy *s, td_group **out) {
+    if (!out)
+        return td__error(TD_ERR_INVALID_ARG, "td_strategy_survivors: out is NULL");
+    *out = NULL;
+    if (!s)
+        return td__error(TD_ERR_INVALID_ARG, "td_strategy_survivors: strategy is NULL");
+    return s->ops->survivors ? s->ops->survivors(s->impl, out)
+                             : td_group_shrink(s->group, NULL, 0, out);
+}
+
+td_status td_strategy_carry_on(td_strategy *s, td_group *survivors, int64_t steps_before,
+                               td_strategy **out, int *step_taken, const char **why) {
+    static const char *const no_copy = "a lost device held state no survivor has";
+    td_strategy *next;
+    td_status st;
+    if (!out || !step_taken || !why)
+        return td__error(TD_ERR_INVALID_ARG, "td_strategy_carry_on: NULL argument");
+    *out = NULL;
+    *step_taken = 0;
+    *why = NULL;
+    if (!s || !survivors)
+        return td__error(TD_ERR_INVALID_ARG, "td_strategy_carry_on: strategy or group is NULL");
+    if (!s->ops->carry_on) {
+        *why = no_copy;
+        return td__error(TD_ERR_UNSUPPORTED, "%s: %s", s->ops->name, no_copy);
+    }
+    if (!(next = alloc_strategy(s->ops, survivors, s->json, s->model_name, &s->cfg)))
+        return TD_ERR_OUT_OF_MEMORY;
+    st = s->ops->carry_on(s, survivors, steps_before, next, step_taken, why);
+    if (st != TD_OK) {
+        td_strategy_destroy(next);
+        return st;
+    }
+    *out = next;
+    return TD_OK;
+}

@@ -1,0 +1,472 @@
+/* The `tensor` strategy (Megatron-style tensor parallelism): member k of the
+ * group holds a shard of the model (td_model_load_shard): a slice of every
+ * splittable unit (the hidden features of an MLP pair, the heads of an
+ * attention layer) and every other layer whole. Slices follow measured
+ * speed: at creation every member in turn times a training step of the
+ * whole model on one sample, and each unit is cut in proportion to the speeds with
+ * largest remainders (a device three times as fast gets 3 of 4 heads).
+ *
+ * Every member takes the whole batch. A step runs each member's forward and
+ * backward on its own thread; the partial outputs of each unit and their
+ * input gradients are summed across the members by small all-reduces (the
+ * model's reduce hook), so every member computes the replicated layers on
+ * the same numbers and gets the same gradients for them. Then each member
+ * takes its optimizer step on what it holds; clipping needs the norm of the
+ * whole gradient: every member's sum of squares over its slices, plus the
+ * replicated parameters once (member 0's), all-reduced. The step ends with
+ * an all-gather of every member's numbers and timings, a collective, so a
+ * lost member fails the step as under the other strategies.
+ *
+ * Checkpoints are whole-model files: saving gathers each parameter's slices
+ * (and its optimizer state's) into the whole tensor in host memory; loading
+ * scatters each member's slices out of the whole tensors. It runs within
+ * one process. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "parallel/strategy-impl.h"
+#include "parallel/tensor-impl.h"
+#include "tensor/tensor-impl.h"
+
+/* Per member and step, gathered: compute, communication and update seconds,
+ * loss sum, correct, count. */
+#define STAT_WORDS 6
+
+typedef struct member {
+    td_group *group;
+    td_device *dev;
+    int rank;
+    td_model *m;
+    td_optimizer *opt;
+    td_shard_plan plan;
+    td_buffer *stats_send, *stats_all; /* (STAT_WORDS), (size, STAT_WORDS) f64 */
+    td_buffer *scalar;                 /* (1) f64: the gradients' squared norm, summed */
+    double alone_s;                    /* calibration: a whole-model step on one sample */
+    double comm_s, compute_s, update_s;
+    td_step_result res;
+} member;
+
+typedef struct tensor_par {
+    td_strategy *s;
+    td_group *g;
+    int size;
+    td_model_info info;
+    int64_t lps; /* labels per sample */
+    td_split_info units[TD_SHARD_MAX_UNITS];
+    int nunits;
+    double share[TD_DP_MAX_MEMBERS];
+    member mb[TD_DP_MAX_MEMBERS];
+
+    /* The call under way. */
+    int mode; /* 0: calibrate, 1: step, 2: evaluate */
+    const td_batch *batch;
+    uint64_t step;
+    double grad_scale;
+    const td_batch *evals;
+    size_t nevals;
+    td_step_result *eval_res;
+} tensor_par;
+
+/* The hook the shards sum their partial activations through. */
+static td_status reduce_hook(void *arg, td_tensor *t) {
+    member *m = arg;
+    /* t is a view into the model's activations: a buffer over its elements */
+    td_buffer b = {t->dev, t->data, t->numel * td_dtype_size(t->dtype)};
+    uint64_t t0 = td_clock_ns();
+    td_status st = td_allreduce(m->group, &b, 0, &b, 0, t->numel, t->dtype, TD_REDUCE_SUM);
+    m->comm_s += (double)(td_clock_ns() - t0) * 1e-9;
+    return st;
+}
+
+/* The squared norm of the whole gradient, for clipping: each member's
+ * optimizer counts its slices, member 0's also the replicated parameters. */
+static td_status sum_over_members(void *arg, double *sumsq) {
+    member *m = arg;
+    TD_CHECK(td_buffer_write(m->scalar, 0, sumsq, sizeof *sumsq));
+    TD_CHECK(td_allreduce(m->group, m->scalar, 0, m->scalar, 0, 1, TD_F64, TD_REDUCE_SUM));
+    return td_buffer_read(m->scalar, 0, sumsq, sizeof *sumsq);
+}
+
+/* Calibration ------------------------------------------------------------------- */
+
+/* A sample the model reads: zeros, token 0, label 0. */
+typedef struct sample {
+    float *x;
+    int32_t *tokens, *labels;
+    td_batch b;
+} sample;
+
+static td_status sample_make(const td_model_info *info, sample *s) {
+    size_t feats = 1, lps = info->kind == TD_INPUT_TOKENS ? (size_t)info->in_shape[0] : 1;
+    memset(s, 0, sizeof *s);
+    for (int i = 0; i < info->in_ndim; i++)
+        feats *= (size_t)info->in_shape[i];
+    s->x = td__calloc(sizeof(float) * feats, "a calibration sample");
+    s->tokens = td__calloc(sizeof(int32_t) * feats, "a calibration sample");
+    s->labels = td__calloc(sizeof(int32_t) * lps, "a calibration sample");
+    if (!s->x || !s->tokens || !s->labels)
+        return TD_ERR_OUT_OF_MEMORY;
+    s->b.n = 1;
+    s->b.x = info->kind == TD_INPUT_FEATURES ? s->x : NULL;
+    s->b.tokens = info->kind == TD_INPUT_TOKENS ? s->tokens : NULL;
+    s->b.labels = s->labels;
+    return TD_OK;
+}
+
+static void sample_free(sample *s) {
+    free(s->x);
+    free(s->tokens);
+    free(s->labels);
+}
+
+/* Times a whole-model step on one sample on this member's device: the best
+ * of 24 after a warm-up. A model that does not fit counts as speed 1 on
+ * every device (alone_s 0: even shares). */
+static td_status calibrate_member(tensor_par *p, member *m) {
+    td_strategy *s = p->s;
+    td_model *whole = NULL;
+    td_step_result r;
+    sample smp;
+    td_status st;
+    m->alone_s = 0;
+    if ((st = sample_make(&p->info, &smp)) != TD_OK)
+        goto done;
+    st = td_model_load_string(s->json, s->model_name, m->dev, s->cfg.dtype, s->cfg.seed, &whole);
+    if (st == TD_ERR_OUT_OF_MEMORY) {
+        st = TD_OK;
+        goto done;
+    }
+    if (st != TD_OK)
+        goto done;
+    for (int i = 0; i < 25 && st == TD_OK; i++) {
+        uint64_t t0 = td_clock_ns();
+        double dt;
+        st = td_model_train_step(whole, &smp.b, 1.0, 0, 0, &r);
+        dt = (double)(td_clock_ns() - t0) * 1e-9;
+        if (i > 0 && (m->alone_s == 0 || dt < m->alone_s))
+            m->alone_s = dt;
+    }
+done:
+    td_model_destroy(whole);
+    sample_free(&smp);
+    return st;
+}
+
+/* Shares in proportion to measured speed (1 / alone_s), or even. */
+static void make_shares(tensor_par *p) {
+    double sum = 0;
+    int measured = 1;
+    for (int k = 0; k < p->size; k++)
+        measured &= p->mb[k].alone_s > 0;
+    for (int k = 0; k < p->size; k++) {
+        p->share[k] = measured ? 1.0 / p->mb[k].alone_s : 1.0;
+        sum += p->share[k];
+    }
+    /* to eighths, so that timing noise moves no slice between equal devices
+     * (a device three times as fast still gets three quarters) */
+    for (int k = 0; k < p->size; k++) {
+        double q = round(8.0 * p->share[k] / sum) / 8.0;
+        p->share[k] = q > 0 ? q : 1.0 / 64;
+    }
+    sum = 0;
+    for (int k = 0; k < p->size; k++)
+        sum += p->share[k];
+    for (int k = 0; k < p->size; k++)
+        p->share[k] /= sum;
+}
+
+/* Cuts each unit by the shares, largest remainders first (ties to the lower
+ * rank), into consecutive ranges in rank order. */
+static void make_plans(tensor_par *p) {
+    for (int u = 0; u < p->nunits; u++) {
+        int64_t size = p->units[u].size, given = 0, first = 0, count[TD_DP_MAX_MEMBERS];
+        double frac[TD_DP_MAX_MEMBERS];
+        for (int k = 0; k < p->size; k++) {
+            double q = (double)size * p->share[k];
+            count[k] = (int64_t)floor(q);
+            frac[k] = q - (double)count[k];
+            given += count[k];
+        }
+        while (given < size) {
+            int best = 0;
+            for (int k = 1; k < p->size; k++)
+                if (frac[k] > frac[best])
+                    best = k;
+            count[best]++;
+            frac[best] = -1;
+            given++;
+        }
+        for (int k = 0; k < p->size; k++) {
+            p->mb[k].plan.units = p->nunits;
+            p->mb[k].plan.first[u] = first;
+            p->mb[k].plan.count[u] = count[k];
+            first += count[k];
+        }
+    }
+}
+
+/* Steps ------------------------------------------------------------------------ */
+
+static td_status gather_stats(td_group *g, member *m) {
+    double v[STAT_WORDS] = {
+        m->compute_s,           m->comm_s,           m->update_s, m->res.loss_sum,
+        (double)m->res.correct, (double)m->res.count};
+    TD_CHECK(td_buffer_write(m->stats_send, 0, v, sizeof v));
+    return td_allgather(g, m->stats_send, 0, m->stats_all, 0, STAT_WORDS, TD_F64);
+}
+
+static td_status member_run(td_group *g, td_device *dev, int rank, int size, void *arg) {
+    tensor_par *p = arg;
+    member *m = &p->mb[rank];
+    uint64_t t0, t1, t2;
+    (void)dev;
+    if (p->mode == 0) {
+        /* one member at a time, so that they do not slow each other down */
+        td_status st = TD_OK;
+        for (int turn = 0; turn < size; turn++) {
+            double zero = 0;
+            if (turn == rank)
+                st = calibrate_member(p, m);
+            TD_CHECK(sum_over_members(m, &zero));
+            TD_CHECK(st);
+        }
+        return TD_OK;
+    }
+    m->comm_s = m->compute_s = m->update_s = 0;
+    memset(&m->res, 0, sizeof m->res);
+    if (p->mode == 2) {
+        for (size_t i = 0; i < p->nevals; i++) {
+            td_step_result r;
+            TD_CHECK(td_model_evaluate(m->m, &p->evals[i], &r));
+            if (rank == 0)
+                p->eval_res[i] = r;
+        }
+        return TD_OK;
+    }
+    t0 = td_clock_ns();
+    TD_CHECK(td_model_train_step(m->m, p->batch, p->grad_scale, 0, p->step, &m->res));
+    t1 = td_clock_ns();
+    TD_CHECK(td_optimizer_step(m->opt, NULL));
+    t2 = td_clock_ns();
+    m->compute_s = fmax(0, (double)(t1 - t0) * 1e-9 - m->comm_s);
+    m->update_s = (double)(t2 - t1) * 1e-9;
+    return gather_stats(g, m);
+}
+
+static void fill_stats(tensor_par *p, const double *all, int64_t n, double step_s,
+                       td_step_stats *stats) {
+    double speed = 0;
+    memset(stats, 0, sizeof *stats);
+    stats->members = p->size;
+    stats->step_s = step_s;
+    for (int k = 0; k < p->size; k++)
+        speed += p->mb[k].alone_s > 0 ? 1.0 / p->mb[k].alone_s : 0;
+    /* calibration timed one sample of the whole model */
+    stats->ideal_s = speed > 0 ? (double)n / speed : 0;
+    for (int k = 0; k < p->size; k++) {
+        td_member_stats *m = &stats->m[k];
+        const double *v = all + (size_t)k * STAT_WORDS;
+        m->samples = n;
+        m->share = p->share[k];
+        m->compute_s = v[0];
+        m->comm_s = v[1];
+        m->update_s = v[2];
+        m->wait_s = fmax(0, step_s - v[0] - v[1] - v[2]);
+    }
+}
+
+static td_status tp_step(void *impl, const td_batch *batch, uint64_t step, td_step_result *res,
+                         td_step_stats *stats) {
+    tensor_par *p = impl;
+    double all[TD_DP_MAX_MEMBERS * STAT_WORDS];
+    uint64_t t0 = td_clock_ns();
+    p->mode = 1;
+    p->batch = batch;
+    p->step = step;
+    p->grad_scale = 1.0 / (double)(batch->n * p->lps);
+    TD_CHECK(td_group_run(p->g, member_run, p));
+    TD_CHECK(
+        td_buffer_read(p->mb[0].stats_all, 0, all, sizeof(double) * STAT_WORDS * (size_t)p->size));
+    /* every member computed the same loss: member 0's */
+    res->loss_sum = all[3];
+    res->correct = (int64_t)all[4];
+    res->count = (int64_t)all[5];
+    if (stats)
+        fill_stats(p, all, batch->n, (double)(td_clock_ns() - t0) * 1e-9, stats);
+    return TD_OK;
+}
+
+static td_status tp_evaluate(void *impl, const td_batch *batches, size_t n,
+                             td_step_result *per_batch) {
+    tensor_par *p = impl;
+    p->mode = 2;
+    p->evals = batches;
+    p->nevals = n;
+    p->eval_res = per_batch;
+    return n ? td_group_run(p->g, member_run, p) : TD_OK;
+}
+
+/* Checkpoints (tensor_ckpt.c) and the rest ----------------------------------------- */
+
+static td_status tp_save(void *impl, const char *path, const td_train_state *state) {
+    tensor_par *p = impl;
+    td_model *shards[TD_DP_MAX_MEMBERS];
+    td_optimizer *opts[TD_DP_MAX_MEMBERS];
+    for (int k = 0; k < p->size; k++) {
+        shards[k] = p->mb[k].m;
+        opts[k] = p->mb[k].opt;
+    }
+    return td__tensor_save(shards, opts, p->size, path, state);
+}
+
+static td_status tp_load(void *impl, const char *path, td_train_state *state) {
+    tensor_par *p = impl;
+    td_model *shards[TD_DP_MAX_MEMBERS];
+    td_optimizer *opts[TD_DP_MAX_MEMBERS];
+    for (int k = 0; k < p->size; k++) {
+        shards[k] = p->mb[k].m;
+        opts[k] = p->mb[k].opt;
+    }
+    return td__tensor_load(shards, opts, p->size, path, state);
+}
+
+static double tp_lr(void *impl) {
+    return td_optimizer_lr(((tensor_par *)impl)->mb[0].opt);
+}
+
+static int64_t tp_steps(void *impl) {
+    return td_optimizer_steps(((tensor_par *)impl)->mb[0].opt);
+}
+
+static void tp_model_info(void *impl, td_model_info *out) {
+    *out = ((tensor_par *)impl)->info;
+}
+
+static const char *tp_plan_text(void *impl, char *buf, size_t n) {
+    tensor_par *p = impl;
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int k = 0; k < p->size && used < n; k++) {
+        member *m = &p->mb[k];
+        int64_t heads = 0, all_heads = 0, feats = 0, all_feats = 0;
+        int natt = 0, nmlp = 0;
+        for (int u = 0; u < p->nunits; u++) {
+            if (p->units[u].kind == TD_SPLIT_HEADS) {
+                heads += m->plan.count[u];
+                all_heads += p->units[u].size;
+                natt++;
+            } else {
+                feats += m->plan.count[u];
+                all_feats += p->units[u].size;
+                nmlp++;
+            }
+        }
+        used += (size_t)snprintf(
+            buf + used, n - used,
+            "%s: %lld of %lld heads in %d attention layer%s, %lld of %lld hidden features in %d "
+            "MLP%s; %.0f%% by measured speed (%.2f ms a whole-model step alone), %.2f MB of "
+            "weights\n",
+            td_device_name(m->dev), (long long)heads, (long long)all_heads, natt,
+            natt == 1 ? "" : "s", (long long)feats, (long long)all_feats, nmlp,
+            nmlp == 1 ? "" : "s", 100 * p->share[k], m->alone_s * 1e3,
+            (double)td_model_num_weights(m->m) * (double)td_dtype_size(p->s->cfg.dtype) / 1e6);
+    }
+    return buf;
+}
+
+static void tp_destroy(void *impl) {
+    tensor_par *p = impl;
+    if (!p)
+        return;
+    for (int k = 0; k < p->size; k++) {
+        member *m = &p->mb[k];
+        td_optimizer_destroy(m->opt);
+        td_model_destroy(m->m);
+        td_buffer_free(m->stats_send);
+        td_buffer_free(m->stats_all);
+        td_buffer_free(m->scalar);
+    }
+    free(p);
+}
+
+static td_status check_group(tensor_par *p) {
+    td_strategy *s = p->s;
+    if (strcmp(td_group_transport(p->g), "local") || td_group_local_size(p->g) != p->size)
+        return td__error(TD_ERR_UNSUPPORTED,
+                         "tensor: runs within one process for now (the group's transport is "
+                         "%s); across processes use the data strategy",
+                         td_group_transport(p->g));
+    if (p->size > TD_DP_MAX_MEMBERS)
+        return td__error(TD_ERR_INVALID_ARG, "tensor: %d devices; at most %d", p->size,
+                         TD_DP_MAX_MEMBERS);
+    for (int k = 0; k < p->size && s->cfg.dtype == TD_F64; k++)
+        if (!td_device_supports_f64(td_group_device(p->g, k)))
+            return td__error(TD_ERR_UNSUPPORTED, "%s has no f64 arithmetic (--precision f64)",
+                             td_device_name(td_group_device(p->g, k)));
+    return TD_OK;
+}
+
+static td_status make_member(tensor_par *p, int k) {
+    td_strategy *s = p->s;
+    member *m = &p->mb[k];
+    TD_CHECK(td_buffer_alloc(m->dev, sizeof(double) * STAT_WORDS, &m->stats_send));
+    TD_CHECK(td_buffer_alloc(m->dev, sizeof(double) * STAT_WORDS * (size_t)p->size, &m->stats_all));
+    TD_CHECK(td_model_load_shard(s->json, s->model_name, m->dev, s->cfg.dtype, s->cfg.seed,
+                                 &m->plan, &m->m));
+    td_model_set_reduce_hook(m->m, reduce_hook, m);
+    TD_CHECK(td_optimizer_create(m->m, &s->cfg.opt, &m->opt));
+    td_optimizer_set_sumsq_reduce(m->opt, sum_over_members, m);
+    td_optimizer_set_sumsq_skip_replicated(m->opt, k != 0);
+    return TD_OK;
+}
+
+static td_status tp_create(td_strategy *s) {
+    tensor_par *p = td__calloc(sizeof *p, "the tensor strategy");
+    if (!p)
+        return TD_ERR_OUT_OF_MEMORY;
+    s->impl = p;
+    p->s = s;
+    p->g = s->group;
+    p->size = td_group_size(s->group);
+    TD_CHECK(check_group(p));
+    TD_CHECK(td_model_describe(s->json, s->model_name, &p->info, NULL, 0));
+    p->lps = p->info.kind == TD_INPUT_TOKENS ? p->info.in_shape[0] : 1;
+    TD_CHECK(
+        td_model_describe_splits(s->json, s->model_name, p->units, TD_SHARD_MAX_UNITS, &p->nunits));
+    if (p->nunits == 0)
+        return td__error(TD_ERR_UNSUPPORTED,
+                         "tensor: %s has no layer to split across devices (an MLP pair: linear, "
+                         "activation, linear; or attention); use --strategy data or pipeline",
+                         s->model_name ? s->model_name : "the model");
+    for (int k = 0; k < p->size; k++) {
+        p->mb[k].group = p->g;
+        p->mb[k].dev = td_group_device(p->g, k);
+        p->mb[k].rank = k;
+        TD_CHECK(td_buffer_alloc(p->mb[k].dev, sizeof(double), &p->mb[k].scalar));
+    }
+    p->mode = 0;
+    TD_CHECK(td_group_run(p->g, member_run, p));
+    make_shares(p);
+    make_plans(p);
+    for (int k = 0; k < p->size; k++)
+        TD_CHECK(make_member(p, k));
+    return TD_OK;
+}
+
+const td_strategy_ops td__strategy_tensor = {
+    .name = "tensor",
+    .create = tp_create,
+    .destroy = tp_destroy,
+    .model_info = tp_model_info,
+    .plan = tp_plan_text,
+    .step = tp_step,
+    .evaluate = tp_evaluate,
+    .save = tp_save,
+    .load = tp_load,
+    .lr = tp_lr,
+    .steps = tp_steps,
+};

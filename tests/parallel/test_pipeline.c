@@ -1,0 +1,366 @@
+/* The `pipeline` strategy against one device training on the same batches:
+ * an MLP, LeNet-5 and a small GPT with dropout, on 2 and 3 devices, one of
+ * them three times slower, in f64 (1e-12) and f32 (1e-5); more devices than
+ * layers; a model too big for one device's budget that trains when split;
+ * checkpoints that move between strategies; bad micro-batch counts. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "support/dp_check.h"
+#include "support/support.h"
+#include "tandem/checkpoint.h"
+#include "tandem/strategy.h"
+
+#define STEPS 3
+
+static const char *mlp_json =
+    "{\"name\": \"pp_mlp\", \"input\": {\"shape\": [12]}, \"layers\": ["
+    "{\"type\": \"linear\", \"out\": 16}, {\"type\": \"tanh\"},"
+    "{\"type\": \"linear\", \"out\": 9}, {\"type\": \"relu\"},"
+    "{\"type\": \"dropout\", \"p\": 0.25}, {\"type\": \"linear\", \"out\": 5}]}";
+
+static const char *gpt_json =
+    "{\"name\": \"pp_gpt\", \"input\": {\"tokens\": 16, \"vocab\": 64}, \"layers\": ["
+    "{\"type\": \"embedding\", \"vocab\": 64, \"dim\": 32, \"positions\": true},"
+    "{\"type\": \"repeat\", \"count\": 2, \"layers\": ["
+    "  {\"type\": \"residual\", \"layers\": [{\"type\": \"layernorm\"},"
+    "    {\"type\": \"attention\", \"heads\": 4}]},"
+    "  {\"type\": \"residual\", \"layers\": [{\"type\": \"layernorm\"},"
+    "    {\"type\": \"linear\", \"out\": 64}, {\"type\": \"gelu\"},"
+    "    {\"type\": \"dropout\", \"p\": 0.1}, {\"type\": \"linear\", \"out\": 32}]}]},"
+    "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 64}]}";
+
+/* Batches for a model: features normal, or tokens, and labels, seeded. */
+typedef struct data {
+    int steps;
+    int64_t n;
+    float *x;
+    int32_t *tok, *lab;
+    td_batch b[8];
+} data;
+
+static uint64_t next(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return *s >> 33;
+}
+
+static data *make_data(const char *json, int steps, int64_t n) {
+    td_model_info info;
+    data *d = calloc(1, sizeof *d);
+    int64_t feats = 1, lps;
+    uint64_t s = 12345;
+    TD_ASSERT_OK(td_model_describe(json, "test", &info, NULL, 0));
+    for (int i = 0; i < info.in_ndim; i++)
+        feats *= info.in_shape[i];
+    lps = info.kind == TD_INPUT_TOKENS ? info.in_shape[0] : 1;
+    d->steps = steps;
+    d->n = n;
+    d->x = calloc((size_t)(steps * n * feats), sizeof *d->x);
+    d->tok = calloc((size_t)(steps * n * feats), sizeof *d->tok);
+    d->lab = calloc((size_t)(steps * n * lps), sizeof *d->lab);
+    for (int64_t i = 0; i < steps * n * feats; i++) {
+        d->x[i] = (float)((double)next(&s) / (double)(1ull << 31) - 0.5) * 2.0f;
+        d->tok[i] = (int32_t)(next(&s) % (uint64_t)info.classes);
+    }
+    for (int64_t i = 0; i < steps * n * lps; i++)
+        d->lab[i] = (int32_t)(next(&s) % (uint64_t)info.classes);
+    for (int k = 0; k < steps; k++) {
+        d->b[k].n = n;
+        d->b[k].x = info.kind == TD_INPUT_TOKENS ? NULL : d->x + k * n * feats;
+        d->b[k].tokens = info.kind == TD_INPUT_TOKENS ? d->tok + k * n * feats : NULL;
+        d->b[k].labels = d->lab + k * n * lps;
+    }
+    return d;
+}
+
+static void free_data(data *d) {
+    free(d->x);
+    free(d->tok);
+    free(d->lab);
+    free(d);
+}
+
+/* The optimizer of a check: SGD with momentum, whose update is linear in
+ * the gradients, so that the summation order's rounding stays there; or
+ * AdamW, which divides each gradient by its own size and so magnifies the
+ * rounding of gradients near zero (3e-12 in f64 on the GPT, 1e-3 in f32).
+ * Both clip to a norm that binds: every stage's gradients together. */
+static td_optimizer_config optimizer(td_optimizer_kind kind) {
+    td_optimizer_config o = TD_OPTIMIZER_CONFIG_INIT;
+    o.kind = kind;
+    o.lr = kind == TD_OPT_ADAMW ? 0.01 : 0.1;
+    o.momentum = 0.9;
+    o.weight_decay = 0.01;
+    o.clip_norm = 0.5;
+    return o;
+}
+
+static td_optimizer_config opt_in_use; /* the check's */
+
+static td_strategy_config config(const char *name, td_dtype dt, int64_t batch, int64_t micro) {
+    td_strategy_config c = TD_STRATEGY_CONFIG_INIT;
+    c.name = name;
+    c.dtype = dt;
+    c.seed = 5;
+    c.opt = opt_in_use;
+    c.batch = batch;
+    c.micro_batches = micro;
+    return c;
+}
+
+typedef struct ref_args {
+    td_model *m;
+    td_optimizer *o;
+    const td_batch *b;
+    double grad_scale;
+    uint64_t step;
+    td_step_result r;
+} ref_args;
+
+static td_status ref_step(td_device *dev, void *arg) {
+    ref_args *a = arg;
+    td_status st = td_model_train_step(a->m, a->b, a->grad_scale, 0, a->step, &a->r);
+    return st != TD_OK ? st : td_optimizer_step(a->o, NULL);
+}
+
+/* One device (dev), no strategy, over d's batches. */
+static td_model *reference(const char *json, td_device *dev, td_dtype dt, const data *d,
+                           td_step_result *last) {
+    td_model *m = NULL;
+    td_optimizer *o = NULL;
+    td_optimizer_config oc = opt_in_use;
+    td_model_info info;
+    TD_ASSERT_OK(td_model_load_string(json, "test", dev, dt, 5, &m));
+    TD_ASSERT_OK(td_optimizer_create(m, &oc, &o));
+    td_model_get_info(m, &info);
+    for (int k = 0; k < d->steps; k++) {
+        int64_t labels = d->n * (info.kind == TD_INPUT_TOKENS ? info.in_shape[0] : 1);
+        ref_args a = {m, o, &d->b[k], 1.0 / (double)labels, (uint64_t)k, {0, 0, 0}};
+        TD_ASSERT_OK(td_device_run(dev, ref_step, &a));
+        *last = a.r;
+    }
+    td_optimizer_destroy(o);
+    return m;
+}
+
+/* The strategy's weights, through a checkpoint, against ref's. */
+static double weights_diff(td_strategy *s, td_model *ref) {
+    td_device_list *l = td_test_open("cpu:0");
+    td_model *m = NULL;
+    double d;
+    TD_ASSERT_OK(td_strategy_save(s, td_test_tmp("pp.safetensors"), NULL));
+    TD_ASSERT_OK(td_checkpoint_load_model(td_test_tmp("pp.safetensors"), td_device_list_get(l, 0),
+                                          &m, NULL));
+    d = td_dp_weights_diff(m, ref);
+    td_model_destroy(m);
+    td_device_list_destroy(l);
+    return d;
+}
+
+static void check_like_one_device(const char *json, const char *spec, td_dtype dt, int64_t batch,
+                                  int64_t micro, td_optimizer_kind kind, double tol) {
+    opt_in_use = optimizer(kind);
+    data *d = make_data(json, STEPS, batch);
+    td_device_list *one = td_test_open("cpu:0");
+    td_step_result ref_last, last = {0, 0, 0};
+    td_model *ref = reference(json, td_device_list_get(one, 0), dt, d, &ref_last);
+    td_group *g = NULL;
+    td_strategy *s = NULL;
+    td_strategy_config c = config("pipeline", dt, batch, micro);
+    td_step_stats stats;
+    char plan[2048];
+    double diff;
+    TD_ASSERT_OK(td_group_create_spec(spec, NULL, &g));
+    TD_ASSERT_OK(td_strategy_create(g, json, "test", &c, &s));
+    printf("%s\n", td_strategy_plan(s, plan, sizeof plan));
+    for (int k = 0; k < d->steps; k++)
+        TD_ASSERT_OK(td_strategy_step(s, &d->b[k], (uint64_t)k, &last, &stats));
+    diff = weights_diff(s, ref);
+    printf(
+        "pipeline on %s, %s, %s, %lld micro-batches: weights differ by %.3g (tol %g), loss %.17g "
+        "vs %.17g, bubble %.2f (theory %.2f)\n",
+        spec, dt == TD_F64 ? "f64" : "f32", kind == TD_OPT_ADAMW ? "AdamW" : "SGD",
+        (long long)stats.micro_batches, diff, tol, last.loss_sum, ref_last.loss_sum, stats.bubble,
+        stats.bubble_theory);
+    assert_true(diff <= tol);
+    assert_true(fabs(last.loss_sum - ref_last.loss_sum) <= tol * fabs(ref_last.loss_sum) + 1e-300);
+    assert_int_equal(last.correct, ref_last.correct);
+    assert_int_equal(last.count, ref_last.count);
+    td_strategy_destroy(s);
+    td_group_destroy(g);
+    td_model_destroy(ref);
+    td_device_list_destroy(one);
+    free_data(d);
+}
+
+static void mlp_on_two_and_three_devices(void **state) {
+    (void)state;
+    check_like_one_device(mlp_json, "cpu*2", TD_F64, 37, 4, TD_OPT_SGD, 1e-12);
+    check_like_one_device(mlp_json, "cpu*3", TD_F64, 37, 5, TD_OPT_SGD, 1e-12);
+    check_like_one_device(mlp_json, "cpu*2", TD_F32, 37, 3, TD_OPT_ADAMW, 1e-5);
+}
+
+static void lenet_on_two_devices(void **state) {
+    char *json = (char *)td_test_read_file(TD_SOURCE_DIR "/examples/lenet5.json", NULL);
+    (void)state;
+    check_like_one_device(json, "cpu*2", TD_F64, 12, 3, TD_OPT_SGD, 1e-12);
+    free(json);
+}
+
+static void gpt_with_dropout_on_three_devices(void **state) {
+    (void)state;
+    check_like_one_device(gpt_json, "cpu*3", TD_F64, 6, 3, TD_OPT_SGD, 1e-12);
+    check_like_one_device(gpt_json, "cpu*2", TD_F32, 6, 2, TD_OPT_SGD, 1e-5);
+}
+
+/* Layers of the plan line of device `name` in plan text. */
+static int layers_of(const char *plan, const char *name) {
+    const char *line = strstr(plan, name);
+    int a, b;
+    if (!line || sscanf(line + strlen(name), ": layers %d-%d", &a, &b) != 2)
+        return 0;
+    return b - a + 1;
+}
+
+/* A device three times slower gets less of the model (of the GPT's 7
+ * layers, the fast one takes the embedding and most blocks), and the result
+ * is the same. */
+static void a_slowed_device_gets_fewer_layers(void **state) {
+    td_group *g = NULL;
+    td_strategy *s = NULL;
+    td_strategy_config c;
+    char plan[2048];
+    (void)state;
+    check_like_one_device(gpt_json, "cpu:0,cpu:1{slowdown=3}", TD_F64, 4, 4, TD_OPT_SGD, 1e-12);
+    c = config("pipeline", TD_F64, 4, 4);
+    TD_ASSERT_OK(td_group_create_spec("cpu:0,cpu:1{slowdown=3}", NULL, &g));
+    TD_ASSERT_OK(td_strategy_create(g, gpt_json, "test", &c, &s));
+    td_strategy_plan(s, plan, sizeof plan);
+    assert_true(layers_of(plan, "cpu:0") > layers_of(plan, "cpu:1"));
+    assert_true(layers_of(plan, "cpu:1") >= 1);
+    td_strategy_destroy(s);
+    td_group_destroy(g);
+}
+
+static void more_devices_than_layers(void **state) {
+    const char *one_layer = "{\"name\": \"one\", \"input\": {\"shape\": [6]}, \"layers\": ["
+                            "{\"type\": \"linear\", \"out\": 3}]}";
+    (void)state;
+    check_like_one_device(one_layer, "cpu*3", TD_F64, 8, 2, TD_OPT_SGD, 1e-12);
+}
+
+/* Two steps, a checkpoint, a new strategy resuming from it, two more steps:
+ * bitwise the same as four steps in one go; and the checkpoint opens under
+ * `single` with the same weights. */
+static void checkpoints_move_between_strategies(void **state) {
+    data *d = make_data(gpt_json, 4, 4);
+    opt_in_use = optimizer(TD_OPT_ADAMW);
+    td_group *g = NULL;
+    td_strategy *a = NULL, *b = NULL, *one = NULL;
+    td_strategy_config c = config("pipeline", TD_F64, 4, 2), cs = config("single", TD_F64, 4, 0);
+    td_step_result r;
+    td_train_state ts, back;
+    (void)state;
+    memset(&ts, 0, sizeof ts);
+    ts.step = 2;
+    ts.seed = 5;
+    ts.batch = 4;
+    ts.opt = c.opt;
+    TD_ASSERT_OK(td_group_create_spec("cpu*2", NULL, &g));
+    TD_ASSERT_OK(td_strategy_create(g, gpt_json, "test", &c, &a));
+    TD_ASSERT_OK(td_strategy_create(g, gpt_json, "test", &c, &b));
+    for (int k = 0; k < 2; k++)
+        TD_ASSERT_OK(td_strategy_step(a, &d->b[k], (uint64_t)k, &r, NULL));
+    TD_ASSERT_OK(td_strategy_save(a, td_test_tmp("half.safetensors"), &ts));
+    TD_ASSERT_OK(td_strategy_load(b, td_test_tmp("half.safetensors"), &back));
+    assert_int_equal(back.step, 2);
+    assert_int_equal(td_strategy_steps(b), 2);
+    TD_ASSERT_OK(td_strategy_create(g, gpt_json, "test", &cs, &one));
+    TD_ASSERT_OK(td_strategy_load(one, td_test_tmp("half.safetensors"), NULL));
+    TD_ASSERT_OK(td_strategy_save(one, td_test_tmp("single.safetensors"), &ts));
+    assert_true(td_dp_checkpoint_diff(td_test_tmp("half.safetensors"),
+                                      td_test_tmp("single.safetensors")) == 0.0);
+    for (int k = 2; k < 4; k++) {
+        TD_ASSERT_OK(td_strategy_step(a, &d->b[k], (uint64_t)k, &r, NULL));
+        TD_ASSERT_OK(td_strategy_step(b, &d->b[k], (uint64_t)k, &r, NULL));
+    }
+    TD_ASSERT_OK(td_strategy_save(a, td_test_tmp("a.safetensors"), &ts));
+    TD_ASSERT_OK(td_strategy_save(b, td_test_tmp("b.safetensors"), &ts));
+    assert_true(td_dp_checkpoint_diff(td_test_tmp("a.safetensors"), td_test_tmp("b.safetensors")) ==
+                0.0);
+    td_strategy_destroy(one);
+    td_strategy_destroy(b);
+    td_strategy_destroy(a);
+    td_group_destroy(g);
+    free_data(d);
+}
+
+/* A GPT of 256 channels: too big for one device's budget, trained on two. */
+static void a_model_too_big_for_one_device_trains_split(void **state) {
+    const char *wide =
+        "{\"name\": \"wide\", \"input\": {\"tokens\": 8, \"vocab\": 64}, \"layers\": ["
+        "{\"type\": \"embedding\", \"vocab\": 64, \"dim\": 256, \"positions\": true},"
+        "{\"type\": \"repeat\", \"count\": 4, \"layers\": ["
+        "  {\"type\": \"residual\", \"layers\": [{\"type\": \"layernorm\"},"
+        "    {\"type\": \"attention\", \"heads\": 4}]},"
+        "  {\"type\": \"residual\", \"layers\": [{\"type\": \"layernorm\"},"
+        "    {\"type\": \"linear\", \"out\": 1024}, {\"type\": \"gelu\"},"
+        "    {\"type\": \"linear\", \"out\": 256}]}]},"
+        "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 64}]}";
+    /* 3.2 M weights: 12.7 MB each of weights, gradients and the two AdamW
+     * moments, about 51 MB in all; 36 MB is enough for half of it. */
+    opt_in_use = optimizer(TD_OPT_ADAMW);
+    td_strategy_config c = config("pipeline", TD_F32, 4, 2), cs = config("single", TD_F32, 4, 0);
+    td_group *g1 = NULL, *g2 = NULL;
+    td_strategy *s = NULL;
+    data *d = make_data(wide, 2, 4);
+    td_step_result r;
+    (void)state;
+    TD_ASSERT_OK(td_group_create_spec("cpu:0{mem=36M}", NULL, &g1));
+    TD_ASSERT_STATUS(td_strategy_create(g1, wide, "wide.json", &cs, &s), TD_ERR_OUT_OF_MEMORY);
+    td_test_assert_message_contains("cpu:0");
+    assert_null(s);
+    TD_ASSERT_STATUS(td_strategy_create(g1, wide, "wide.json", &c, &s), TD_ERR_OUT_OF_MEMORY);
+    td_test_assert_message_contains("cpu:0");
+    TD_ASSERT_OK(td_group_create_spec("cpu:0{mem=36M},cpu:1{mem=36M}", NULL, &g2));
+    TD_ASSERT_OK(td_strategy_create(g2, wide, "wide.json", &c, &s));
+    for (int k = 0; k < 2; k++)
+        TD_ASSERT_OK(td_strategy_step(s, &d->b[k], (uint64_t)k, &r, NULL));
+    assert_true(isfinite(r.loss_sum) && r.count == 4 * 8);
+    td_strategy_destroy(s);
+    td_group_destroy(g2);
+    td_group_destroy(g1);
+    free_data(d);
+}
+
+static void bad_micro_batch_counts(void **state) {
+    opt_in_use = optimizer(TD_OPT_SGD);
+    td_group *g = NULL;
+    td_strategy *s = NULL;
+    td_strategy_config c = config("pipeline", TD_F64, 4, 5);
+    (void)state;
+    TD_ASSERT_OK(td_group_create_spec("cpu*2", NULL, &g));
+    TD_ASSERT_STATUS(td_strategy_create(g, mlp_json, "test", &c, &s), TD_ERR_INVALID_ARG);
+    td_test_assert_message_contains("5 micro-batches for a batch of 4 samples");
+    c.micro_batches = -1;
+    TD_ASSERT_STATUS(td_strategy_create(g, mlp_json, "test", &c, &s), TD_ERR_INVALID_ARG);
+    td_test_assert_message_contains("micro-batches");
+    assert_null(s);
+    td_group_destroy(g);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(mlp_on_two_and_three_devices),
+        cmocka_unit_test(lenet_on_two_devices),
+        cmocka_unit_test(gpt_with_dropout_on_three_devices),
+        cmocka_unit_test(a_slowed_device_gets_fewer_layers),
+        cmocka_unit_test(more_devices_than_layers),
+        cmocka_unit_test(checkpoints_move_between_strategies),
+        cmocka_unit_test(a_model_too_big_for_one_device_trains_split),
+        cmocka_unit_test(bad_micro_batch_counts),
+    };
+    return cmocka_run_group_tests(tests, td_test_tmpdir_setup, td_test_tmpdir_teardown);
+}

@@ -1,0 +1,324 @@
+/* The `tensor` strategy against one device training on the same batches:
+ * the MNIST MLP and a small GPT with dropout inside its MLPs, on 2 and 3
+ * devices and on two of which one is three times slower (which must get 3
+ * of 4 heads), with batches of 1 and 4, AdamW clipping to a norm that binds,
+ * in f64 (1e-12) and f32 (1e-5); more devices than heads; a model with
+ * nothing to split refused; checkpoints that move to and from `single`. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "support/dp_check.h"
+#include "support/support.h"
+#include "tandem/checkpoint.h"
+#include "tandem/strategy.h"
+
+#define STEPS 3
+
+/* 2 blocks, 32 channels, 4 heads, context 16, vocabulary 64; dropout after
+ * the embedding and between each MLP's two linears. */
+static const char *gpt_json =
+    "{\"name\": \"tp_gpt\", \"input\": {\"tokens\": 16, \"vocab\": 64}, \"layers\": ["
+    "{\"type\": \"embedding\", \"vocab\": 64, \"dim\": 32, \"positions\": true},"
+    "{\"type\": \"dropout\", \"p\": 0.1},"
+    "{\"type\": \"repeat\", \"count\": 2, \"layers\": ["
+    "  {\"type\": \"residual\", \"layers\": [{\"type\": \"layernorm\"},"
+    "    {\"type\": \"attention\", \"heads\": 4}]},"
+    "  {\"type\": \"residual\", \"layers\": [{\"type\": \"layernorm\"},"
+    "    {\"type\": \"linear\", \"out\": 64}, {\"type\": \"gelu\"},"
+    "    {\"type\": \"dropout\", \"p\": 0.2}, {\"type\": \"linear\", \"out\": 32}]}]},"
+    "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 64}]}";
+
+/* Two heads, for more devices than heads. */
+static const char *gpt2h_json =
+    "{\"name\": \"tp_gpt2h\", \"input\": {\"tokens\": 8, \"vocab\": 32}, \"layers\": ["
+    "{\"type\": \"embedding\", \"vocab\": 32, \"dim\": 16, \"positions\": true},"
+    "{\"type\": \"residual\", \"layers\": [{\"type\": \"layernorm\"},"
+    "  {\"type\": \"attention\", \"heads\": 2}]},"
+    "{\"type\": \"residual\", \"layers\": [{\"type\": \"layernorm\"},"
+    "  {\"type\": \"linear\", \"out\": 2}, {\"type\": \"relu\"}, {\"type\": \"linear\", \"out\": "
+    "16}]},"
+    "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 32}]}";
+
+static const char *cnn_json = "{\"input\": {\"shape\": [1, 8, 8]}, \"layers\": ["
+                              "{\"type\": \"conv2d\", \"out\": 4, \"kernel\": 3},"
+                              "{\"type\": \"relu\"}, {\"type\": \"flatten\"},"
+                              "{\"type\": \"linear\", \"out\": 10}]}";
+
+static char *mnist_json(void) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/examples/mnist_mlp.json", TD_SOURCE_DIR);
+    return (char *)td_test_read_file(path, NULL);
+}
+
+/* Batches for a model: features normal, or tokens, and labels, seeded. */
+typedef struct data {
+    int steps;
+    int64_t n;
+    float *x;
+    int32_t *tok, *lab;
+    td_batch b[8];
+} data;
+
+static uint64_t next(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return *s >> 33;
+}
+
+static data *make_data(const char *json, int steps, int64_t n) {
+    td_model_info info;
+    data *d = calloc(1, sizeof *d);
+    int64_t feats = 1, lps;
+    uint64_t s = 12345;
+    TD_ASSERT_OK(td_model_describe(json, "test", &info, NULL, 0));
+    for (int i = 0; i < info.in_ndim; i++)
+        feats *= info.in_shape[i];
+    lps = info.kind == TD_INPUT_TOKENS ? info.in_shape[0] : 1;
+    d->steps = steps;
+    d->n = n;
+    d->x = calloc((size_t)(steps * n * feats), sizeof *d->x);
+    d->tok = calloc((size_t)(steps * n * feats), sizeof *d->tok);
+    d->lab = calloc((size_t)(steps * n * lps), sizeof *d->lab);
+    for (int64_t i = 0; i < steps * n * feats; i++) {
+        d->x[i] = (float)((double)next(&s) / (double)(1ull << 31) - 0.5) * 2.0f;
+        d->tok[i] = (int32_t)(next(&s) % (uint64_t)info.classes);
+    }
+    for (int64_t i = 0; i < steps * n * lps; i++)
+        d->lab[i] = (int32_t)(next(&s) % (uint64_t)info.classes);
+    for (int k = 0; k < steps; k++) {
+        d->b[k].n = n;
+        d->b[k].x = info.kind == TD_INPUT_TOKENS ? NULL : d->x + k * n * feats;
+        d->b[k].tokens = info.kind == TD_INPUT_TOKENS ? d->tok + k * n * feats : NULL;
+        d->b[k].labels = d->lab + k * n * lps;
+    }
+    return d;
+}
+
+static void free_data(data *d) {
+    free(d->x);
+    free(d->tok);
+    free(d->lab);
+    free(d);
+}
+
+/* AdamW clipping to a norm that binds: every member's gradients together.
+ * AdamW divides each gradient by its own size plus eps, so a gradient near
+ * zero turns its rounding into updates of lr * rounding / eps: attention's
+ * key bias, whose gradient is zero but for rounding (softmax ignores a shift
+ * of every score), then differs by 4e-12 from one device in f64 with the
+ * default eps of 1e-8, and the MNIST MLP's first weight by 4e-4 in f32 at
+ * batch 4 (the key bias 1e-5 in f32 with an eps of 1e-6), while every other
+ * weight is within 1e-14 (f64). An eps of 1e-5 keeps that amplification
+ * under the tolerances; the summation orders are the strategy's as ever. */
+static td_strategy_config config(const char *name, td_dtype dt, int64_t batch) {
+    td_strategy_config c = TD_STRATEGY_CONFIG_INIT;
+    c.name = name;
+    c.dtype = dt;
+    c.seed = 5;
+    c.opt.kind = TD_OPT_ADAMW;
+    c.opt.eps = 1e-5;
+    c.opt.lr = 0.01;
+    c.opt.weight_decay = 0.01;
+    c.opt.clip_norm = 0.5;
+    c.batch = batch;
+    return c;
+}
+
+static td_status create(td_group *g, const char *json, const td_strategy_config *c,
+                        td_strategy **out) {
+    return td_strategy_create(g, json, "test", c, out);
+}
+
+/* Trains `name` on spec over d's batches; the checkpoint at path. */
+static td_strategy *train(const char *name, const char *spec, const char *json, td_dtype dt,
+                          const data *d, td_group **g, td_step_result *last, td_step_stats *stats) {
+    td_strategy *s = NULL;
+    td_strategy_config c = config(name, dt, d->n);
+    char plan[4096];
+    TD_ASSERT_OK(td_group_create_spec(spec, NULL, g));
+    TD_ASSERT_OK(create(*g, json, &c, &s));
+    printf("%s on %s:\n%s", name, spec, td_strategy_plan(s, plan, sizeof plan));
+    for (int k = 0; k < d->steps; k++)
+        TD_ASSERT_OK(td_strategy_step(s, &d->b[k], (uint64_t)k, last, stats));
+    return s;
+}
+
+/* Names the parameters that differ most, when a check fails. */
+static void print_worst(const char *pa, const char *pb) {
+    td_device_list *l = td_test_open("cpu:0");
+    td_model *a = NULL, *b = NULL;
+    TD_ASSERT_OK(td_checkpoint_load_model(pa, td_device_list_get(l, 0), &a, NULL));
+    TD_ASSERT_OK(td_checkpoint_load_model(pb, td_device_list_get(l, 0), &b, NULL));
+    for (size_t i = 0; i < td_model_param_count(a); i++)
+        printf("  %s: %.3g\n", td_model_param_name(a, i),
+               td_dp_tensor_diff(td_model_param(a, i), td_model_param(b, i)));
+    td_model_destroy(a);
+    td_model_destroy(b);
+    td_device_list_destroy(l);
+}
+
+static void check_like_one_device(const char *json, const char *spec, td_dtype dt, int64_t batch,
+                                  double tol, const char *want_plan) {
+    data *d = make_data(json, STEPS, batch);
+    td_group *g1 = NULL, *g = NULL;
+    td_step_result r1, r;
+    td_step_stats stats;
+    td_strategy *one = train("single", "cpu:0", json, dt, d, &g1, &r1, NULL);
+    td_strategy *tp = train("tensor", spec, json, dt, d, &g, &r, &stats);
+    char plan[4096];
+    double diff;
+    TD_ASSERT_OK(td_strategy_save(one, td_test_tmp("one.safetensors"), NULL));
+    TD_ASSERT_OK(td_strategy_save(tp, td_test_tmp("tp.safetensors"), NULL));
+    diff = td_dp_checkpoint_diff(td_test_tmp("one.safetensors"), td_test_tmp("tp.safetensors"));
+    printf("tensor on %s, %s, batch %lld: weights differ by %.3g (tol %g), loss %.17g vs %.17g; "
+           "member 0: compute %.3f ms, all-reduces %.3f ms\n",
+           spec, dt == TD_F64 ? "f64" : "f32", (long long)batch, diff, tol, r.loss_sum, r1.loss_sum,
+           stats.m[0].compute_s * 1e3, stats.m[0].comm_s * 1e3);
+    if (diff > tol)
+        print_worst(td_test_tmp("one.safetensors"), td_test_tmp("tp.safetensors"));
+    assert_true(diff <= tol);
+    assert_true(fabs(r.loss_sum - r1.loss_sum) <= 10 * tol * fabs(r1.loss_sum));
+    assert_int_equal(r.count, r1.count);
+    assert_int_equal(stats.members, td_group_size(g));
+    assert_true(stats.m[0].comm_s > 0);
+    td_strategy_plan(tp, plan, sizeof plan);
+    if (want_plan && want_plan[0] != '>' && !strstr(plan, want_plan))
+        fail_msg("the plan does not say \"%s\":\n%s", want_plan, plan);
+    if (want_plan && want_plan[0] == '>') {
+        /* ">N": the first device holds more than N of the heads (how many
+         * more follows the speeds measured, which a loaded machine blurs). */
+        long long mine = 0, all = 0;
+        const char *line = strstr(plan, "cpu:0: ");
+        if (!line || sscanf(line, "cpu:0: %lld of %lld heads", &mine, &all) != 2 ||
+            mine <= atoll(want_plan + 1))
+            fail_msg("cpu:0 does not hold more than %s heads:\n%s", want_plan + 1, plan);
+    }
+    td_strategy_destroy(tp);
+    td_strategy_destroy(one);
+    td_group_destroy(g);
+    td_group_destroy(g1);
+    free_data(d);
+}
+
+static void mnist_mlp_like_one_device(void **state) {
+    char *mnist = mnist_json();
+    (void)state;
+    for (int b = 1; b <= 4; b += 3) {
+        check_like_one_device(mnist, "cpu*2", TD_F64, b, 1e-12, NULL);
+        check_like_one_device(mnist, "cpu*3", TD_F32, b, 1e-5, NULL);
+    }
+    free(mnist);
+}
+
+static void gpt_like_one_device(void **state) {
+    (void)state;
+    for (int b = 1; b <= 4; b += 3) {
+        check_like_one_device(gpt_json, "cpu*2", TD_F64, b, 1e-12, NULL);
+        check_like_one_device(gpt_json, "cpu*3", TD_F64, b, 1e-12, NULL);
+        check_like_one_device(gpt_json, "cpu*3", TD_F32, b, 1e-5, NULL);
+    }
+}
+
+/* Three times slower: a quarter of every unit (6 of 8 heads on the fast
+ * device on a quiet machine; more than half is required). */
+static void a_slowed_device_gets_a_quarter(void **state) {
+    (void)state;
+    for (int b = 1; b <= 4; b += 3) {
+        check_like_one_device(gpt_json, "cpu:0,cpu:1{slowdown=3}", TD_F64, b, 1e-12, ">4");
+        check_like_one_device(gpt_json, "cpu:0,cpu:1{slowdown=3}", TD_F32, b, 1e-5, ">4");
+    }
+}
+
+/* cpu*3 over 2 heads and 2 hidden features: one member holds none of them. */
+static void more_devices_than_heads(void **state) {
+    (void)state;
+    check_like_one_device(gpt2h_json, "cpu*3", TD_F64, 4, 1e-12, ": 0 of 2 heads");
+}
+
+static void a_model_without_units_is_refused(void **state) {
+    td_group *g = NULL;
+    td_strategy *s = NULL;
+    td_strategy_config c = config("tensor", TD_F32, 4);
+    (void)state;
+    TD_ASSERT_OK(td_group_create_spec("cpu*2", NULL, &g));
+    TD_ASSERT_STATUS(create(g, cnn_json, &c, &s), TD_ERR_UNSUPPORTED);
+    td_test_assert_message_contains("has no layer to split across devices");
+    assert_null(s);
+    td_group_destroy(g);
+}
+
+/* A checkpoint saved under tensor on 3 devices resumes under single, and one
+ * saved under single resumes under tensor: weights, optimizer state and
+ * step count, so the next step agrees too. */
+static void checkpoints_move_to_and_from_single(void **state) {
+    data *d = make_data(gpt_json, STEPS + 1, 2);
+    td_group *g1 = NULL, *g = NULL;
+    td_strategy_config c1 = config("single", TD_F64, 2), c = config("tensor", TD_F64, 2);
+    td_strategy *one = NULL, *tp = NULL;
+    td_step_result r1, r, e1[2], e2[2];
+    td_train_state ts;
+    (void)state;
+    TD_ASSERT_OK(td_group_create_spec("cpu:0", NULL, &g1));
+    TD_ASSERT_OK(td_group_create_spec("cpu*3", NULL, &g));
+    /* tensor -> single */
+    TD_ASSERT_OK(create(g, gpt_json, &c, &tp));
+    for (int k = 0; k < STEPS; k++)
+        TD_ASSERT_OK(td_strategy_step(tp, &d->b[k], (uint64_t)k, &r, NULL));
+    memset(&ts, 0, sizeof ts);
+    ts.step = STEPS;
+    ts.seed = 5;
+    TD_ASSERT_OK(td_strategy_save(tp, td_test_tmp("from_tp.safetensors"), &ts));
+    TD_ASSERT_OK(create(g1, gpt_json, &c1, &one));
+    TD_ASSERT_OK(td_strategy_load(one, td_test_tmp("from_tp.safetensors"), NULL));
+    assert_int_equal(td_strategy_steps(one), STEPS);
+    TD_ASSERT_OK(td_strategy_step(one, &d->b[STEPS], STEPS, &r1, NULL));
+    TD_ASSERT_OK(td_strategy_step(tp, &d->b[STEPS], STEPS, &r, NULL));
+    TD_ASSERT_OK(td_strategy_save(one, td_test_tmp("a.safetensors"), NULL));
+    TD_ASSERT_OK(td_strategy_save(tp, td_test_tmp("b.safetensors"), NULL));
+    assert_true(td_dp_checkpoint_diff(td_test_tmp("a.safetensors"), td_test_tmp("b.safetensors")) <=
+                1e-12);
+    td_strategy_destroy(one);
+    td_strategy_destroy(tp);
+    /* single -> tensor */
+    TD_ASSERT_OK(create(g1, gpt_json, &c1, &one));
+    for (int k = 0; k < STEPS; k++)
+        TD_ASSERT_OK(td_strategy_step(one, &d->b[k], (uint64_t)k, &r1, NULL));
+    TD_ASSERT_OK(td_strategy_save(one, td_test_tmp("from_one.safetensors"), &ts));
+    TD_ASSERT_OK(create(g, gpt_json, &c, &tp));
+    TD_ASSERT_OK(td_strategy_load(tp, td_test_tmp("from_one.safetensors"), NULL));
+    assert_int_equal(td_strategy_steps(tp), STEPS);
+    TD_ASSERT_OK(td_strategy_save(tp, td_test_tmp("b.safetensors"), NULL));
+    assert_true(td_dp_checkpoint_diff(td_test_tmp("from_one.safetensors"),
+                                      td_test_tmp("b.safetensors")) == 0);
+    TD_ASSERT_OK(td_strategy_step(one, &d->b[STEPS], STEPS, &r1, NULL));
+    TD_ASSERT_OK(td_strategy_step(tp, &d->b[STEPS], STEPS, &r, NULL));
+    TD_ASSERT_OK(td_strategy_save(one, td_test_tmp("a.safetensors"), NULL));
+    TD_ASSERT_OK(td_strategy_save(tp, td_test_tmp("b.safetensors"), NULL));
+    assert_true(td_dp_checkpoint_diff(td_test_tmp("a.safetensors"), td_test_tmp("b.safetensors")) <=
+                1e-12);
+    /* evaluation agrees too */
+    TD_ASSERT_OK(td_strategy_evaluate(one, d->b, 2, e1));
+    TD_ASSERT_OK(td_strategy_evaluate(tp, d->b, 2, e2));
+    for (int i = 0; i < 2; i++) {
+        assert_true(fabs(e2[i].loss_sum - e1[i].loss_sum) <= 1e-11 * fabs(e1[i].loss_sum));
+        assert_int_equal(e2[i].count, e1[i].count);
+    }
+    td_strategy_destroy(one);
+    td_strategy_destroy(tp);
+    td_group_destroy(g);
+    td_group_destroy(g1);
+    free_data(d);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(mnist_mlp_like_one_device),
+        cmocka_unit_test(gpt_like_one_device),
+        cmocka_unit_test(a_slowed_device_gets_a_quarter),
+        cmocka_unit_test(more_devices_than_heads),
+        cmocka_unit_test(a_model_without_units_is_refused),
+        cmocka_unit_test(checkpoints_move_to_and_from_single),
+    };
+    return cmocka_run_group_tests(tests, td_test_tmpdir_setup, td_test_tmpdir_teardown);
+}
