@@ -108,6 +108,33 @@ static void binaries_are_cached_by_source(void **state) {
     b.src = "__kernel void k(__global float *x) { x[0] = 2.5f; }\n"; /* another source */
     TD_ASSERT_OK(td_device_run(td_ops_device(1), build_on_device, &b));
     assert_int_equal(b.from_cache, 0);
+    {
+        /* One source's entry under the other's name (a renamed or planted
+         * file) is not taken; nor is a binary with bytes changed after its
+         * header; and writing leaves no temporary file behind. */
+        const char *first = "__kernel void k(__global float *x) { x[0] = 1.5f; }\n";
+        const char *second = b.src;
+        char cmd[400];
+        int cached = 0;
+        snprintf(cmd, sizeof cmd, "set -- '%s'/*.bin; [ $# -eq 2 ] && cp \"$1\" \"$2\"", dir);
+        assert_int_equal(system(cmd), 0);
+        b.src = first;
+        TD_ASSERT_OK(td_device_run(td_ops_device(1), build_on_device, &b));
+        cached += b.from_cache;
+        b.src = second;
+        TD_ASSERT_OK(td_device_run(td_ops_device(1), build_on_device, &b));
+        cached += b.from_cache;
+        assert_int_equal(cached, 1);
+        snprintf(cmd, sizeof cmd,
+                 "for f in '%s'/*.bin; do printf 'XYZW' | dd of=\"$f\" bs=1 seek=48 conv=notrunc "
+                 "2>/dev/null; done",
+                 dir);
+        assert_int_equal(system(cmd), 0);
+        TD_ASSERT_OK(td_device_run(td_ops_device(1), build_on_device, &b));
+        assert_int_equal(b.from_cache, 0);
+        snprintf(cmd, sizeof cmd, "[ -z \"$(ls '%s' | grep -v '\\.bin$')\" ]", dir);
+        assert_int_equal(system(cmd), 0);
+    }
     setenv("TD_OPENCL_CACHE", "off", 1);
     td__ocl_cache_dir(got, sizeof got);
     assert_string_equal(got, "");

@@ -52,9 +52,19 @@ static uint64_t fnv1a_str(uint64_t h, const char *s) {
     return fnv1a(h, s, strlen(s) + 1); /* the NUL keeps "ab"+"c" apart from "a"+"bc" */
 }
 
-/* The cache file for (device, options, source), or "" when caching is off. */
+/* A cache entry: this header, then the binary. The key repeats the hash of
+ * (device, driver, options, source) the file is named by, so a file renamed
+ * or written for something else is not taken; the sum is the binary's own
+ * hash, so a torn or altered binary is not handed to the driver. */
+typedef struct cache_header {
+    char magic[8]; /* "TDOCLBIN" */
+    uint64_t key, sum, size;
+} cache_header;
+
+/* The cache file for (device, options, source), or "" when caching is off;
+ * *key gets the hash it is named by. */
 static void cache_path(const ocl_device *od, const char *src, const char *opts, char *path,
-                       size_t n) {
+                       size_t n, uint64_t *key) {
     char dir[512], info[256];
     uint64_t h = 0xcbf29ce484222325ull;
     static const cl_device_info keys[] = {CL_DEVICE_NAME, CL_DEVICE_VENDOR, CL_DEVICE_VERSION,
@@ -75,6 +85,7 @@ static void cache_path(const ocl_device *od, const char *src, const char *opts, 
     h = fnv1a_str(h, info);
     h = fnv1a_str(h, opts);
     h = fnv1a_str(h, src);
+    *key = h;
     snprintf(path, n, "%s/%016llx.bin", dir, (unsigned long long)h);
 }
 
@@ -86,46 +97,63 @@ static void make_dirs(const char *path) {
         if (*p != '/')
             continue;
         *p = '\0';
-        (void)mkdir(buf, 0755);
+        (void)mkdir(buf, 0700);
         *p = '/';
     }
 }
 
-/* The cached binary at path, malloc'ed, or NULL. */
-static unsigned char *cache_read(const char *path, size_t *size) {
+/* The cached binary at path, malloc'ed, or NULL when absent or when its
+ * header does not vouch for it (another key, a size or sum that differs). */
+static unsigned char *cache_read(const char *path, uint64_t key, size_t *size) {
     FILE *f = fopen(path, "rb");
     unsigned char *buf = NULL;
-    long len;
+    cache_header h;
     if (!f)
         return NULL;
-    if (fseek(f, 0, SEEK_END) == 0 && (len = ftell(f)) > 0 && fseek(f, 0, SEEK_SET) == 0 &&
-        (buf = malloc((size_t)len)) && fread(buf, 1, (size_t)len, f) == (size_t)len) {
-        *size = (size_t)len;
+    if (fread(&h, sizeof h, 1, f) == 1 && !memcmp(h.magic, "TDOCLBIN", 8) && h.key == key &&
+        h.size > 0 && h.size < ((uint64_t)1 << 32) && (buf = malloc((size_t)h.size)) &&
+        fread(buf, 1, (size_t)h.size, f) == h.size && fgetc(f) == EOF &&
+        fnv1a(0xcbf29ce484222325ull, buf, (size_t)h.size) == h.sum) {
+        *size = (size_t)h.size;
         fclose(f);
         return buf;
     }
+    if (buf || h.key != key)
+        TD_LOG_INFO("%s: not a cached binary for this build; rebuilding", path);
     free(buf);
     fclose(f);
     return NULL;
 }
 
-/* Writes the program's binary to path through a temporary file and a rename,
- * so that readers never see half a file. Failures only cost the next run. */
-static void cache_write(const ocl_device *od, cl_program prog, const char *path) {
+/* Writes the program's binary to path through a temporary file made with
+ * mkstemp (O_EXCL, mode 0600) and a rename, so that readers never see half
+ * a file and no one can plant one under the name. Failures only cost the
+ * next run. */
+static void cache_write(cl_program prog, const char *path, uint64_t key) {
     size_t size = 0;
     unsigned char *bin = NULL;
     char tmp[600];
+    cache_header h;
     FILE *f;
+    int fd;
     if (clGetProgramInfo(prog, CL_PROGRAM_BINARY_SIZES, sizeof size, &size, NULL) != CL_SUCCESS ||
         size == 0 || !(bin = malloc(size)))
         goto done;
     if (clGetProgramInfo(prog, CL_PROGRAM_BINARIES, sizeof bin, &bin, NULL) != CL_SUCCESS)
         goto done;
     make_dirs(path);
-    snprintf(tmp, sizeof tmp, "%s.%ld.%p.tmp", path, (long)getpid(), (const void *)od);
-    if (!(f = fopen(tmp, "wb")))
+    if (snprintf(tmp, sizeof tmp, "%s.XXXXXX", path) >= (int)sizeof tmp || (fd = mkstemp(tmp)) < 0)
         goto done;
-    if (fwrite(bin, 1, size, f) != size) {
+    if (!(f = fdopen(fd, "wb"))) {
+        close(fd);
+        remove(tmp);
+        goto done;
+    }
+    memcpy(h.magic, "TDOCLBIN", 8);
+    h.key = key;
+    h.sum = fnv1a(0xcbf29ce484222325ull, bin, size);
+    h.size = size;
+    if (fwrite(&h, sizeof h, 1, f) != 1 || fwrite(bin, 1, size, f) != size) {
         fclose(f);
         remove(tmp);
         goto done;
@@ -155,9 +183,10 @@ static td_status build_failed(ocl_device *od, cl_program prog, cl_int err) {
 }
 
 /* From the cache; 0 when absent or unusable (a stale or foreign binary). */
-static int build_from_cache(ocl_device *od, const char *path, const char *opts, cl_program *out) {
+static int build_from_cache(ocl_device *od, const char *path, uint64_t key, const char *opts,
+                            cl_program *out) {
     size_t size = 0;
-    unsigned char *bin = path[0] ? cache_read(path, &size) : NULL;
+    unsigned char *bin = path[0] ? cache_read(path, key, &size) : NULL;
     const unsigned char *cbin = bin;
     cl_int err, bin_status = CL_SUCCESS;
     cl_program prog;
@@ -178,13 +207,14 @@ static int build_from_cache(ocl_device *od, const char *path, const char *opts, 
 td_status td__ocl_build(ocl_device *od, const char *src, const char *opts, cl_program *out,
                         int *from_cache) {
     char path[600];
+    uint64_t key = 0;
     cl_int err;
     cl_program prog;
     *out = NULL;
     if (from_cache)
         *from_cache = 0;
-    cache_path(od, src, opts, path, sizeof path);
-    if (build_from_cache(od, path, opts, out)) {
+    cache_path(od, src, opts, path, sizeof path, &key);
+    if (build_from_cache(od, path, key, opts, out)) {
         if (from_cache)
             *from_cache = 1;
         return TD_OK;
@@ -198,7 +228,7 @@ td_status td__ocl_build(ocl_device *od, const char *src, const char *opts, cl_pr
         return st;
     }
     if (path[0])
-        cache_write(od, prog, path);
+        cache_write(prog, path, key);
     *out = prog;
     return TD_OK;
 }
