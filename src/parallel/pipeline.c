@@ -67,9 +67,10 @@ typedef struct pipeline {
     int abort; /* a member failed: the others stop (atomic) */
 
     /* The step or evaluation under way. */
-    const td_batch *batch; /* training: the whole batch */
-    const td_batch *evals; /* evaluation: one micro-batch per batch */
-    td_step_result *eval_res;
+    const td_batch *batch;                     /* training: the whole batch */
+    td_batch *evals;                           /* evaluation: the batches cut into micro-batches */
+    size_t *eval_of;                           /* the batch each came from */
+    td_step_result *eval_res;                  /* per batch */
     int64_t m, off[MAX_MICRO], cnt[MAX_MICRO]; /* micro-batches: first sample, samples */
     int train;
     uint64_t step;
@@ -194,18 +195,20 @@ static size_t act_bytes(const pipeline *p, int layer, int64_t n) {
     return e * (p->s->cfg.dtype == TD_F64 ? 8 : 4);
 }
 
+/* Micro-batch j of the step, a view into the batch (evaluation's are views
+ * already). */
 static td_batch micro(const pipeline *p, int64_t j) {
-    const td_batch *b = p->evals ? &p->evals[j] : p->batch;
-    int64_t off = p->evals ? 0 : p->off[j],
-            lps = p->info.kind == TD_INPUT_TOKENS ? p->info.in_shape[0] : 1;
-    int64_t feats = 1;
+    int64_t lps = p->info.kind == TD_INPUT_TOKENS ? p->info.in_shape[0] : 1, feats = 1;
+    const td_batch *b = p->batch;
     td_batch mb;
+    if (p->evals)
+        return p->evals[j];
     for (int d = 0; d < p->info.in_ndim; d++)
         feats *= p->info.in_shape[d];
-    mb.n = p->evals ? b->n : p->cnt[j];
-    mb.x = b->x ? b->x + off * feats : NULL;
-    mb.tokens = b->tokens ? b->tokens + off * feats : NULL;
-    mb.labels = b->labels ? b->labels + off * lps : NULL;
+    mb.n = p->cnt[j];
+    mb.x = b->x ? b->x + p->off[j] * feats : NULL;
+    mb.tokens = b->tokens ? b->tokens + p->off[j] * feats : NULL;
+    mb.labels = b->labels ? b->labels + p->off[j] * lps : NULL;
     return mb;
 }
 
@@ -231,9 +234,12 @@ static td_status forward(pipeline *p, stage *s, int k, int64_t j) {
         return st;
     if (p->next[k] >= 0)
         chan_post(&p->fwd[k], j, td_model_part_output(s->part, slot));
-    else if (p->evals)
-        p->eval_res[j] = r;
-    else {
+    else if (p->evals) { /* micro-batches end in order: each batch's sum in one order */
+        td_step_result *e = &p->eval_res[p->eval_of[j]];
+        e->loss_sum += r.loss_sum;
+        e->correct += r.correct;
+        e->count += r.count;
+    } else {
         s->res.loss_sum += r.loss_sum;
         s->res.correct += r.correct;
         s->res.count += r.count;
@@ -409,16 +415,48 @@ static td_status pp_step(void *impl, const td_batch *batch, uint64_t step, td_st
     return TD_OK;
 }
 
+/* Evaluation cuts each batch into micro-batches of the training's size, so
+ * that it needs no more memory than the plan gave the stages. */
 static td_status pp_evaluate(void *impl, const td_batch *batches, size_t n,
                              td_step_result *per_batch) {
     pipeline *p = impl;
-    p->evals = batches;
+    int64_t size = (p->s->cfg.batch + p->micro_batches - 1) / p->micro_batches, m = 0;
+    int64_t lps = p->info.kind == TD_INPUT_TOKENS ? p->info.in_shape[0] : 1, feats = 1;
+    td_status st;
+    for (int d = 0; d < p->info.in_ndim; d++)
+        feats *= p->info.in_shape[d];
+    for (size_t i = 0; i < n; i++)
+        m += (batches[i].n + size - 1) / size;
+    p->evals = td__calloc(sizeof *p->evals * (size_t)(m ? m : 1), "evaluation micro-batches");
+    p->eval_of = td__calloc(sizeof *p->eval_of * (size_t)(m ? m : 1), "evaluation micro-batches");
+    if (!p->evals || !p->eval_of) {
+        st = TD_ERR_OUT_OF_MEMORY;
+        goto done;
+    }
+    m = 0;
+    for (size_t i = 0; i < n; i++) {
+        const td_batch *b = &batches[i];
+        memset(&per_batch[i], 0, sizeof per_batch[i]);
+        for (int64_t off = 0; off < b->n; off += size, m++) {
+            p->evals[m].n = b->n - off < size ? b->n - off : size;
+            p->evals[m].x = b->x ? b->x + off * feats : NULL;
+            p->evals[m].tokens = b->tokens ? b->tokens + off * feats : NULL;
+            p->evals[m].labels = b->labels + off * lps;
+            p->eval_of[m] = i;
+        }
+    }
     p->eval_res = per_batch;
-    p->m = (int64_t)n;
+    p->m = m;
     p->train = 0;
     p->step = 0;
     p->grad_scale = 0;
-    return n ? run(p) : TD_OK;
+    st = m ? run(p) : TD_OK;
+done:
+    free(p->evals);
+    free(p->eval_of);
+    p->evals = NULL;
+    p->eval_of = NULL;
+    return st;
 }
 
 static td_status pp_save(void *impl, const char *path, const td_train_state *state) {
