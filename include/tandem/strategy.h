@@ -7,6 +7,9 @@
  *   pipeline  the model's layers cut into consecutive stages, one per
  *             device; each batch cut into micro-batches that flow through
  *             the stages in the 1F1B order
+ *   tensor    each layer split across the devices (an MLP pair by hidden
+ *             features, attention by heads, sized by measured speed; the
+ *             rest replicated), partial results all-reduced: batch size 1
  *
  * The trainer, `tandem eval` and C programs drive each the same way: create
  * it over a group, step, evaluate, save and load whole-model checkpoints. A
@@ -34,7 +37,8 @@ extern "C" {
 typedef struct td_strategy td_strategy;
 
 typedef struct td_strategy_config {
-    const char *name;        /* "single" (also NULL), "data" or "pipeline" */
+    const char *name;        /* "single" (also NULL), "data", "pipeline",
+                                "tensor" */
     td_dtype dtype;          /* of the weights and activations */
     uint64_t seed;           /* initialisation (as td_model_load's) and dropout */
     td_optimizer_config opt; /* every member's optimizer */

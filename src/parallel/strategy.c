@@ -2,6 +2,7 @@
  * needs (the group, the model's JSON, the configuration) in td_strategy,
  * finds the strategy's table by name and fills the optional slots it leaves
  * NULL with their defaults. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,11 +20,16 @@ static const td_strategy_ops *const strategies[] = {
 
 #define NSTRATEGIES (sizeof strategies / sizeof *strategies)
 
-/* The same names in the same order, NULL-terminated (a table's name is not
- * a constant expression, so this list cannot be built from the tables). */
-static const char *const names[NSTRATEGIES + 1] = {"single", "data", "pipeline", "tensor", NULL};
+static const char *names[NSTRATEGIES + 1]; /* the tables' names, NULL-terminated */
+static pthread_once_t names_once = PTHREAD_ONCE_INIT;
+
+static void fill_names(void) {
+    for (size_t i = 0; i < NSTRATEGIES; i++)
+        names[i] = strategies[i]->name;
+}
 
 const char *const *td_strategy_names(void) {
+    pthread_once(&names_once, fill_names);
     return names;
 }
 
