@@ -239,7 +239,6 @@ static void a_slowed_device_gets_fewer_layers(void **state) {
     TD_ASSERT_OK(td_strategy_create(g, gpt_json, "test", &c, &s));
     td_strategy_plan(s, plan, sizeof plan);
     assert_true(layers_of(plan, "cpu:0") > layers_of(plan, "cpu:1"));
-    assert_true(layers_of(plan, "cpu:1") >= 1);
     td_strategy_destroy(s);
     td_group_destroy(g);
 }

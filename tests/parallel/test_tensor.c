@@ -311,6 +311,41 @@ static void checkpoints_move_to_and_from_single(void **state) {
     free_data(d);
 }
 
+/* A GPT of 256 channels: 3.2 M weights, about 51 MB with their gradients
+ * and AdamW's two moments; a 36 MB budget holds a shard's half, not the
+ * whole. Refused on one device naming it, trained on two. */
+static void a_model_too_big_for_one_device_trains_split(void **state) {
+    const char *wide =
+        "{\"name\": \"wide\", \"input\": {\"tokens\": 8, \"vocab\": 64}, \"layers\": ["
+        "{\"type\": \"embedding\", \"vocab\": 64, \"dim\": 256, \"positions\": true},"
+        "{\"type\": \"repeat\", \"count\": 4, \"layers\": ["
+        "  {\"type\": \"residual\", \"layers\": [{\"type\": \"layernorm\"},"
+        "    {\"type\": \"attention\", \"heads\": 4}]},"
+        "  {\"type\": \"residual\", \"layers\": [{\"type\": \"layernorm\"},"
+        "    {\"type\": \"linear\", \"out\": 1024}, {\"type\": \"gelu\"},"
+        "    {\"type\": \"linear\", \"out\": 256}]}]},"
+        "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 64}]}";
+    td_strategy_config c = config("tensor", TD_F32, 2), cs = config("single", TD_F32, 2);
+    td_group *g1 = NULL, *g2 = NULL;
+    td_strategy *s = NULL;
+    data *d = make_data(wide, 2, 2);
+    td_step_result r;
+    (void)state;
+    TD_ASSERT_OK(td_group_create_spec("cpu:0{mem=36M}", NULL, &g1));
+    TD_ASSERT_STATUS(td_strategy_create(g1, wide, "wide.json", &cs, &s), TD_ERR_OUT_OF_MEMORY);
+    td_test_assert_message_contains("cpu:0");
+    assert_null(s);
+    TD_ASSERT_OK(td_group_create_spec("cpu:0{mem=36M},cpu:1{mem=36M}", NULL, &g2));
+    TD_ASSERT_OK(td_strategy_create(g2, wide, "wide.json", &c, &s));
+    for (int k = 0; k < 2; k++)
+        TD_ASSERT_OK(td_strategy_step(s, &d->b[k], (uint64_t)k, &r, NULL));
+    assert_true(isfinite(r.loss_sum) && r.count == 2 * 8);
+    td_strategy_destroy(s);
+    td_group_destroy(g2);
+    td_group_destroy(g1);
+    free_data(d);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(mnist_mlp_like_one_device),
@@ -319,6 +354,7 @@ int main(void) {
         cmocka_unit_test(more_devices_than_heads),
         cmocka_unit_test(a_model_without_units_is_refused),
         cmocka_unit_test(checkpoints_move_to_and_from_single),
+        cmocka_unit_test(a_model_too_big_for_one_device_trains_split),
     };
     return cmocka_run_group_tests(tests, td_test_tmpdir_setup, td_test_tmpdir_teardown);
 }
