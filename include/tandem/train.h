@@ -226,7 +226,8 @@ typedef struct td_train_summary {
     int stopped;       /* 1 when max_seconds or the callback ended the run early */
     char device[32];   /* the device that trained ("cpu:0"), or the first of several */
     int devices_named; /* devices --devices opened (in this process) */
-    char strategy[16]; /* the strategy that trained ("single", "data", "pipeline") */
+    char strategy[16]; /* the strategy that trained ("single", "data", "pipeline", "tensor") */
+    char plan[2048];   /* what each device held at the end (td_strategy_plan), a line each */
     /* Every member's totals over the run (td_step_stats added up). */
     int members;        /* devices that trained, all processes; 1 for "single" */
     int root;           /* 1 in the process that reports (MPI rank 0, or the only one) */

@@ -106,7 +106,7 @@ static int known_strategy(const char *name) {
     return 0;
 }
 
-/* "single, data or pipeline" into buf. */
+/* "single, data, pipeline or tensor" into buf. */
 static const char *strategy_list(char *buf, size_t size) {
     const char *const *n = td_strategy_names();
     size_t used = 0;
@@ -123,6 +123,8 @@ static const char *strategy_list(char *buf, size_t size) {
  * and its wait is the pipeline's idle time. */
 static void print_members(const td_train_summary *s) {
     int pipeline = !strcmp(s->strategy, "pipeline");
+    if (pipeline || !strcmp(s->strategy, "tensor"))
+        printf("\n%s", s->plan);
     printf("\n%-14s %9s %7s %11s %10s %10s %10s %8s\n", "device", "samples", "share", "compute s",
            pipeline ? "transfer s" : "comm s", "update s", pipeline ? "idle s" : "wait s",
            "parked");
@@ -149,6 +151,10 @@ static void print_members(const td_train_summary *s) {
     if (pipeline)
         printf("pipeline: share: of the layers' cost; transfer: activations and their "
                "gradients copied in; idle: the bubble and waiting for the neighbours\n\n");
+    else if (!strcmp(s->strategy, "tensor"))
+        printf("tensor: every device takes every sample (the plan at the start says which heads "
+               "and hidden features each holds); comm: the all-reduces of partial results and "
+               "input gradients, waiting for the others included\n\n");
     else
         printf("gradient reduction: %d bucket%s, %d started during backward, %.0f%% of its time "
                "hidden behind backward; step time %.2fx the ideal\n\n",

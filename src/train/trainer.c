@@ -553,6 +553,7 @@ static void finish(td__trainer *t, int64_t first_epoch) {
             snprintf(out->device, sizeof out->device, "%s",
                      td_device_name(td_group_device(t->group, r)));
     snprintf(out->strategy, sizeof out->strategy, "%s", td_strategy_name(t->s));
+    td_strategy_plan(t->s, out->plan, sizeof out->plan);
     out->devices_named = (int)td_device_list_count(t->devs);
     out->root = t->root;
     finish_member_stats(t, out);
