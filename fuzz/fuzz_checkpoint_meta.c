@@ -22,7 +22,7 @@ static char path[64];
 int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size) {
     td_safetensors_writer *w = NULL;
     td_model *m = NULL;
-    char *text = malloc(size + 1), *save = NULL, *json = NULL;
+    char *text = malloc(size + 1), *json = NULL;
     float weight[6] = {0}, bias[2] = {0};
     int64_t ws[2] = {2, 3}, bs[1] = {2};
     td_dtype dt;
@@ -40,9 +40,11 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size) {
     td_safetensors_writer_add(w, "layers.0.weight", TD_F32, 2, ws, weight);
     td_safetensors_writer_add(w, "layers.0.bias", TD_F32, 1, bs, bias);
     td_safetensors_writer_set_meta(w, "tandem.model", model);
-    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-        char *eq = strchr(line, '=');
-        if (!eq)
+    for (char *line = text, *end; line; line = end) {
+        char *eq;
+        if ((end = strchr(line, '\n')))
+            *end++ = '\0';
+        if (!(eq = strchr(line, '=')))
             continue;
         *eq = '\0';
         td_safetensors_writer_set_meta(w, line, eq + 1); /* may refuse: not UTF-8, reserved */
