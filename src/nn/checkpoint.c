@@ -343,34 +343,28 @@ fail:
     return st;
 }
 
-td_status td_checkpoint_load_part(const char *path, td_model *m, td_optimizer *opt,
-                                  td_train_state *state) {
+/* Loads the file at path into m and opt (see load_into for whole). */
+static td_status load_file(const char *path, td_model *m, td_optimizer *opt, int whole,
+                           td_train_state *state) {
     td_safetensors *sf = NULL;
     td_status st;
     if (!path || !m)
-        return td__error(TD_ERR_INVALID_ARG, "td_checkpoint_load_part: path or model is NULL");
-    TD_TRY(td_safetensors_load(path, &sf));
-    TD_TRY(load_into(sf, m, opt, 0, state));
-    td_safetensors_destroy(sf);
-    return TD_OK;
-fail:
+        return td__error(TD_ERR_INVALID_ARG, "%s: path or model is NULL",
+                         whole ? "td_checkpoint_load" : "td_checkpoint_load_part");
+    if ((st = td_safetensors_load(path, &sf)) == TD_OK)
+        st = load_into(sf, m, opt, whole, state);
     td_safetensors_destroy(sf);
     return st;
 }
 
+td_status td_checkpoint_load_part(const char *path, td_model *m, td_optimizer *opt,
+                                  td_train_state *state) {
+    return load_file(path, m, opt, 0, state);
+}
+
 td_status td_checkpoint_load(const char *path, td_model *m, td_optimizer *opt,
                              td_train_state *state) {
-    td_safetensors *sf = NULL;
-    td_status st;
-    if (!path || !m)
-        return td__error(TD_ERR_INVALID_ARG, "td_checkpoint_load: path or model is NULL");
-    TD_TRY(td_safetensors_load(path, &sf));
-    TD_TRY(load_into(sf, m, opt, 1, state));
-    td_safetensors_destroy(sf);
-    return TD_OK;
-fail:
-    td_safetensors_destroy(sf);
-    return st;
+    return load_file(path, m, opt, 1, state);
 }
 
 td_status td_checkpoint_load_model(const char *path, td_device *dev, td_model **out,

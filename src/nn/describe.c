@@ -65,7 +65,7 @@ static td_status parse_input(td_model *m, const char *file, json_t *in) {
 }
 
 /* "(2, 3)" for a per-sample shape. */
-static const char *shape_text(const int64_t *s, int n, char buf[64]) {
+const char *td__nn_shape_text(const int64_t *s, int n, char buf[64]) {
     size_t used = (size_t)snprintf(buf, 64, "(");
     for (int i = 0; i < n && used < 64; i++)
         used += (size_t)snprintf(buf + used, 64 - used, "%s%lld", i ? ", " : "", (long long)s[i]);
@@ -86,7 +86,7 @@ static td_status check_output(td_model *m, const char *file) {
             return td__error(TD_ERR_PARSE,
                              "%s: layers: the last layer gives %s per sample; a token model "
                              "must end with (%lld, %lld) logits (tokens, vocab)",
-                             file, shape_text(root->out_shape, root->out_ndim, s),
+                             file, td__nn_shape_text(root->out_shape, root->out_ndim, s),
                              (long long)m->in_shape[0], (long long)m->classes);
         return TD_OK;
     }
@@ -94,7 +94,7 @@ static td_status check_output(td_model *m, const char *file) {
         return td__error(TD_ERR_PARSE,
                          "%s: layers: the last layer gives %s per sample; a classifier ends with "
                          "(classes) logits (add a flatten and a linear)",
-                         file, shape_text(root->out_shape, root->out_ndim, s));
+                         file, td__nn_shape_text(root->out_shape, root->out_ndim, s));
     m->classes = root->out_shape[0];
     return TD_OK;
 }

@@ -16,15 +16,6 @@ static int64_t prod(const int64_t *s, int n) {
     return p;
 }
 
-static const char *shape_text(const int64_t *s, int n, char buf[64]) {
-    size_t used = (size_t)snprintf(buf, 64, "(");
-    for (int i = 0; i < n && used < 64; i++)
-        used += (size_t)snprintf(buf + used, 64 - used, "%s%lld", i ? ", " : "", (long long)s[i]);
-    if (used < 64)
-        snprintf(buf + used, 64 - used, ")");
-    return buf;
-}
-
 /* Building from JSON --------------------------------------------------------------------- */
 
 typedef struct build_ctx {
@@ -110,7 +101,7 @@ static td_status shape_error(const build_ctx *b, const char *type, const char *n
                              const int64_t *in_shape) {
     char s[64];
     return td__error(TD_ERR_PARSE, "%s: %s: %s needs %s input, got %s", b->file, b->where, type,
-                     need, shape_text(in_shape, in_ndim, s));
+                     need, td__nn_shape_text(in_shape, in_ndim, s));
 }
 
 /* The stream of the parameter made last: its place in the whole model, so
@@ -370,8 +361,8 @@ td_status td__layer_build(td_model *m, const char *file, json_t *spec, const cha
             st = td__error(TD_ERR_PARSE,
                            "%s: %s: residual: its layers turn %s into %s; they must "
                            "keep the shape",
-                           file, where, shape_text(in_shape, in_ndim, s1),
-                           shape_text(inner->out_shape, inner->out_ndim, s2));
+                           file, where, td__nn_shape_text(in_shape, in_ndim, s1),
+                           td__nn_shape_text(inner->out_shape, inner->out_ndim, s2));
             goto fail;
         }
         l->out_ndim = in_ndim;

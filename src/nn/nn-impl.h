@@ -265,4 +265,7 @@ td_status td__model_reduce(td_model *m, td_tensor *t);
 /* Zeros t (a view) on the device's thread. */
 td_status td__zero(td_tensor *t);
 
+/* "(2, 3)" for a per-sample shape, into buf (describe.c). */
+const char *td__nn_shape_text(const int64_t *s, int n, char buf[64]);
+
 #endif

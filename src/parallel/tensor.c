@@ -312,14 +312,19 @@ static td_status tp_evaluate(void *impl, const td_batch *batches, size_t n,
 
 /* Checkpoints (tensor_ckpt.c) and the rest ----------------------------------------- */
 
-static td_status tp_save(void *impl, const char *path, const td_train_state *state) {
-    tensor_par *p = impl;
-    td_model *shards[TD_DP_MAX_MEMBERS];
-    td_optimizer *opts[TD_DP_MAX_MEMBERS];
+/* Every member's shard and optimizer, in rank order. */
+static void shards_of(tensor_par *p, td_model **shards, td_optimizer **opts) {
     for (int k = 0; k < p->size; k++) {
         shards[k] = p->mb[k].m;
         opts[k] = p->mb[k].opt;
     }
+}
+
+static td_status tp_save(void *impl, const char *path, const td_train_state *state) {
+    tensor_par *p = impl;
+    td_model *shards[TD_DP_MAX_MEMBERS];
+    td_optimizer *opts[TD_DP_MAX_MEMBERS];
+    shards_of(p, shards, opts);
     return td__tensor_save(shards, opts, p->size, path, state);
 }
 
@@ -327,10 +332,7 @@ static td_status tp_load(void *impl, const char *path, td_train_state *state) {
     tensor_par *p = impl;
     td_model *shards[TD_DP_MAX_MEMBERS];
     td_optimizer *opts[TD_DP_MAX_MEMBERS];
-    for (int k = 0; k < p->size; k++) {
-        shards[k] = p->mb[k].m;
-        opts[k] = p->mb[k].opt;
-    }
+    shards_of(p, shards, opts);
     return td__tensor_load(shards, opts, p->size, path, state);
 }
 

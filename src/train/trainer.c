@@ -388,17 +388,24 @@ static void note_eval(td__trainer *t, const td_train_event *ev) {
     t->last_eval_step = t->state.step;
 }
 
-/* The epoch ended: evaluate, report, save. */
-static td_status end_epoch(td__trainer *t, int64_t epoch) {
-    const td_train_config *cfg = t->cfg;
+/* An event of `kind` in `epoch` at the run's current step, the rest zero. */
+static td_train_event event_now(const td__trainer *t, td_train_event_kind kind, int64_t epoch) {
     td_train_event ev;
     memset(&ev, 0, sizeof ev);
-    ev.kind = TD_TRAIN_EVENT_EPOCH;
+    ev.kind = kind;
     ev.step = t->state.step;
     ev.total_steps = t->state.opt.total_steps;
     ev.epoch = epoch;
     ev.batch_in_epoch = t->ep_batches;
     ev.batches_per_epoch = t->bpe;
+    return ev;
+}
+
+/* The epoch ended: evaluate, report, save. */
+static td_status end_epoch(td__trainer *t, int64_t epoch) {
+    const td_train_config *cfg = t->cfg;
+    td_train_event ev;
+    ev = event_now(t, TD_TRAIN_EVENT_EPOCH, epoch);
     ev.lr = td_strategy_lr(t->s);
     fill_epoch_event(t, &ev);
     ev.eval_loss = ev.eval_accuracy = NAN;
@@ -472,13 +479,7 @@ static td_status take_step(td__trainer *t, const td_batch *b, uint64_t s0, int64
         return td__error(TD_ERR_INTERNAL,
                          "the loss became %g at step %lld (learning rate %g too high?)", r.loss_sum,
                          (long long)t->state.step, lr);
-    memset(&ev, 0, sizeof ev);
-    ev.kind = TD_TRAIN_EVENT_STEP;
-    ev.step = t->state.step;
-    ev.total_steps = t->state.opt.total_steps;
-    ev.epoch = epoch;
-    ev.batch_in_epoch = t->ep_batches;
-    ev.batches_per_epoch = t->bpe;
+    ev = event_now(t, TD_TRAIN_EVENT_STEP, epoch);
     ev.loss = r.count ? r.loss_sum / (double)r.count : NAN;
     ev.accuracy = r.count ? (double)r.correct / (double)r.count : NAN;
     ev.lr = lr;
@@ -568,12 +569,8 @@ static void finish(td__trainer *t, int64_t first_epoch) {
     td_dataset_get_info(t->test, &ti);
     out->test_samples =
         cfg->eval_samples > 0 && cfg->eval_samples < ti.size ? cfg->eval_samples : ti.size;
-    memset(&ev, 0, sizeof ev);
-    ev.kind = TD_TRAIN_EVENT_DONE;
-    ev.step = t->state.step;
-    ev.total_steps = t->state.opt.total_steps;
-    td_loader_position(t->loader, &ev.epoch, NULL);
-    ev.batches_per_epoch = t->bpe;
+    ev = event_now(t, TD_TRAIN_EVENT_DONE, last_epoch);
+    ev.batch_in_epoch = 0;
     ev.loss = out->final_loss;
     ev.accuracy = t->ep_count ? (double)t->ep_correct / (double)t->ep_count : NAN;
     ev.lr = td_strategy_lr(t->s);
