@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "support/dp_check.h"
+#include "support/model_data.h"
 #include "support/support.h"
 #include "tandem/checkpoint.h"
 #include "tandem/strategy.h"
@@ -31,56 +32,6 @@ static const char *gpt_json =
     "    {\"type\": \"linear\", \"out\": 64}, {\"type\": \"gelu\"},"
     "    {\"type\": \"dropout\", \"p\": 0.1}, {\"type\": \"linear\", \"out\": 32}]}]},"
     "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 64}]}";
-
-/* Batches for a model: features normal, or tokens, and labels, seeded. */
-typedef struct data {
-    int steps;
-    int64_t n;
-    float *x;
-    int32_t *tok, *lab;
-    td_batch b[8];
-} data;
-
-static uint64_t next(uint64_t *s) {
-    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-    return *s >> 33;
-}
-
-static data *make_data(const char *json, int steps, int64_t n) {
-    td_model_info info;
-    data *d = calloc(1, sizeof *d);
-    int64_t feats = 1, lps;
-    uint64_t s = 12345;
-    TD_ASSERT_OK(td_model_describe(json, "test", &info, NULL, 0));
-    for (int i = 0; i < info.in_ndim; i++)
-        feats *= info.in_shape[i];
-    lps = info.kind == TD_INPUT_TOKENS ? info.in_shape[0] : 1;
-    d->steps = steps;
-    d->n = n;
-    d->x = calloc((size_t)(steps * n * feats), sizeof *d->x);
-    d->tok = calloc((size_t)(steps * n * feats), sizeof *d->tok);
-    d->lab = calloc((size_t)(steps * n * lps), sizeof *d->lab);
-    for (int64_t i = 0; i < steps * n * feats; i++) {
-        d->x[i] = (float)((double)next(&s) / (double)(1ull << 31) - 0.5) * 2.0f;
-        d->tok[i] = (int32_t)(next(&s) % (uint64_t)info.classes);
-    }
-    for (int64_t i = 0; i < steps * n * lps; i++)
-        d->lab[i] = (int32_t)(next(&s) % (uint64_t)info.classes);
-    for (int k = 0; k < steps; k++) {
-        d->b[k].n = n;
-        d->b[k].x = info.kind == TD_INPUT_TOKENS ? NULL : d->x + k * n * feats;
-        d->b[k].tokens = info.kind == TD_INPUT_TOKENS ? d->tok + k * n * feats : NULL;
-        d->b[k].labels = d->lab + k * n * lps;
-    }
-    return d;
-}
-
-static void free_data(data *d) {
-    free(d->x);
-    free(d->tok);
-    free(d->lab);
-    free(d);
-}
 
 /* The optimizer of a check: SGD with momentum, whose update is linear in
  * the gradients, so that the summation order's rounding stays there; or
@@ -126,7 +77,7 @@ static td_status ref_step(td_device *dev, void *arg) {
 }
 
 /* One device (dev), no strategy, over d's batches. */
-static td_model *reference(const char *json, td_device *dev, td_dtype dt, const data *d,
+static td_model *reference(const char *json, td_device *dev, td_dtype dt, const td_test_data *d,
                            td_step_result *last) {
     td_model *m = NULL;
     td_optimizer *o = NULL;
@@ -162,9 +113,9 @@ static double weights_diff(td_strategy *s, td_model *ref) {
 static void check_like_one_device(const char *json, const char *spec, td_dtype dt, int64_t batch,
                                   int64_t micro, td_optimizer_kind kind, double tol) {
     opt_in_use = optimizer(kind);
-    data *d = make_data(json, STEPS, batch);
+    td_test_data *d = td_test_data_create(json, STEPS, batch);
     td_device_list *one = td_test_open("cpu:0");
-    td_step_result ref_last, last = {0, 0, 0};
+    td_step_result ref_last = {0, 0, 0}, last = {0, 0, 0};
     td_model *ref = reference(json, td_device_list_get(one, 0), dt, d, &ref_last);
     td_group *g = NULL;
     td_strategy *s = NULL;
@@ -192,7 +143,7 @@ static void check_like_one_device(const char *json, const char *spec, td_dtype d
     td_group_destroy(g);
     td_model_destroy(ref);
     td_device_list_destroy(one);
-    free_data(d);
+    td_test_data_destroy(d);
 }
 
 static void mlp_on_two_and_three_devices(void **state) {
@@ -254,7 +205,7 @@ static void more_devices_than_layers(void **state) {
  * bitwise the same as four steps in one go; and the checkpoint opens under
  * `single` with the same weights. */
 static void checkpoints_move_between_strategies(void **state) {
-    data *d = make_data(gpt_json, 4, 4);
+    td_test_data *d = td_test_data_create(gpt_json, 4, 4);
     opt_in_use = optimizer(TD_OPT_ADAMW);
     td_group *g = NULL;
     td_strategy *a = NULL, *b = NULL, *one = NULL;
@@ -293,7 +244,7 @@ static void checkpoints_move_between_strategies(void **state) {
     td_strategy_destroy(b);
     td_strategy_destroy(a);
     td_group_destroy(g);
-    free_data(d);
+    td_test_data_destroy(d);
 }
 
 /* A GPT of 256 channels: too big for one device's budget, trained on two. */
@@ -314,7 +265,7 @@ static void a_model_too_big_for_one_device_trains_split(void **state) {
     td_strategy_config c = config("pipeline", TD_F32, 4, 2), cs = config("single", TD_F32, 4, 0);
     td_group *g1 = NULL, *g2 = NULL;
     td_strategy *s = NULL;
-    data *d = make_data(wide, 2, 4);
+    td_test_data *d = td_test_data_create(wide, 2, 4);
     td_step_result r;
     (void)state;
     TD_ASSERT_OK(td_group_create_spec("cpu:0{mem=36M}", NULL, &g1));
@@ -331,7 +282,7 @@ static void a_model_too_big_for_one_device_trains_split(void **state) {
     td_strategy_destroy(s);
     td_group_destroy(g2);
     td_group_destroy(g1);
-    free_data(d);
+    td_test_data_destroy(d);
 }
 
 static void bad_micro_batch_counts(void **state) {

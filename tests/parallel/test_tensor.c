@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "support/dp_check.h"
+#include "support/model_data.h"
 #include "support/support.h"
 #include "tandem/checkpoint.h"
 #include "tandem/strategy.h"
@@ -52,56 +53,6 @@ static char *mnist_json(void) {
     return (char *)td_test_read_file(path, NULL);
 }
 
-/* Batches for a model: features normal, or tokens, and labels, seeded. */
-typedef struct data {
-    int steps;
-    int64_t n;
-    float *x;
-    int32_t *tok, *lab;
-    td_batch b[8];
-} data;
-
-static uint64_t next(uint64_t *s) {
-    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-    return *s >> 33;
-}
-
-static data *make_data(const char *json, int steps, int64_t n) {
-    td_model_info info;
-    data *d = calloc(1, sizeof *d);
-    int64_t feats = 1, lps;
-    uint64_t s = 12345;
-    TD_ASSERT_OK(td_model_describe(json, "test", &info, NULL, 0));
-    for (int i = 0; i < info.in_ndim; i++)
-        feats *= info.in_shape[i];
-    lps = info.kind == TD_INPUT_TOKENS ? info.in_shape[0] : 1;
-    d->steps = steps;
-    d->n = n;
-    d->x = calloc((size_t)(steps * n * feats), sizeof *d->x);
-    d->tok = calloc((size_t)(steps * n * feats), sizeof *d->tok);
-    d->lab = calloc((size_t)(steps * n * lps), sizeof *d->lab);
-    for (int64_t i = 0; i < steps * n * feats; i++) {
-        d->x[i] = (float)((double)next(&s) / (double)(1ull << 31) - 0.5) * 2.0f;
-        d->tok[i] = (int32_t)(next(&s) % (uint64_t)info.classes);
-    }
-    for (int64_t i = 0; i < steps * n * lps; i++)
-        d->lab[i] = (int32_t)(next(&s) % (uint64_t)info.classes);
-    for (int k = 0; k < steps; k++) {
-        d->b[k].n = n;
-        d->b[k].x = info.kind == TD_INPUT_TOKENS ? NULL : d->x + k * n * feats;
-        d->b[k].tokens = info.kind == TD_INPUT_TOKENS ? d->tok + k * n * feats : NULL;
-        d->b[k].labels = d->lab + k * n * lps;
-    }
-    return d;
-}
-
-static void free_data(data *d) {
-    free(d->x);
-    free(d->tok);
-    free(d->lab);
-    free(d);
-}
-
 /* AdamW clipping to a norm that binds: every member's gradients together.
  * AdamW divides each gradient by its own size plus eps, so a gradient near
  * zero turns its rounding into updates of lr * rounding / eps: attention's
@@ -136,7 +87,8 @@ static td_status create(td_group *g, const char *json, const td_strategy_config 
 
 /* Trains `name` on spec over d's batches; the checkpoint at path. */
 static td_strategy *train(const char *name, const char *spec, const char *json, td_dtype dt,
-                          const data *d, td_group **g, td_step_result *last, td_step_stats *stats) {
+                          const td_test_data *d, td_group **g, td_step_result *last,
+                          td_step_stats *stats) {
     td_strategy *s = NULL;
     td_strategy_config c = config(name, dt, d->n);
     char plan[4096];
@@ -164,7 +116,7 @@ static void print_worst(const char *pa, const char *pb) {
 
 static void check_like_one_device(const char *json, const char *spec, td_dtype dt, int64_t batch,
                                   double tol, const char *want_plan) {
-    data *d = make_data(json, STEPS, batch);
+    td_test_data *d = td_test_data_create(json, STEPS, batch);
     td_group *g1 = NULL, *g = NULL;
     td_step_result r1, r;
     td_step_stats stats;
@@ -202,7 +154,7 @@ static void check_like_one_device(const char *json, const char *spec, td_dtype d
     td_strategy_destroy(one);
     td_group_destroy(g);
     td_group_destroy(g1);
-    free_data(d);
+    td_test_data_destroy(d);
 }
 
 static void mnist_mlp_like_one_device(void **state) {
@@ -256,7 +208,7 @@ static void a_model_without_units_is_refused(void **state) {
  * saved under single resumes under tensor: weights, optimizer state and
  * step count, so the next step agrees too. */
 static void checkpoints_move_to_and_from_single(void **state) {
-    data *d = make_data(gpt_json, STEPS + 1, 2);
+    td_test_data *d = td_test_data_create(gpt_json, STEPS + 1, 2);
     td_group *g1 = NULL, *g = NULL;
     td_strategy_config c1 = config("single", TD_F64, 2), c = config("tensor", TD_F64, 2);
     td_strategy *one = NULL, *tp = NULL;
@@ -312,7 +264,7 @@ static void checkpoints_move_to_and_from_single(void **state) {
     td_strategy_destroy(tp);
     td_group_destroy(g);
     td_group_destroy(g1);
-    free_data(d);
+    td_test_data_destroy(d);
 }
 
 /* A GPT of 256 channels: 3.2 M weights, about 51 MB with their gradients
@@ -333,7 +285,7 @@ static void a_model_too_big_for_one_device_trains_split(void **state) {
     c.opt.kind = cs.opt.kind = TD_OPT_ADAMW; /* the two moments the size above counts */
     td_group *g1 = NULL, *g2 = NULL;
     td_strategy *s = NULL;
-    data *d = make_data(wide, 2, 2);
+    td_test_data *d = td_test_data_create(wide, 2, 2);
     td_step_result r;
     (void)state;
     TD_ASSERT_OK(td_group_create_spec("cpu:0{mem=36M}", NULL, &g1));
@@ -348,7 +300,7 @@ static void a_model_too_big_for_one_device_trains_split(void **state) {
     td_strategy_destroy(s);
     td_group_destroy(g2);
     td_group_destroy(g1);
-    free_data(d);
+    td_test_data_destroy(d);
 }
 
 int main(void) {
