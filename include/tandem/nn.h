@@ -319,8 +319,11 @@ TD_API td_status td_optimizer_step(td_optimizer *opt, double *grad_norm);
  * tail), named as the whole optimizer's; a checkpoint refuses it and takes
  * the whole state (td_dp_gather_optimizer). Clipping needs the norm of the whole
  * gradient: `reduce`, when set, sums every shard's sum of squares (each
- * shard counts its own elements, and the tail only in shard 0). */
-typedef td_status (*td_sumsq_reduce_fn)(void *arg, double *sumsq);
+ * shard counts its own elements, and the tail only in shard 0). It gets
+ * *sumsq as the sum of `terms` (n = 2 * parameters: each parameter's shard,
+ * then its tail; 0 where not counted), added in that order, and returns
+ * the whole gradient's. */
+typedef td_status (*td_sumsq_reduce_fn)(void *arg, const double *terms, size_t n, double *sumsq);
 TD_API td_status td_optimizer_create_shard(td_model *m, const td_optimizer_config *cfg, int rank,
                                            int size, td_optimizer **out);
 TD_API void td_optimizer_set_sumsq_reduce(td_optimizer *opt, td_sumsq_reduce_fn reduce, void *arg);

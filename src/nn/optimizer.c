@@ -18,6 +18,7 @@ struct td_optimizer {
     td_sumsq_reduce_fn reduce;
     void *reduce_arg;
     int skip_replicated; /* a shard's: leave its whole parameters out of the norm */
+    double *terms;       /* (2 * nparams): the norm's sums of squares, for `reduce` */
     int per_param;       /* state tensors per parameter: 0, 1 (SGD) or 2 (AdamW) */
     size_t nstate;
     td_tensor **state;
@@ -86,6 +87,10 @@ td_status td_optimizer_create_shard(td_model *m, const td_optimizer_config *cfg,
     o->shards = size;
     o->per_param = cfg->kind == TD_OPT_ADAMW ? 2 : cfg->momentum > 0 ? 1 : 0;
     o->nstate = m->nparams * (size_t)o->per_param;
+    if (!(o->terms = td__calloc(sizeof *o->terms * (2 * m->nparams + 1), "optimizer state"))) {
+        st = TD_ERR_OUT_OF_MEMORY;
+        goto fail;
+    }
     if (o->nstate) {
         o->state = td__calloc(sizeof *o->state * o->nstate, "optimizer state");
         o->names = td__calloc(sizeof *o->names * o->nstate, "optimizer state");
@@ -133,6 +138,7 @@ void td_optimizer_destroy(td_optimizer *o) {
     }
     free(o->state);
     free(o->names);
+    free(o->terms);
     free(o);
 }
 
@@ -230,23 +236,26 @@ static int part_views(td_optimizer *o, size_t i, int part, td_tensor *w, td_tens
 }
 
 /* The squared norm of the gradient: of the part this optimizer owns, summed
- * over the shards by its reducer (the tail counted by shard 0 only). */
+ * over the shards by its reducer (the tail counted by shard 0 only). The sum
+ * runs over the parameters in order, each one's shard before its tail, so a
+ * reducer given the terms can sum a whole model's the same way. */
 static td_status grad_sumsq(td_optimizer *o, double *sum) {
     td_status st;
     *sum = 0;
+    memset(o->terms, 0, sizeof *o->terms * 2 * o->m->nparams);
     for (size_t i = 0; i < o->m->nparams; i++)
         for (int part = 0; part < 2; part++) {
             td_tensor w, g, state[2];
-            double s;
+            double *s = &o->terms[2 * i + (size_t)part];
             if ((part && o->shard != 0) || !part_views(o, i, part, &w, &g, state))
                 continue;
             if (o->skip_replicated && o->m->splits && o->m->slices[i].dim < 0)
                 continue;
-            if ((st = td__op_sumsq(&g, &s)) != TD_OK)
+            if ((st = td__op_sumsq(&g, s)) != TD_OK)
                 return st;
-            *sum += s;
+            *sum += *s;
         }
-    return o->reduce ? o->reduce(o->reduce_arg, sum) : TD_OK;
+    return o->reduce ? o->reduce(o->reduce_arg, o->terms, 2 * o->m->nparams, sum) : TD_OK;
 }
 
 static td_status opt_step_task(td_device *dev, void *arg) {

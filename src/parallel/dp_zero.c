@@ -45,9 +45,11 @@ static size_t largest_param(td_model *m) {
 
 /* Sums every member's part of the squared gradient norm (the optimizer's
  * reducer, called on the member's thread during the step). */
-static td_status sum_over_members(void *arg, double *sumsq) {
+static td_status sum_over_members(void *arg, const double *terms, size_t n, double *sumsq) {
     dp_member *mb = arg;
     td_status st;
+    (void)terms;
+    (void)n;
     if ((st = td_tensor_write_f64(mb->scalar, sumsq, 1)) != TD_OK ||
         (st = td_allreduce_tensor(mb->g, mb->scalar, TD_REDUCE_SUM)) != TD_OK)
         return st;

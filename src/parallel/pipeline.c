@@ -38,7 +38,10 @@ typedef struct channel {
     int64_t posted, consumed;               /* messages 0..posted-1 posted; consumed likewise */
 } channel;
 
+typedef struct pipeline pipeline;
+
 typedef struct stage {
+    pipeline *p;
     td_group *group;
     td_device *dev;
     int rank, slots;
@@ -47,12 +50,14 @@ typedef struct stage {
     td_buffer *recv; /* what this stage copies its neighbours' messages into */
     size_t recv_bytes;
     td_buffer *stats_send, *stats_all; /* (STAT_WORDS), (size, STAT_WORDS) f64 */
-    td_buffer *scalar;                 /* (1) f64: the gradients' squared norm, summed */
+    size_t term_first;                 /* this stage's first term of the model's norm */
+    td_buffer *terms;                  /* (nterms) f64: the norm's terms, gathered */
+    double *terms_host;
     double compute_s, comm_s, update_s, wait_s;
     td_step_result res;
 } stage;
 
-typedef struct pipeline {
+struct pipeline {
     td_strategy *s;
     td_group *g;
     int size;
@@ -60,6 +65,7 @@ typedef struct pipeline {
     td_layer_info *layers;
     td_pp_plan plan;
     int64_t micro_batches;
+    size_t nterms; /* the gradient norm's terms: two per parameter of the model */
     stage st[TD_PP_MAX_STAGES];
     int prev[TD_PP_MAX_STAGES], next[TD_PP_MAX_STAGES]; /* neighbours with layers, or -1 */
     channel fwd[TD_PP_MAX_STAGES];                      /* k to next[k]: activations */
@@ -75,7 +81,7 @@ typedef struct pipeline {
     int train;
     uint64_t step;
     double grad_scale;
-} pipeline;
+};
 
 /* Channels ---------------------------------------------------------------- */
 
@@ -291,12 +297,25 @@ static td_status run_schedule(pipeline *p, stage *s, int k) {
 }
 
 /* The squared norm of every stage's gradients, for clipping (each stage's
- * optimizer calls it from its step). */
-static td_status sum_over_stages(void *arg, double *sumsq) {
+ * optimizer calls it from its step). Each stage's terms go into its own
+ * places of a model-long vector that is summed over the stages: only one
+ * stage's term is not zero in each place, so the sum is exact, and the terms
+ * then add up in the model's order: the norm is one device's, bitwise,
+ * wherever the cuts fall. */
+static td_status sum_over_stages(void *arg, const double *terms, size_t n, double *sumsq) {
     stage *s = arg;
-    TD_CHECK(td_buffer_write(s->scalar, 0, sumsq, sizeof *sumsq));
-    TD_CHECK(td_allreduce(s->group, s->scalar, 0, s->scalar, 0, 1, TD_F64, TD_REDUCE_SUM));
-    return td_buffer_read(s->scalar, 0, sumsq, sizeof *sumsq);
+    pipeline *p = s->p;
+    double sum = 0;
+    memset(s->terms_host, 0, sizeof(double) * p->nterms);
+    if (n)
+        memcpy(s->terms_host + s->term_first, terms, sizeof(double) * n);
+    TD_CHECK(td_buffer_write(s->terms, 0, s->terms_host, sizeof(double) * p->nterms));
+    TD_CHECK(td_allreduce(s->group, s->terms, 0, s->terms, 0, p->nterms, TD_F64, TD_REDUCE_SUM));
+    TD_CHECK(td_buffer_read(s->terms, 0, s->terms_host, sizeof(double) * p->nterms));
+    for (size_t i = 0; i < p->nterms; i++)
+        sum += s->terms_host[i];
+    *sumsq = sum;
+    return TD_OK;
 }
 
 static td_status gather_stats(td_group *g, stage *s) {
@@ -318,7 +337,7 @@ static td_status member_run(td_group *g, td_device *dev, int rank, int size, voi
         st = run_schedule(p, s, rank);
     else if (p->train && p->s->cfg.opt.clip_norm > 0) { /* the others' norm waits for ours */
         double zero = 0;
-        st = sum_over_stages(s, &zero);
+        st = sum_over_stages(s, NULL, 0, &zero);
     }
     if (st != TD_OK) {
         abort_all(p);
@@ -526,7 +545,8 @@ static void pp_destroy(void *impl) {
         td_buffer_free(s->recv);
         td_buffer_free(s->stats_send);
         td_buffer_free(s->stats_all);
-        td_buffer_free(s->scalar);
+        td_buffer_free(s->terms);
+        free(s->terms_host);
         pthread_mutex_destroy(&p->fwd[k].mu);
         pthread_cond_destroy(&p->fwd[k].cv);
         pthread_mutex_destroy(&p->bwd[k].mu);
@@ -582,13 +602,13 @@ static td_status check_devices(pipeline *p) {
 static td_status make_stage(pipeline *p, int k) {
     td_strategy *s = p->s;
     stage *st = &p->st[k];
+    st->p = p;
     st->group = p->g;
     st->dev = td_group_device(p->g, k);
     st->rank = k;
     TD_CHECK(td_buffer_alloc(st->dev, sizeof(double) * STAT_WORDS, &st->stats_send));
     TD_CHECK(
         td_buffer_alloc(st->dev, sizeof(double) * STAT_WORDS * (size_t)p->size, &st->stats_all));
-    TD_CHECK(td_buffer_alloc(st->dev, sizeof(double), &st->scalar));
     if (p->plan.end[k] == p->plan.first[k])
         return TD_OK;
     st->slots = td__pp_slots(&p->plan, k, p->micro_batches);
@@ -597,6 +617,22 @@ static td_status make_stage(pipeline *p, int k) {
     TD_CHECK(td_optimizer_create(st->part, &s->cfg.opt, &st->opt));
     if (s->cfg.opt.clip_norm > 0)
         td_optimizer_set_sumsq_reduce(st->opt, sum_over_stages, st);
+    return TD_OK;
+}
+
+/* Places every stage's parameters take in the model's gradient norm. */
+static td_status make_norm_terms(pipeline *p) {
+    for (int k = 0; k < p->size; k++) {
+        p->st[k].term_first = p->nterms;
+        if (p->st[k].part)
+            p->nterms += 2 * td_model_param_count(p->st[k].part);
+    }
+    for (int k = 0; k < p->size; k++) {
+        stage *st = &p->st[k];
+        if (!(st->terms_host = td__calloc(sizeof(double) * (p->nterms + 1), "a pipeline stage")))
+            return TD_ERR_OUT_OF_MEMORY;
+        TD_CHECK(td_buffer_alloc(st->dev, sizeof(double) * (p->nterms + 1), &st->terms));
+    }
     return TD_OK;
 }
 
@@ -636,7 +672,7 @@ static td_status pp_create(td_strategy *s) {
     }
     for (int k = 0; k < p->size; k++)
         TD_CHECK(make_stage(p, k));
-    return TD_OK;
+    return make_norm_terms(p);
 }
 
 const td_strategy_ops td__strategy_pipeline = {

@@ -82,13 +82,19 @@ static td_status reduce_hook(void *arg, td_tensor *t) {
     return st;
 }
 
+/* Every member's v, summed. */
+static td_status sum_scalar(member *m, double *v) {
+    TD_CHECK(td_buffer_write(m->scalar, 0, v, sizeof *v));
+    TD_CHECK(td_allreduce(m->group, m->scalar, 0, m->scalar, 0, 1, TD_F64, TD_REDUCE_SUM));
+    return td_buffer_read(m->scalar, 0, v, sizeof *v);
+}
+
 /* The squared norm of the whole gradient, for clipping: each member's
  * optimizer counts its slices, member 0's also the replicated parameters. */
-static td_status sum_over_members(void *arg, double *sumsq) {
-    member *m = arg;
-    TD_CHECK(td_buffer_write(m->scalar, 0, sumsq, sizeof *sumsq));
-    TD_CHECK(td_allreduce(m->group, m->scalar, 0, m->scalar, 0, 1, TD_F64, TD_REDUCE_SUM));
-    return td_buffer_read(m->scalar, 0, sumsq, sizeof *sumsq);
+static td_status sum_over_members(void *arg, const double *terms, size_t n, double *sumsq) {
+    (void)terms;
+    (void)n;
+    return sum_scalar(arg, sumsq);
 }
 
 /* Calibration ------------------------------------------------------------------- */
@@ -231,7 +237,7 @@ static td_status member_run(td_group *g, td_device *dev, int rank, int size, voi
             double zero = 0;
             if (turn == rank)
                 st = calibrate_member(p, m);
-            TD_CHECK(sum_over_members(m, &zero));
+            TD_CHECK(sum_scalar(m, &zero));
             TD_CHECK(st);
         }
         return TD_OK;

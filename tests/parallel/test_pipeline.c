@@ -201,13 +201,14 @@ static void more_devices_than_layers(void **state) {
     check_like_one_device(one_layer, "cpu*3", TD_F64, 8, 2, TD_OPT_SGD, 1e-12);
 }
 
-/* Two steps, a checkpoint, a new strategy resuming from it, two more steps:
- * bitwise the same as four steps in one go; and the checkpoint opens under
+/* Two steps, a checkpoint, a new strategy resuming from it on devices that
+ * cut the model elsewhere (one is slowed), two more steps: bitwise the same as
+ * four steps in one go, clipping included; and the checkpoint opens under
  * `single` with the same weights. */
 static void checkpoints_move_between_strategies(void **state) {
     td_test_data *d = td_test_data_create(gpt_json, 4, 4);
     opt_in_use = optimizer(TD_OPT_ADAMW);
-    td_group *g = NULL;
+    td_group *g = NULL, *slowed = NULL;
     td_strategy *a = NULL, *b = NULL, *one = NULL;
     td_strategy_config c = config("pipeline", TD_F64, 4, 2), cs = config("single", TD_F64, 4, 0);
     td_step_result r;
@@ -219,8 +220,9 @@ static void checkpoints_move_between_strategies(void **state) {
     ts.batch = 4;
     ts.opt = c.opt;
     TD_ASSERT_OK(td_group_create_spec("cpu*2", NULL, &g));
+    TD_ASSERT_OK(td_group_create_spec("cpu:0,cpu:1{slowdown=3}", NULL, &slowed));
     TD_ASSERT_OK(td_strategy_create(g, gpt_json, "test", &c, &a));
-    TD_ASSERT_OK(td_strategy_create(g, gpt_json, "test", &c, &b));
+    TD_ASSERT_OK(td_strategy_create(slowed, gpt_json, "test", &c, &b));
     for (int k = 0; k < 2; k++)
         TD_ASSERT_OK(td_strategy_step(a, &d->b[k], (uint64_t)k, &r, NULL));
     TD_ASSERT_OK(td_strategy_save(a, td_test_tmp("half.safetensors"), &ts));
@@ -243,6 +245,7 @@ static void checkpoints_move_between_strategies(void **state) {
     td_strategy_destroy(one);
     td_strategy_destroy(b);
     td_strategy_destroy(a);
+    td_group_destroy(slowed);
     td_group_destroy(g);
     td_test_data_destroy(d);
 }
