@@ -38,6 +38,19 @@ typedef struct td_step_result {
     int64_t count;   /* labels counted: n, or n * T for a GPT */
 } td_step_result;
 
+/* What a model file may ask for, checked when it loads, before its layers
+ * are allocated (docs/models.md): layers once repeat blocks are expanded
+ * (residual blocks and their layers counted), residual and repeat blocks
+ * nested in one another, elements of one tensor (the input or a layer's
+ * output per sample, a parameter), and elements of all the parameters or
+ * of one sample's activations together. Beyond them a file is refused
+ * (TD_ERR_PARSE naming the field) rather than left to exhaust memory or
+ * overflow a size. */
+#define TD_MODEL_MAX_LAYERS 100000
+#define TD_MODEL_MAX_DEPTH  16
+#define TD_MODEL_MAX_TENSOR ((int64_t)1 << 32)
+#define TD_MODEL_MAX_TOTAL  ((int64_t)1 << 36)
+
 /* Loads the model described by the JSON file at path and creates its
  * parameters on dev in dtype, initialised as PyTorch's defaults do, from
  * seed (the same numbers on every device). Errors name the file, the layer
@@ -176,10 +189,11 @@ typedef enum td_split_kind {
 /* One splittable unit, for sizing a split. */
 typedef struct td_split_info {
     td_split_kind kind;
-    int64_t size;   /* hidden features, or heads: what a plan divides */
-    int64_t width;  /* activation columns per unit of size: 1, or the head dimension */
-    char layer[64]; /* the path of its (first) layer: "layers.0", "layers.2.1" */
-    size_t weights; /* scalars of the parameters it splits, in the whole model */
+    int64_t size;    /* hidden features, or heads: what a plan divides */
+    int64_t width;   /* activation columns per unit of size: 1, or the head dimension */
+    char layer[128]; /* the path of its (first) layer: "layers.0", "layers.2.1" (the
+                        limits above keep every path shorter) */
+    size_t weights;  /* scalars of the parameters it splits, in the whole model */
 } td_split_info;
 
 #define TD_SHARD_MAX_UNITS 256

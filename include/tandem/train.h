@@ -150,6 +150,7 @@ typedef enum td_train_event_kind {
 
 typedef struct td_train_event {
     td_train_event_kind kind;
+    int root;               /* 1 in the process that reports (MPI rank 0, or the only one) */
     int64_t step;           /* optimizer steps taken so far (over the whole run) */
     int64_t total_steps;    /* steps the run will take, when known; else 0 */
     int64_t epoch;          /* 0-based epoch the step belongs to */
@@ -163,6 +164,34 @@ typedef struct td_train_event {
     double eval_accuracy; /* EPOCH/DONE: test (or validation) accuracy */
     double elapsed_s;     /* since the run (this process) began */
 } td_train_event;
+
+/* The settings a caller chose (td_train_config.given, or'ed). When resuming,
+ * the checkpoint supplies the rest; those chosen are held against it. */
+typedef enum td_train_given {
+    TD_GIVEN_BATCH = 1u << 0,
+    TD_GIVEN_SEED = 1u << 1,
+    TD_GIVEN_DTYPE = 1u << 2,
+    TD_GIVEN_OPTIMIZER = 1u << 3, /* opt.kind */
+    TD_GIVEN_LR = 1u << 4,
+    TD_GIVEN_MOMENTUM = 1u << 5,
+    TD_GIVEN_NESTEROV = 1u << 6,
+    TD_GIVEN_WEIGHT_DECAY = 1u << 7,
+    TD_GIVEN_CLIP = 1u << 8,
+    TD_GIVEN_SCHEDULE = 1u << 9,
+    TD_GIVEN_WARMUP = 1u << 10,
+    TD_GIVEN_MIN_LR = 1u << 11,
+} td_train_given;
+
+/* What a resumed cosine schedule does over the run's new length. */
+typedef enum td_train_extend {
+    /* Keeps its start and ends at the new last step: a longer run goes on
+     * from a higher rate than the checkpoint's last step had. */
+    TD_EXTEND_STRETCH = 0,
+    /* A new cosine from opt.lr (the checkpoint's unless TD_GIVEN_LR) at the
+     * resumed step down to min_lr at the new last step, without warm-up.
+     * The checkpoint records the phase's first step as its warmup_steps. */
+    TD_EXTEND_RESTART = 1,
+} td_train_extend;
 
 /* Called on the thread that runs td_train_run(). A non-zero return stops
  * the run after the current step (the checkpoint is still written). */
@@ -201,6 +230,13 @@ typedef struct td_train_config {
                               devices suit (td_dp_config.overlap; the default) */
     int64_t micro_batches; /* pipeline: micro-batches per step (at most the batch); 0: chosen
                               from the batch and the stage count */
+    /* Resuming: model_path, when set, must be the checkpoint's model; of the
+     * settings in `given`, batch, seed, dtype, the optimizer's kind and its
+     * warm-up must equal the checkpoint's (else TD_ERR_INVALID_ARG naming
+     * both values), and the optimizer's other settings apply from the
+     * resumed step on. Settings not given are the checkpoint's. */
+    unsigned given;
+    td_train_extend extend; /* resuming a cosine schedule: stretch or restart it */
 } td_train_config;
 
 #define TD_TRAIN_CONFIG_INIT                                                                       \
@@ -210,7 +246,7 @@ typedef struct td_train_config {
         .eval_samples = 0, .eval_each_epoch = 1, .checkpoint = NULL, .checkpoint_every = 0,        \
         .resume = NULL, .metrics = NULL, .callback = NULL, .callback_arg = NULL, .eval_every = 0,  \
         .strategy = NULL, .deterministic = 0, .bucket_bytes = 0, .zero = 0, .overlap = -1,         \
-        .micro_batches = 0                                                                         \
+        .micro_batches = 0, .given = 0, .extend = TD_EXTEND_STRETCH                                \
     }
 
 typedef struct td_train_summary {
@@ -224,6 +260,10 @@ typedef struct td_train_summary {
     double test_accuracy;
     int64_t test_samples;
     int stopped;       /* 1 when max_seconds or the callback ended the run early */
+    double max_lr;     /* the highest learning rate a step of this run took; 0 when none */
+    /* 1 when td_train_run failed because a setting contradicts another, the
+     * data or the checkpoint: the caller's mistake rather than the run's */
+    int bad_setting;
     char device[32];   /* the device that trained ("cpu:0"), or the first of several */
     int devices_named; /* devices --devices opened (in this process) */
     char strategy[16]; /* the strategy that trained ("single", "data", "pipeline", "tensor") */

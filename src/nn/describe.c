@@ -43,6 +43,12 @@ static td_status parse_input(td_model *m, const char *file, json_t *in) {
             return input_error(file, "vocab", "only for token input");
         m->kind = TD_INPUT_FEATURES;
         m->in_ndim = (int)json_array_size(shape);
+        if (td__nn_numel(m->in_shape, m->in_ndim) < 0) {
+            char s[64], msg[160];
+            snprintf(msg, sizeof msg, "%s has more than the %lld elements a tensor may hold",
+                     td__nn_shape_text(m->in_shape, m->in_ndim, s), (long long)TD_MODEL_MAX_TENSOR);
+            return input_error(file, "shape", msg);
+        }
         return TD_OK;
     }
     if (tokens) {
@@ -115,6 +121,31 @@ static void keep_part(td_layer *root, int first, int end) {
     memcpy(root->out_shape, root->children[k - 1]->out_shape, sizeof root->out_shape);
 }
 
+/* Activation elements of layer l for a batch of n (a dry plan). */
+static td_status plan_size(td_layer *l, int64_t n, size_t *elements) {
+    td_nn_plan p;
+    td_tensor x;
+    memset(&p, 0, sizeof p);
+    memset(&x, 0, sizeof x);
+    p.n = n;
+    p.dry = 1;
+    TD_CHECK(l->vt->plan(l, &p, &x));
+    *elements = p.used + p.iused;
+    return TD_OK;
+}
+
+/* One sample's activations must fit the total limit, so that no batch
+ * size the steps accept can overflow the arena's size. */
+static td_status check_activations(td_model *m, const char *file) {
+    size_t elements = 0;
+    td_status st = plan_size(m->root, 1, &elements);
+    if (st == TD_ERR_OUT_OF_MEMORY || (st == TD_OK && elements > (size_t)TD_MODEL_MAX_TOTAL))
+        return td__error(TD_ERR_PARSE,
+                         "%s: layers: one sample's activations come to more than %lld elements",
+                         file, (long long)TD_MODEL_MAX_TOTAL);
+    return st;
+}
+
 td_status td__model_build(const char *json, const char *name, td_device *dev, td_dtype dtype,
                           uint64_t seed, int first, int end, int slots, const td__split *splits,
                           int nsplits, td_model **out) {
@@ -129,6 +160,13 @@ td_status td__model_build(const char *json, const char *name, td_device *dev, td
         name = "<model>";
     if (dtype != TD_F32 && dtype != TD_F64)
         return td__error(TD_ERR_DTYPE, "%s: unknown dtype %d", name, (int)dtype);
+    /* A dry build first checks every limit, so that a file asking too much
+     * is refused before anything is allocated on dev. */
+    if (dev) {
+        TD_CHECK(td__model_build(json, name, NULL, dtype, seed, 0, -1, 0, NULL, 0, &m));
+        td_model_destroy(m);
+        m = NULL;
+    }
     if (!(root = json_loads(json, JSON_REJECT_DUPLICATES, &jerr)))
         return td__error(TD_ERR_PARSE, "%s:%d:%d: %s", name, jerr.line, jerr.column, jerr.text);
     if (!json_is_object(root)) {
@@ -148,6 +186,7 @@ td_status td__model_build(const char *json, const char *name, td_device *dev, td
         goto fail;
     }
     m->dev = dev;
+    m->file = name;
     m->dtype = dtype;
     m->seed = seed;
     m->part_first = first;
@@ -178,11 +217,13 @@ td_status td__model_build(const char *json, const char *name, td_device *dev, td
         st = td__error(TD_ERR_PARSE, "%s: layers: missing (an array of layers)", name);
         goto fail;
     }
+    if ((st = td__layers_check_size(name, json_object_get(root, "layers"))) != TD_OK)
+        goto fail;
     m->build_top = 1;
     if ((st = td__layer_build_seq(m, name, json_object_get(root, "layers"), "layers", "layers",
                                   m->in_ndim, m->in_shape, &m->root)) != TD_OK)
         goto fail;
-    if ((st = check_output(m, name)) != TD_OK)
+    if ((st = check_output(m, name)) != TD_OK || (st = check_activations(m, name)) != TD_OK)
         goto fail;
     m->info.kind = m->kind;
     m->info.in_ndim = m->in_ndim;
@@ -207,25 +248,13 @@ td_status td__model_build(const char *json, const char *name, td_device *dev, td
         m->nslots = slots;
     }
     json_decref(root);
+    m->file = NULL; /* the caller's name need not outlive the build */
     *out = m;
     return TD_OK;
 fail:
     json_decref(root);
     td_model_destroy(m);
     return st;
-}
-
-/* Activation elements of layer l for a batch of n (a dry plan). */
-static td_status plan_size(td_layer *l, int64_t n, size_t *elements) {
-    td_nn_plan p;
-    td_tensor x;
-    memset(&p, 0, sizeof p);
-    memset(&x, 0, sizeof x);
-    p.n = n;
-    p.dry = 1;
-    TD_CHECK(l->vt->plan(l, &p, &x));
-    *elements = p.used + p.iused;
-    return TD_OK;
 }
 
 td_status td_model_describe(const char *json, const char *name, td_model_info *info,

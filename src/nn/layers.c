@@ -10,10 +10,19 @@
 #include "core/error.h"
 #include "nn/nn-impl.h"
 
+/* Loading caps every shape's product (td__nn_numel), so this cannot overflow. */
 static int64_t prod(const int64_t *s, int n) {
     int64_t p = 1;
     for (int i = 0; i < n; i++)
         p *= s[i];
+    return p;
+}
+
+int64_t td__nn_numel(const int64_t *shape, int ndim) {
+    int64_t p = 1;
+    for (int i = 0; i < ndim; i++)
+        if (shape[i] < 0 || __builtin_mul_overflow(p, shape[i], &p) || p > TD_MODEL_MAX_TENSOR)
+            return -1;
     return p;
 }
 
@@ -435,5 +444,6 @@ void td__layer_destroy(td_layer *l) {
     for (int i = 0; i < l->nchildren; i++)
         td__layer_destroy(l->children[i]);
     free(l->children);
+    free(l->path);
     free(l);
 }

@@ -9,13 +9,6 @@
 #include "core/error.h"
 #include "nn/nn-impl.h"
 
-static int64_t prod(const int64_t *s, int n) {
-    int64_t p = 1;
-    for (int i = 0; i < n; i++)
-        p *= s[i];
-    return p;
-}
-
 /* Building from JSON --------------------------------------------------------------------- */
 
 typedef struct build_ctx {
@@ -124,6 +117,12 @@ static td_status add_uniform_param(td_model *m, td_layer *l, const char *name, i
     return init_uniform_fan_in(m, *p, fan_in);
 }
 
+/* The convolution unfolds an image into (c kh kw, oh ow) columns: one tensor. */
+static int unfolded_fits(const td_conv_desc *d) {
+    int64_t cols[5] = {d->c, d->kh, d->kw, d->oh, d->ow};
+    return td__nn_numel(cols, 5) >= 0;
+}
+
 static td_status build_leaf(build_ctx *b, const char *type, td_layer *l, int in_ndim,
                             const int64_t *in) {
     td_model *m = b->m;
@@ -181,7 +180,8 @@ static td_status build_leaf(build_ctx *b, const char *type, td_layer *l, int in_
         TD_CHECK(check_keys(b, keys));
         l->vt = &td__flatten_vt;
         l->out_ndim = 1;
-        l->out_shape[0] = prod(in, in_ndim);
+        /* within the cap: the input was checked when it was made */
+        l->out_shape[0] = td__nn_numel(in, in_ndim);
         return TD_OK;
     }
     if (!strcmp(type, "layernorm")) {
@@ -292,6 +292,10 @@ static td_status build_leaf(build_ctx *b, const char *type, td_layer *l, int in_
         l->out_shape[0] = d->oc;
         l->out_shape[1] = d->oh;
         l->out_shape[2] = d->ow;
+        if (conv && !unfolded_fits(d))
+            return field_error(b, "kernel",
+                               "the unfolded input (channels x kernel^2 x output pixels) is "
+                               "more than a tensor may hold");
         if (conv) {
             int64_t w[4] = {d->oc, d->c, d->kh, d->kw};
             l->vt = &td__conv2d_vt;
@@ -308,6 +312,18 @@ static td_status build_leaf(build_ctx *b, const char *type, td_layer *l, int in_
                        "unknown layer type (linear, conv2d, maxpool, avgpool, relu, gelu, tanh, "
                        "sigmoid, dropout, flatten, layernorm, embedding, attention, residual, "
                        "repeat)");
+}
+
+/* A layer's output per sample must fit a tensor; its input already does. */
+static td_status check_out_size(const build_ctx *b, const td_layer *l) {
+    char s[64];
+    if (td__nn_numel(l->out_shape, l->out_ndim) >= 0)
+        return TD_OK;
+    return td__error(TD_ERR_PARSE,
+                     "%s: %s: %s gives %s per sample, more than the %lld elements a tensor may "
+                     "hold",
+                     b->file, b->where, l->type, td__nn_shape_text(l->out_shape, l->out_ndim, s),
+                     (long long)TD_MODEL_MAX_TENSOR);
 }
 
 td_status td__layer_build(td_model *m, const char *file, json_t *spec, const char *where,
@@ -328,7 +344,10 @@ td_status td__layer_build(td_model *m, const char *file, json_t *spec, const cha
     type = json_string_value(jt);
     if (!(l = td__calloc(sizeof *l, "a layer")))
         return TD_ERR_OUT_OF_MEMORY;
-    snprintf(l->path, sizeof l->path, "%s", path);
+    if (!(l->path = td__strdup(path))) {
+        st = TD_ERR_OUT_OF_MEMORY;
+        goto fail;
+    }
     snprintf(l->type, sizeof l->type, "%s", type);
     l->uid = m->nlayers_made++;
     if (m->splits && l->uid < m->nsplits)
@@ -371,7 +390,8 @@ td_status td__layer_build(td_model *m, const char *file, json_t *spec, const cha
         *out = l;
         return TD_OK;
     }
-    if ((st = build_leaf(&b, type, l, in_ndim, in_shape)) != TD_OK)
+    if ((st = build_leaf(&b, type, l, in_ndim, in_shape)) != TD_OK ||
+        (st = check_out_size(&b, l)) != TD_OK)
         goto fail;
     l->weights = m->serial_weights - l->weights;
     l->nparams = (int)(m->nparams - l->first_param);
@@ -397,19 +417,26 @@ static td_status seq_append(td_layer *seq, td_layer *child, int *cap) {
     return TD_OK;
 }
 
+/* "<path>.<index>", malloc'ed: no fixed buffer, so deep names stay whole and distinct. */
+static char *child_path(const char *path, int index) {
+    size_t n = strlen(path) + 16;
+    char *p = td__calloc(n, "a layer's path");
+    if (p)
+        snprintf(p, n, "%s.%d", path, index);
+    return p;
+}
+
 /* Appends the layers of JSON array arr to seq; repeat blocks expand in place.
  * In the root (top), a layer outside the model's part is built dry. */
 static td_status seq_fill(td_model *m, const char *file, json_t *arr, const char *where,
-                          const char *path, td_layer *seq, int *cap, int depth, int top) {
+                          const char *path, td_layer *seq, int *cap, int top) {
     size_t i;
     json_t *spec;
     td_status st;
-    if (depth > 16)
-        return td__error(TD_ERR_PARSE, "%s: %s: layers nested more than 16 deep", file, where);
     if (!json_is_array(arr))
         return td__error(TD_ERR_PARSE, "%s: %s: expected an array of layers", file, where);
     json_array_foreach(arr, i, spec) {
-        char w[256], p[64];
+        char w[256], *p;
         int in_ndim = seq->nchildren ? seq->children[seq->nchildren - 1]->out_ndim : seq->in_ndim;
         const int64_t *in =
             seq->nchildren ? seq->children[seq->nchildren - 1]->out_shape : seq->in_shape;
@@ -425,8 +452,8 @@ static td_status seq_fill(td_model *m, const char *file, json_t *arr, const char
             TD_CHECK(get_int(&b, "count", 1, 0, 1, 1024, &count));
             snprintf(w2, sizeof w2, "%s.layers", w);
             for (int64_t k = 0; k < count; k++)
-                TD_CHECK(seq_fill(m, file, json_object_get(spec, "layers"), w2, path, seq, cap,
-                                  depth + 1, top));
+                TD_CHECK(
+                    seq_fill(m, file, json_object_get(spec, "layers"), w2, path, seq, cap, top));
             continue;
         }
         if (top) {
@@ -435,8 +462,11 @@ static td_status seq_fill(td_model *m, const char *file, json_t *arr, const char
             if (k == m->part_first)
                 m->part_first_param = m->param_serial;
         }
-        snprintf(p, sizeof p, "%s.%d", path, seq->nchildren);
-        if ((st = td__layer_build(m, file, spec, w, p, in_ndim, in, &child)) != TD_OK)
+        if (!(p = child_path(path, seq->nchildren)))
+            return TD_ERR_OUT_OF_MEMORY;
+        st = td__layer_build(m, file, spec, w, p, in_ndim, in, &child);
+        free(p);
+        if (st != TD_OK)
             return st;
         if ((st = seq_append(seq, child, cap)) != TD_OK) {
             td__layer_destroy(child);
@@ -457,14 +487,17 @@ td_status td__layer_build_seq(td_model *m, const char *file, json_t *arr, const 
     if (!(seq = td__calloc(sizeof *seq, "a layer list")))
         return TD_ERR_OUT_OF_MEMORY;
     seq->vt = &td__sequential_vt;
-    snprintf(seq->path, sizeof seq->path, "%s", path);
+    if (!(seq->path = td__strdup(path))) {
+        st = TD_ERR_OUT_OF_MEMORY;
+        goto fail;
+    }
     seq->uid = m->nlayers_made++;
     seq->in_ndim = in_ndim;
     memcpy(seq->in_shape, in_shape, sizeof(int64_t) * (size_t)in_ndim);
     seq->first_param = m->nparams;
     seq->first_serial = m->param_serial;
     snprintf(seq->type, sizeof seq->type, "sequential");
-    if ((st = seq_fill(m, file, arr, where, path, seq, &cap, 0, top)) != TD_OK)
+    if ((st = seq_fill(m, file, arr, where, path, seq, &cap, top)) != TD_OK)
         goto fail;
     if (seq->nchildren == 0) {
         st = td__error(TD_ERR_PARSE, "%s: %s: expected at least one layer", file, where);
@@ -478,4 +511,46 @@ td_status td__layer_build_seq(td_model *m, const char *file, json_t *arr, const 
 fail:
     td__layer_destroy(seq);
     return st;
+}
+
+/* Adds to *count the layers JSON array arr expands to, stopping with an
+ * error once they pass TD_MODEL_MAX_LAYERS or a list lies deeper than
+ * TD_MODEL_MAX_DEPTH. Walks the JSON, not the expansion: a repeat block's
+ * layers are counted once and multiplied, so a tiny file asking for
+ * billions of layers costs no more than its size. */
+static td_status count_layers(const char *file, json_t *arr, const char *where, int depth,
+                              int64_t *count) {
+    size_t i;
+    json_t *spec;
+    if (depth > TD_MODEL_MAX_DEPTH)
+        return td__error(TD_ERR_PARSE,
+                         "%s: %s: residual and repeat blocks nested more than %d deep", file, where,
+                         TD_MODEL_MAX_DEPTH);
+    json_array_foreach(arr, i, spec) {
+        json_t *jt = json_object_get(spec, "type"), *jc = json_object_get(spec, "count");
+        const char *type = json_is_string(jt) ? json_string_value(jt) : "";
+        int repeat = !strcmp(type, "repeat");
+        int64_t inner = 0, times = 1;
+        if (repeat || !strcmp(type, "residual")) {
+            char w[256];
+            snprintf(w, sizeof w, "%s[%zu].layers", where, i);
+            TD_CHECK(count_layers(file, json_object_get(spec, "layers"), w, depth + 1, &inner));
+        }
+        /* a bad count is the builder's to report */
+        if (repeat && json_is_integer(jc) && json_integer_value(jc) >= 1 &&
+            json_integer_value(jc) <= 1024)
+            times = json_integer_value(jc);
+        *count += repeat ? times * inner : 1 + inner;
+        if (*count > TD_MODEL_MAX_LAYERS)
+            return td__error(TD_ERR_PARSE,
+                             "%s: %s[%zu]: the model has more than %d layers once repeat blocks "
+                             "are expanded",
+                             file, where, i, TD_MODEL_MAX_LAYERS);
+    }
+    return TD_OK;
+}
+
+td_status td__layers_check_size(const char *file, json_t *arr) {
+    int64_t count = 0;
+    return count_layers(file, arr, "layers", 0, &count);
 }

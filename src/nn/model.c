@@ -15,20 +15,45 @@
 
 /* Parameters ------------------------------------------------------------------- */
 
+/* A parameter must fit a tensor, and all of them together the total limit. */
+static td_status check_param_size(const td_model *m, const td_layer *l, const char *name, int ndim,
+                                  const int64_t *shape) {
+    int64_t numel = td__nn_numel(shape, ndim);
+    char s[64];
+    if (numel < 0)
+        return td__error(TD_ERR_PARSE,
+                         "%s: parameter %s.%s %s has more than the %lld elements a tensor may "
+                         "hold",
+                         m->file, l->path, name, td__nn_shape_text(shape, ndim, s),
+                         (long long)TD_MODEL_MAX_TENSOR);
+    if ((int64_t)m->serial_weights + numel > TD_MODEL_MAX_TOTAL)
+        return td__error(TD_ERR_PARSE,
+                         "%s: parameter %s.%s: the model's parameters come to more than %lld "
+                         "elements",
+                         m->file, l->path, name, (long long)TD_MODEL_MAX_TOTAL);
+    return TD_OK;
+}
+
+/* "<path>.<name>", malloc'ed: as long as the nesting makes it. */
+static char *param_name(const char *path, const char *name) {
+    size_t n = strlen(path) + strlen(name) + 2;
+    char *full = td__calloc(n, "a parameter name");
+    if (full)
+        snprintf(full, n, "%s.%s", path, name);
+    return full;
+}
+
 td_status td__model_add_param(td_model *m, td_layer *l, const char *name, int ndim,
                               const int64_t *shape, td_tensor **param) {
     td_status st;
     td_tensor *p = NULL, *g = NULL;
     char *full = NULL;
-    char buf[160];
-    size_t numel = 1;
     *param = NULL;
-    for (int i = 0; i < ndim; i++)
-        numel *= (size_t)shape[i];
     if (m->param_serial - l->first_serial >= TD_LAYER_MAX_PARAMS)
         return td__error(TD_ERR_INTERNAL, "%s: too many parameters", l->path);
+    TD_CHECK(check_param_size(m, l, name, ndim, shape));
     m->param_serial++;
-    m->serial_weights += numel;
+    m->serial_weights += (size_t)td__nn_numel(shape, ndim);
     if (m->dry)
         return TD_OK;
     if (m->nparams == m->cap_params) {
@@ -49,8 +74,7 @@ td_status td__model_add_param(td_model *m, td_layer *l, const char *name, int nd
             return td__error(TD_ERR_OUT_OF_MEMORY, "out of memory for a model's parameters");
         m->cap_params = cap;
     }
-    snprintf(buf, sizeof buf, "%s.%s", l->path, name);
-    if (!(full = td__strdup(buf)))
+    if (!(full = param_name(l->path, name)))
         return TD_ERR_OUT_OF_MEMORY;
     if ((st = td_tensor_create(m->dev, m->dtype, ndim, shape, &p)) != TD_OK ||
         (st = td_tensor_create(m->dev, m->dtype, ndim, shape, &g)) != TD_OK ||
@@ -78,11 +102,16 @@ td_status td__model_add_param(td_model *m, td_layer *l, const char *name, int nd
 
 #define PLAN_ALIGN 16 /* elements: 64 bytes in f32 */
 
+static td_status plan_overflow(const td_nn_plan *p) {
+    return td__error(TD_ERR_OUT_OF_MEMORY, "the activations of %lld samples overflow a size",
+                     (long long)p->n);
+}
+
 td_status td__plan_tensor(td_nn_plan *p, td_tensor *view, int batched, int ndim,
                           const int64_t *shape) {
     int64_t full[TD_MAX_DIMS];
     int nd = 0;
-    size_t numel = 1;
+    size_t numel = 1, start;
     if (batched)
         full[nd++] = p->n;
     for (int i = 0; i < ndim; i++) {
@@ -91,15 +120,19 @@ td_status td__plan_tensor(td_nn_plan *p, td_tensor *view, int batched, int ndim,
                              TD_MAX_DIMS);
         full[nd++] = shape[i];
     }
+    /* Checked: a dry plan sizes models before anything is refused for being too large. */
     for (int i = 0; i < nd; i++)
-        numel *= (size_t)full[i];
-    p->used = (p->used + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;
+        if (__builtin_mul_overflow(numel, (size_t)full[i], &numel))
+            return plan_overflow(p);
+    if (__builtin_add_overflow(p->used, PLAN_ALIGN - 1, &start) ||
+        __builtin_add_overflow(start / PLAN_ALIGN * PLAN_ALIGN, numel, &p->used))
+        return plan_overflow(p);
+    start = start / PLAN_ALIGN * PLAN_ALIGN;
     if (!p->dry) {
-        td_status st = td__tensor_view(view, p->base, p->used, nd, full);
+        td_status st = td__tensor_view(view, p->base, start, nd, full);
         if (st != TD_OK)
             return st;
     }
-    p->used += numel;
     return TD_OK;
 }
 

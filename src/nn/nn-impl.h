@@ -68,7 +68,7 @@ typedef struct td_layer_vt {
 struct td_layer {
     const td_layer_vt *vt;
     char type[16]; /* as in the JSON: "relu", "maxpool", ... */
-    char path[64]; /* "layers.3" or "layers.3.1": parameter name prefix */
+    char *path;    /* "layers.3" or "layers.3.1": parameter name prefix (owned) */
     int uid;       /* distinct per layer, for dropout streams */
     /* Per-sample shapes. */
     int in_ndim, out_ndim;
@@ -124,7 +124,8 @@ struct td_model {
     int in_ndim;
     int64_t in_shape[TD_MAX_DIMS];
     int64_t classes;
-    td_layer *root; /* a sequential of top-level layers [part_first, part_end) */
+    const char *file; /* while building: the file's name, for messages */
+    td_layer *root;   /* a sequential of top-level layers [part_first, part_end) */
     int nlayers_made;
     td_model_info info; /* the whole model's */
 
@@ -204,6 +205,11 @@ extern const td_layer_vt td__linear_vt, td__act_vt, td__dropout_vt, td__flatten_
     td__layernorm_vt, td__embedding_vt, td__attention_vt, td__conv2d_vt, td__pool_vt,
     td__sequential_vt, td__residual_vt;
 
+/* Refuses (TD_ERR_PARSE naming the file and the JSON path) a layer list
+ * that expands to more than TD_MODEL_MAX_LAYERS layers or nests residual
+ * and repeat blocks more than TD_MODEL_MAX_DEPTH deep, before anything is
+ * built. Malformed specs are left to the builder to report. */
+td_status td__layers_check_size(const char *file, json_t *arr);
 /* Builds the layer described by `spec` at JSON path `where` for per-sample
  * input shape in[0..in_ndim), appending its parameters to m. On failure the
  * message names file (m's name), `where` and the field. */
@@ -224,6 +230,10 @@ extern int td__nn_generic_attention;
  * NULL parameters. */
 td_status td__model_add_param(td_model *m, td_layer *l, const char *name, int ndim,
                               const int64_t *shape, td_tensor **param);
+
+/* Elements of a per-sample shape or a parameter, or -1 when the product
+ * exceeds TD_MODEL_MAX_TENSOR (overflow included). */
+int64_t td__nn_numel(const int64_t *shape, int ndim);
 
 /* SplitMix64's finaliser: parameter init streams, dropout seeds. */
 uint64_t td__nn_mix64(uint64_t x);
