@@ -68,6 +68,19 @@ td_status td__cuda_defer(cuda_device *cd, const void *src, size_t nbytes, const 
  * capture it cannot grow (that would free memory the graph uses): it fails
  * with TD_ERR_UNSUPPORTED and the capture is abandoned. */
 td_status td__cuda_scratch(cuda_device *cd, size_t nbytes, void **out);
+/* Frees the scratch blocks retired while graphs were alive. */
+void td__cuda_free_retired(cuda_device *cd);
+
+/* The backend table's graph entries (graph.c). */
+td_status td__cuda_graph_begin(void *ctx);
+td_status td__cuda_graph_end(void *ctx, void **out);
+td_status td__cuda_graph_launch(void *ctx, void *graph);
+void td__cuda_graph_destroy(void *ctx, void *graph);
+/* Ends a capture left open (a closing device): what it recorded is dropped. */
+void td__cuda_graph_abandon(cuda_device *cd);
+/* Refuses a call that cannot be part of a graph while one is recorded, and
+ * marks the capture failed. */
+td_status td__cuda_not_while_recording(cuda_device *cd, const char *what);
 td_status td__cublas_status(cublasStatus_t st, const char *call, const cuda_device *cd);
 
 /* Turns a CUDA error into a status whose message names the call, the device
