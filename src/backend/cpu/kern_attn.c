@@ -35,23 +35,12 @@ static void softmax_rows_f64(double *p, int64_t t) {
     }
 }
 
-#define DEFINE_ATTN_BACK(T, sfx)                                                                   \
-    /* dp (t, t) becomes scale * p * (dp - rowsum(p dp)). */                                       \
-    static void softmax_back_rows_##sfx(const T *p, T *dp, int64_t t, T scale) {                   \
-        for (int64_t i = 0; i < t; i++) {                                                          \
-            const T *pr = p + i * t;                                                               \
-            T *dr = dp + i * t, dot = 0;                                                           \
-            for (int64_t j = 0; j <= i; j++)                                                       \
-                dot += pr[j] * dr[j];                                                              \
-            for (int64_t j = 0; j <= i; j++)                                                       \
-                dr[j] = scale * pr[j] * (dr[j] - dot);                                             \
-            for (int64_t j = i + 1; j < t; j++)                                                    \
-                dr[j] = 0;                                                                         \
-        }                                                                                          \
-    }
-
-DEFINE_ATTN_BACK(float, f32)
-DEFINE_ATTN_BACK(double, f64)
+#define T   float
+#define SFX f32
+#include "backend/cpu/tmpl/attn_back.h"
+#define T   double
+#define SFX f64
+#include "backend/cpu/tmpl/attn_back.h"
 
 static void attn_fwd_part(void *arg, int part, int nparts) {
     attn_args *a = arg;

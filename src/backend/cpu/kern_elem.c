@@ -25,80 +25,18 @@ static float phi_cdf_f(float x) {
     return 0.5f * erfcf(-x * 0.70710678f);
 }
 
-#define DEFINE_SCALAR(T, sfx, EXP, CDF, TANH)                                                      \
-    static void act_fwd_##sfx(td_act act, size_t n, const T *x, T *y) {                            \
-        for (size_t i = 0; i < n; i++) {                                                           \
-            T v = x[i];                                                                            \
-            switch (act) {                                                                         \
-            case TD_ACT_RELU: y[i] = v > 0 ? v : (T)0; break;                                      \
-            case TD_ACT_GELU: y[i] = v * CDF(v); break;                                            \
-            case TD_ACT_TANH: y[i] = TANH(v); break;                                               \
-            case TD_ACT_SIGMOID: y[i] = (T)1 / ((T)1 + EXP(-v)); break;                            \
-            }                                                                                      \
-        }                                                                                          \
-    }                                                                                              \
-    static void act_bwd_##sfx(td_act act, size_t n, const T *x, const T *y, const T *dy, T *dx) {  \
-        for (size_t i = 0; i < n; i++) {                                                           \
-            T v = x[i], d = 0;                                                                     \
-            switch (act) {                                                                         \
-            case TD_ACT_RELU: d = v > 0 ? (T)1 : (T)0; break;                                      \
-            case TD_ACT_GELU:                                                                      \
-                d = CDF(v) + v * EXP((T)-0.5 * v * v) * (T)0.39894228040143267794;                 \
-                break;                                                                             \
-            case TD_ACT_TANH: d = (T)1 - y[i] * y[i]; break;                                       \
-            case TD_ACT_SIGMOID: d = y[i] * ((T)1 - y[i]); break;                                  \
-            }                                                                                      \
-            dx[i] = dy[i] * d;                                                                     \
-        }                                                                                          \
-    }                                                                                              \
-    static void add_##sfx(size_t n, const T *a, const T *b, T *y) {                                \
-        for (size_t i = 0; i < n; i++)                                                             \
-            y[i] = a[i] + b[i];                                                                    \
-    }                                                                                              \
-    static void axpby_##sfx(size_t n, T alpha, const T *x, T beta, T *y) {                         \
-        if (beta == 0)                                                                             \
-            for (size_t i = 0; i < n; i++)                                                         \
-                y[i] = alpha * x[i];                                                               \
-        else                                                                                       \
-            for (size_t i = 0; i < n; i++)                                                         \
-                y[i] = alpha * x[i] + beta * y[i];                                                 \
-    }                                                                                              \
-    static void sumsq_##sfx(size_t n, const T *x, double *out) {                                   \
-        double s = 0;                                                                              \
-        for (size_t i = 0; i < n; i++)                                                             \
-            s += (double)x[i] * (double)x[i];                                                      \
-        *out = s;                                                                                  \
-    }                                                                                              \
-    static void adamw_##sfx(size_t n, T *w, const T *g, T *m, T *v, const td_opt_args *o) {        \
-        T decay = (T)(1.0 - o->lr * o->weight_decay), b1 = (T)o->beta1, b2 = (T)o->beta2;          \
-        T c1 = (T)(1.0 - o->beta1), c2 = (T)(1.0 - o->beta2), gm = (T)o->grad_mul;                 \
-        T step = (T)(-o->lr / o->bias_corr1), isq2 = (T)(1.0 / sqrt(o->bias_corr2));               \
-        T eps = (T)o->eps;                                                                         \
-        for (size_t i = 0; i < n; i++) {                                                           \
-            T gi = g[i] * gm;                                                                      \
-            T mi = b1 * m[i] + c1 * gi;                                                            \
-            T vi = b2 * v[i] + c2 * (gi * gi);                                                     \
-            T denom = (T)sqrt((double)vi) * isq2 + eps;                                            \
-            m[i] = mi;                                                                             \
-            v[i] = vi;                                                                             \
-            w[i] = step * (mi / denom) + w[i] * decay;                                             \
-        }                                                                                          \
-    }                                                                                              \
-    static void sgd_##sfx(size_t n, T *w, const T *g, T *buf, const td_opt_args *o) {              \
-        T gm = (T)o->grad_mul, wd = (T)o->weight_decay, mom = (T)o->momentum, nlr = (T)-o->lr;     \
-        for (size_t i = 0; i < n; i++) {                                                           \
-            T gi = wd * w[i] + g[i] * gm;                                                          \
-            if (buf) {                                                                             \
-                T b = o->first ? gi : mom * buf[i] + gi;                                           \
-                buf[i] = b;                                                                        \
-                gi = o->nesterov ? mom * b + gi : b;                                               \
-            }                                                                                      \
-            w[i] = nlr * gi + w[i];                                                                \
-        }                                                                                          \
-    }
-
-DEFINE_SCALAR(float, f32, expf, phi_cdf_f, tanhf)
-DEFINE_SCALAR(double, f64, exp, phi_cdf, tanh)
+#define T    float
+#define SFX  f32
+#define EXP  expf
+#define CDF  phi_cdf_f
+#define TANH tanhf
+#include "backend/cpu/tmpl/elem_scalar.h"
+#define T    double
+#define SFX  f64
+#define EXP  exp
+#define CDF  phi_cdf
+#define TANH tanh
+#include "backend/cpu/tmpl/elem_scalar.h"
 
 /* Vector paths ---------------------------------------------------------------- */
 

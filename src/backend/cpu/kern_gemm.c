@@ -210,65 +210,13 @@ static void valid_cols(const td_conv_desc *d, int64_t kj, int64_t *lo, int64_t *
 }
 
 /* col (c*kh*kw, oh*ow), rows ld apart, from one image x (c, h, w). */
-#define DEFINE_IM2COL(T, sfx)                                                                      \
-    static void im2col_##sfx(const td_conv_desc *d, const T *x, T *col, int64_t ld) {              \
-        for (int64_t ci = 0; ci < d->c; ci++)                                                      \
-            for (int64_t ki = 0; ki < d->kh; ki++)                                                 \
-                for (int64_t kj = 0; kj < d->kw; kj++) {                                           \
-                    T *row = col + ((ci * d->kh + ki) * d->kw + kj) * ld;                          \
-                    const T *plane = x + ci * d->h * d->w;                                         \
-                    int64_t lo, hi;                                                                \
-                    valid_cols(d, kj, &lo, &hi);                                                   \
-                    for (int64_t oi = 0; oi < d->oh; oi++) {                                       \
-                        int64_t ii = oi * d->stride - d->pad + ki;                                 \
-                        T *restrict out = row + oi * d->ow;                                        \
-                        const T *restrict in = plane + ii * d->w;                                  \
-                        if (ii < 0 || ii >= d->h) {                                                \
-                            memset(out, 0, sizeof(T) * (size_t)d->ow);                             \
-                            continue;                                                              \
-                        }                                                                          \
-                        for (int64_t oj = 0; oj < lo; oj++)                                        \
-                            out[oj] = 0;                                                           \
-                        /* plain loops: rows are short, a memcpy call costs more */                \
-                        if (d->stride == 1)                                                        \
-                            for (int64_t oj = lo; oj < hi; oj++)                                   \
-                                out[oj] = in[oj + (kj - d->pad)];                                  \
-                        else                                                                       \
-                            for (int64_t oj = lo; oj < hi; oj++)                                   \
-                                out[oj] = in[oj * d->stride + kj - d->pad];                        \
-                        for (int64_t oj = hi; oj < d->ow; oj++)                                    \
-                            out[oj] = 0;                                                           \
-                    }                                                                              \
-                }                                                                                  \
-    }                                                                                              \
-    /* dx (c, h, w) = the sum of col's entries back at their pixels (overwritten). */              \
-    static void col2im_##sfx(const td_conv_desc *d, const T *col, int64_t ld, T *x) {              \
-        memset(x, 0, sizeof(T) * (size_t)(d->c * d->h * d->w));                                    \
-        for (int64_t ci = 0; ci < d->c; ci++)                                                      \
-            for (int64_t ki = 0; ki < d->kh; ki++)                                                 \
-                for (int64_t kj = 0; kj < d->kw; kj++) {                                           \
-                    const T *row = col + ((ci * d->kh + ki) * d->kw + kj) * ld;                    \
-                    T *plane = x + ci * d->h * d->w;                                               \
-                    int64_t lo, hi;                                                                \
-                    valid_cols(d, kj, &lo, &hi);                                                   \
-                    for (int64_t oi = 0; oi < d->oh; oi++) {                                       \
-                        int64_t ii = oi * d->stride - d->pad + ki;                                 \
-                        const T *in = row + oi * d->ow;                                            \
-                        T *out = plane + ii * d->w;                                                \
-                        if (ii < 0 || ii >= d->h)                                                  \
-                            continue;                                                              \
-                        if (d->stride == 1)                                                        \
-                            for (int64_t oj = lo; oj < hi; oj++)                                   \
-                                out[oj + kj - d->pad] += in[oj];                                   \
-                        else                                                                       \
-                            for (int64_t oj = lo; oj < hi; oj++)                                   \
-                                out[oj * d->stride + kj - d->pad] += in[oj];                       \
-                    }                                                                              \
-                }                                                                                  \
-    }
 
-DEFINE_IM2COL(float, f32)
-DEFINE_IM2COL(double, f64)
+#define T   float
+#define SFX f32
+#include "backend/cpu/tmpl/im2col.h"
+#define T   double
+#define SFX f64
+#include "backend/cpu/tmpl/im2col.h"
 
 typedef struct conv_args {
     td_dtype dt;

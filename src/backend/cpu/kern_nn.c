@@ -46,53 +46,16 @@ static void run_parts(void *ctx, double work, td_cpu_part_fn fn, void *arg) {
 
 /* Softmax cross-entropy -------------------------------------------------------- */
 
-#define DEFINE_XENT(T, sfx, EXP, LOG)                                                              \
-    static void xent_rows_##sfx(rows_args *a, size_t r0, size_t r1, int part) {                    \
-        const T *x = a->x;                                                                         \
-        T *d = a->dx;                                                                              \
-        int64_t c = a->cols;                                                                       \
-        double loss = 0;                                                                           \
-        int64_t correct = 0;                                                                       \
-        for (size_t r = r0; r < r1; r++) {                                                         \
-            const T *row = x + (int64_t)r * c;                                                     \
-            int32_t label = a->labels[r];                                                          \
-            int64_t arg = 0;                                                                       \
-            T mx = row[0];                                                                         \
-            double sum = 0;                                                                        \
-            if (label < 0 || label >= c) {                                                         \
-                if (a->bad_row[part] < 0)                                                          \
-                    a->bad_row[part] = (int64_t)r;                                                 \
-                continue;                                                                          \
-            }                                                                                      \
-            for (int64_t j = 1; j < c; j++)                                                        \
-                if (row[j] > mx) {                                                                 \
-                    mx = row[j];                                                                   \
-                    arg = j;                                                                       \
-                }                                                                                  \
-            if (d) {                                                                               \
-                T *drow = d + (int64_t)r * c;                                                      \
-                T inv, gs = (T)a->grad_scale;                                                      \
-                for (int64_t j = 0; j < c; j++) {                                                  \
-                    drow[j] = EXP(row[j] - mx);                                                    \
-                    sum += drow[j];                                                                \
-                }                                                                                  \
-                inv = (T)(1.0 / sum) * gs;                                                         \
-                for (int64_t j = 0; j < c; j++)                                                    \
-                    drow[j] *= inv;                                                                \
-                drow[label] -= gs;                                                                 \
-            } else {                                                                               \
-                for (int64_t j = 0; j < c; j++)                                                    \
-                    sum += EXP(row[j] - mx);                                                       \
-            }                                                                                      \
-            loss += log(sum) - (double)(row[label] - mx);                                          \
-            correct += arg == label;                                                               \
-        }                                                                                          \
-        a->loss[part] = loss;                                                                      \
-        a->correct[part] = correct;                                                                \
-    }
-
-DEFINE_XENT(float, f32, expf, logf)
-DEFINE_XENT(double, f64, exp, log)
+#define T   float
+#define SFX f32
+#define EXP expf
+#define LOG logf
+#include "backend/cpu/tmpl/xent.h"
+#define T   double
+#define SFX f64
+#define EXP exp
+#define LOG log
+#include "backend/cpu/tmpl/xent.h"
 
 static void xent_part(void *p, int part, int nparts) {
     rows_args *a = p;
@@ -136,84 +99,14 @@ td_status td__cpu_xent(void *ctx, td_dtype dt, int64_t rows, int64_t classes, co
 
 /* Layer norm -------------------------------------------------------------------- */
 
-#define DEFINE_LN(T, sfx, SQRT)                                                                    \
-    static void ln_fwd_rows_##sfx(rows_args *a, size_t r0, size_t r1) {                            \
-        int64_t c = a->cols;                                                                       \
-        const T *g = a->g, *bt = a->b;                                                             \
-        for (size_t r = r0; r < r1; r++) {                                                         \
-            const T *x = (const T *)a->x + (int64_t)r * c;                                         \
-            T *y = (T *)a->y + (int64_t)r * c;                                                     \
-            T mu = 0, var = 0, rs, ps[16] = {0}, pv[16] = {0};                                     \
-            int64_t j0 = c / 16 * 16;                                                              \
-            /* 16 partial sums, so the compiler can vectorise the reductions */                    \
-            for (int64_t j = 0; j < j0; j += 16)                                                   \
-                for (int q = 0; q < 16; q++)                                                       \
-                    ps[q] += x[j + q];                                                             \
-            for (int64_t j = j0; j < c; j++)                                                       \
-                mu += x[j];                                                                        \
-            for (int q = 0; q < 16; q++)                                                           \
-                mu += ps[q];                                                                       \
-            mu /= (T)c;                                                                            \
-            for (int64_t j = 0; j < j0; j += 16)                                                   \
-                for (int q = 0; q < 16; q++)                                                       \
-                    pv[q] += (x[j + q] - mu) * (x[j + q] - mu);                                    \
-            for (int64_t j = j0; j < c; j++)                                                       \
-                var += (x[j] - mu) * (x[j] - mu);                                                  \
-            for (int q = 0; q < 16; q++)                                                           \
-                var += pv[q];                                                                      \
-            var /= (T)c;                                                                           \
-            rs = (T)1 / SQRT(var + (T)a->eps);                                                     \
-            for (int64_t j = 0; j < c; j++)                                                        \
-                y[j] = (x[j] - mu) * rs * g[j] + bt[j];                                            \
-            ((T *)a->mean)[r] = mu;                                                                \
-            ((T *)a->rstd)[r] = rs;                                                                \
-        }                                                                                          \
-    }                                                                                              \
-    /* dx only; the parameter sums are done per part into partial buffers. */                      \
-    static void ln_bwd_rows_##sfx(rows_args *a, size_t r0, size_t r1, T *dg, T *db) {              \
-        int64_t c = a->cols;                                                                       \
-        const T *g = a->g;                                                                         \
-        for (size_t r = r0; r < r1; r++) {                                                         \
-            const T *x = (const T *)a->x + (int64_t)r * c;                                         \
-            const T *dy = (const T *)a->dy + (int64_t)r * c;                                       \
-            T mu = ((const T *)a->m)[r], rs = ((const T *)a->r)[r];                                \
-            T sum_dn = 0, sum_dn_n = 0, pa[16] = {0}, pb[16] = {0};                                \
-            int64_t j0 = c / 16 * 16;                                                              \
-            for (int64_t j = 0; j < j0; j += 16)                                                   \
-                for (int q = 0; q < 16; q++) {                                                     \
-                    T n = (x[j + q] - mu) * rs;                                                    \
-                    T dn = dy[j + q] * g[j + q];                                                   \
-                    pa[q] += dn;                                                                   \
-                    pb[q] += dn * n;                                                               \
-                    dg[j + q] += dy[j + q] * n;                                                    \
-                    db[j + q] += dy[j + q];                                                        \
-                }                                                                                  \
-            for (int64_t j = j0; j < c; j++) {                                                     \
-                T n = (x[j] - mu) * rs;                                                            \
-                T dn = dy[j] * g[j];                                                               \
-                sum_dn += dn;                                                                      \
-                sum_dn_n += dn * n;                                                                \
-                dg[j] += dy[j] * n;                                                                \
-                db[j] += dy[j];                                                                    \
-            }                                                                                      \
-            for (int q = 0; q < 16; q++) {                                                         \
-                sum_dn += pa[q];                                                                   \
-                sum_dn_n += pb[q];                                                                 \
-            }                                                                                      \
-            sum_dn /= (T)c;                                                                        \
-            sum_dn_n /= (T)c;                                                                      \
-            if (a->dx) {                                                                           \
-                T *dx = (T *)a->dx + (int64_t)r * c;                                               \
-                for (int64_t j = 0; j < c; j++) {                                                  \
-                    T n = (x[j] - mu) * rs;                                                        \
-                    dx[j] = (dy[j] * g[j] - sum_dn - n * sum_dn_n) * rs;                           \
-                }                                                                                  \
-            }                                                                                      \
-        }                                                                                          \
-    }
-
-DEFINE_LN(float, f32, sqrtf)
-DEFINE_LN(double, f64, sqrt)
+#define T    float
+#define SFX  f32
+#define SQRT sqrtf
+#include "backend/cpu/tmpl/layernorm.h"
+#define T    double
+#define SFX  f64
+#define SQRT sqrt
+#include "backend/cpu/tmpl/layernorm.h"
 
 DEFINE_ROWS_PART(ln_fwd)
 
@@ -410,73 +303,12 @@ typedef struct pool_args {
     const int32_t *cargmax;
 } pool_args;
 
-#define DEFINE_POOL(T, sfx)                                                                        \
-    static void pool_fwd_planes_##sfx(pool_args *a, size_t p0, size_t p1) {                        \
-        const td_conv_desc *d = a->d;                                                              \
-        int64_t hw = d->h * d->w, ohw = d->oh * d->ow;                                             \
-        T inv = (T)1 / (T)(d->kh * d->kw);                                                         \
-        for (size_t pl = p0; pl < p1; pl++) {                                                      \
-            const T *x = (const T *)a->x + (int64_t)pl * hw;                                       \
-            T *y = (T *)a->y + (int64_t)pl * ohw;                                                  \
-            int32_t *am = a->argmax ? a->argmax + (int64_t)pl * ohw : NULL;                        \
-            for (int64_t oi = 0; oi < d->oh; oi++) {                                               \
-                int64_t i0 = oi * d->stride - d->pad;                                              \
-                int64_t ia = i0 < 0 ? 0 : i0, ib = i0 + d->kh > d->h ? d->h : i0 + d->kh;          \
-                for (int64_t oj = 0; oj < d->ow; oj++) {                                           \
-                    int64_t j0 = oj * d->stride - d->pad;                                          \
-                    int64_t ja = j0 < 0 ? 0 : j0, jb = j0 + d->kw > d->w ? d->w : j0 + d->kw;      \
-                    T best = x[ia * d->w + ja], sum = 0;                                           \
-                    int64_t where = ia * d->w + ja;                                                \
-                    for (int64_t ii = ia; ii < ib; ii++)                                           \
-                        for (int64_t jj = ja; jj < jb; jj++) {                                     \
-                            T v = x[ii * d->w + jj];                                               \
-                            sum += v;                                                              \
-                            if (v > best) {                                                        \
-                                best = v;                                                          \
-                                where = ii * d->w + jj;                                            \
-                            }                                                                      \
-                        }                                                                          \
-                    if (a->kind == TD_POOL_MAX) {                                                  \
-                        y[oi * d->ow + oj] = best;                                                 \
-                        if (am)                                                                    \
-                            am[oi * d->ow + oj] = (int32_t)where;                                  \
-                    } else {                                                                       \
-                        y[oi * d->ow + oj] = sum * inv;                                            \
-                    }                                                                              \
-                }                                                                                  \
-            }                                                                                      \
-        }                                                                                          \
-    }                                                                                              \
-    static void pool_bwd_planes_##sfx(pool_args *a, size_t p0, size_t p1) {                        \
-        const td_conv_desc *d = a->d;                                                              \
-        int64_t hw = d->h * d->w, ohw = d->oh * d->ow;                                             \
-        for (size_t pl = p0; pl < p1; pl++) {                                                      \
-            const T *dy = (const T *)a->dy + (int64_t)pl * ohw;                                    \
-            T *dx = (T *)a->dx + (int64_t)pl * hw;                                                 \
-            memset(dx, 0, sizeof(T) * (size_t)hw);                                                 \
-            if (a->kind == TD_POOL_MAX) {                                                          \
-                const int32_t *am = a->cargmax + (int64_t)pl * ohw;                                \
-                for (int64_t o = 0; o < ohw; o++)                                                  \
-                    if (am[o] >= 0)                                                                \
-                        dx[am[o]] += dy[o];                                                        \
-                continue;                                                                          \
-            }                                                                                      \
-            for (int64_t oi = 0; oi < d->oh; oi++)                                                 \
-                for (int64_t oj = 0; oj < d->ow; oj++) {                                           \
-                    int64_t i0 = oi * d->stride - d->pad, j0 = oj * d->stride - d->pad;            \
-                    T g = dy[oi * d->ow + oj] / (T)(d->kh * d->kw);                                \
-                    for (int64_t ki = 0; ki < d->kh; ki++)                                         \
-                        for (int64_t kj = 0; kj < d->kw; kj++) {                                   \
-                            int64_t ii = i0 + ki, jj = j0 + kj;                                    \
-                            if (ii >= 0 && ii < d->h && jj >= 0 && jj < d->w)                      \
-                                dx[ii * d->w + jj] += g;                                           \
-                        }                                                                          \
-                }                                                                                  \
-        }                                                                                          \
-    }
-
-DEFINE_POOL(float, f32)
-DEFINE_POOL(double, f64)
+#define T   float
+#define SFX f32
+#include "backend/cpu/tmpl/pool.h"
+#define T   double
+#define SFX f64
+#include "backend/cpu/tmpl/pool.h"
 
 /* The common 2x2 max-pool with stride 2 and no padding, f32. */
 static void maxpool2_planes_f32(pool_args *a, size_t p0, size_t p1) {
@@ -550,48 +382,14 @@ td_status td__cpu_pool_bwd(void *ctx, td_dtype dt, td_pool_kind kind, const td_c
 
 /* Causal softmax ------------------------------------------------------------------ */
 
-#define DEFINE_CSM(T, sfx, EXP)                                                                    \
-    static void csm_fwd_rows_##sfx(rows_args *a, size_t r0, size_t r1) {                           \
-        int64_t t = a->cols;                                                                       \
-        T sc = (T)a->scale;                                                                        \
-        for (size_t r = r0; r < r1; r++) {                                                         \
-            int64_t i = (int64_t)r % t; /* row within its (t, t) matrix */                         \
-            const T *s = (const T *)a->x + (int64_t)r * t;                                         \
-            T *p = (T *)a->y + (int64_t)r * t;                                                     \
-            T mx = s[0], sum = 0, inv;                                                             \
-            for (int64_t j = 1; j <= i; j++)                                                       \
-                mx = s[j] > mx ? s[j] : mx;                                                        \
-            for (int64_t j = 0; j <= i; j++) {                                                     \
-                p[j] = EXP(sc * (s[j] - mx));                                                      \
-                sum += p[j];                                                                       \
-            }                                                                                      \
-            inv = (T)1 / sum;                                                                      \
-            for (int64_t j = 0; j <= i; j++)                                                       \
-                p[j] *= inv;                                                                       \
-            for (int64_t j = i + 1; j < t; j++)                                                    \
-                p[j] = 0;                                                                          \
-        }                                                                                          \
-    }                                                                                              \
-    static void csm_bwd_rows_##sfx(rows_args *a, size_t r0, size_t r1) {                           \
-        int64_t t = a->cols;                                                                       \
-        T sc = (T)a->scale;                                                                        \
-        for (size_t r = r0; r < r1; r++) {                                                         \
-            int64_t i = (int64_t)r % t;                                                            \
-            const T *p = (const T *)a->x + (int64_t)r * t;                                         \
-            const T *dp = (const T *)a->dy + (int64_t)r * t;                                       \
-            T *ds = (T *)a->dx + (int64_t)r * t;                                                   \
-            T dot = 0;                                                                             \
-            for (int64_t j = 0; j <= i; j++)                                                       \
-                dot += p[j] * dp[j];                                                               \
-            for (int64_t j = 0; j <= i; j++)                                                       \
-                ds[j] = sc * p[j] * (dp[j] - dot);                                                 \
-            for (int64_t j = i + 1; j < t; j++)                                                    \
-                ds[j] = 0;                                                                         \
-        }                                                                                          \
-    }
-
-DEFINE_CSM(float, f32, expf)
-DEFINE_CSM(double, f64, exp)
+#define T   float
+#define SFX f32
+#define EXP expf
+#include "backend/cpu/tmpl/causal_softmax.h"
+#define T   double
+#define SFX f64
+#define EXP exp
+#include "backend/cpu/tmpl/causal_softmax.h"
 
 DEFINE_ROWS_PART(csm_fwd)
 
