@@ -1,7 +1,9 @@
 /* Training checkpoints: a model, its optimizer and the run's position, in
  * one safetensors file. */
+#include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,30 +31,6 @@ static char *opt_to_json(const td_optimizer_config *c) {
         o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17)) : NULL;
     json_decref(o);
     return s;
-}
-
-static td_status opt_from_json(const char *file, const char *text, td_optimizer_config *c) {
-    json_error_t e;
-    json_t *o = json_loads(text, 0, &e);
-    const char *kind = NULL, *sched = NULL;
-    int nesterov = 0;
-    json_int_t warm = 0, total = 0;
-    if (!o ||
-        json_unpack_ex(o, &e, 0, "{s:s,s:F,s:F,s:b,s:F,s:F,s:F,s:F,s:F,s:s,s:I,s:I,s:F}", "kind",
-                       &kind, "lr", &c->lr, "momentum", &c->momentum, "nesterov", &nesterov,
-                       "beta1", &c->beta1, "beta2", &c->beta2, "eps", &c->eps, "weight_decay",
-                       &c->weight_decay, "clip_norm", &c->clip_norm, "schedule", &sched,
-                       "warmup_steps", &warm, "total_steps", &total, "min_lr", &c->min_lr) != 0) {
-        json_decref(o);
-        return td__error(TD_ERR_CORRUPT, "%s: metadata \"tandem.optimizer\": %s", file, e.text);
-    }
-    c->kind = !strcmp(kind, "adamw") ? TD_OPT_ADAMW : TD_OPT_SGD;
-    c->schedule = !strcmp(sched, "cosine") ? TD_LR_COSINE : TD_LR_CONSTANT;
-    c->nesterov = nesterov;
-    c->warmup_steps = warm;
-    c->total_steps = total;
-    json_decref(o);
-    return TD_OK;
 }
 
 static td_status set_int(td_safetensors_writer *w, const char *key, long long v) {
@@ -188,58 +166,204 @@ fail:
     return st;
 }
 
-/* A metadata integer; missing or malformed is TD_ERR_CORRUPT naming the key. */
-static td_status meta_int(const td_safetensors *sf, const char *key, long long lo, long long *out) {
+/* Reading the metadata ----------------------------------------------------------
+ *
+ * Every field is range-checked, so that a damaged or hand-made file is an
+ * error naming the field rather than a run that overflows a counter or
+ * trains with another optimizer than the one saved. */
+
+/* Counters (steps, epochs, samples) stay below this, leaving room to count on. */
+#define META_MAX_COUNT ((long long)1 << 62)
+/* The most samples td_model_train_step takes at once. */
+#define META_MAX_BATCH ((long long)1 << 24)
+
+static td_status meta_missing(const td_safetensors *sf, const char *key) {
+    return td__error(TD_ERR_CORRUPT, "%s: metadata \"%s\" is missing", td_safetensors_name(sf),
+                     key);
+}
+
+/* A metadata integer in [lo, hi]; missing, malformed or out of range is
+ * TD_ERR_CORRUPT naming the key. */
+static td_status meta_int(const td_safetensors *sf, const char *key, long long lo, long long hi,
+                          long long *out) {
     const char *v = td_safetensors_meta(sf, key);
     char *end;
     long long x;
     if (!v)
-        return td__error(TD_ERR_CORRUPT, "%s: metadata \"%s\" is missing", td_safetensors_name(sf),
-                         key);
+        return meta_missing(sf, key);
+    errno = 0;
     x = strtoll(v, &end, 10);
-    if (!*v || *end || x < lo)
-        return td__error(TD_ERR_CORRUPT, "%s: metadata \"%s\" = \"%.40s\" is not a valid integer",
-                         td_safetensors_name(sf), key, v);
+    if (!*v || *end || errno == ERANGE || x < lo || x > hi)
+        return td__error(TD_ERR_CORRUPT,
+                         "%s: metadata \"%s\" = \"%.40s\" is not an integer from %lld to %lld",
+                         td_safetensors_name(sf), key, v, lo, hi);
     *out = x;
     return TD_OK;
 }
 
-static td_status read_state(const td_safetensors *sf, td_train_state *s) {
-    const char *file = td_safetensors_name(sf), *v;
-    long long x;
-    td_status st;
-    memset(s, 0, sizeof *s);
-    TD_TRY(meta_int(sf, "tandem.step", 0, &x));
-    s->step = x;
-    TD_TRY(meta_int(sf, "tandem.epoch", 0, &x));
-    s->epoch = x;
-    TD_TRY(meta_int(sf, "tandem.sample", 0, &x));
-    s->sample = x;
-    TD_TRY(meta_int(sf, "tandem.batch", 0, &x));
-    s->batch = x;
-    if (!(v = td_safetensors_meta(sf, "tandem.seed")))
-        return td__error(TD_ERR_CORRUPT, "%s: metadata \"tandem.seed\" is missing", file);
-    s->seed = strtoull(v, NULL, 10);
-    if (!(v = td_safetensors_meta(sf, "tandem.optimizer")))
-        return td__error(TD_ERR_CORRUPT, "%s: metadata \"tandem.optimizer\" is missing", file);
-    TD_TRY(opt_from_json(file, v, &s->opt));
-    if ((v = td_safetensors_meta(sf, "tandem.vocab"))) {
-        size_t n = strlen(v);
-        if (n % 2 || n > 512)
-            return td__error(TD_ERR_CORRUPT, "%s: metadata \"tandem.vocab\" is not hex bytes",
-                             file);
-        for (size_t i = 0; i < n / 2; i++) {
-            unsigned b;
-            if (sscanf(v + 2 * i, "%2x", &b) != 1)
-                return td__error(TD_ERR_CORRUPT, "%s: metadata \"tandem.vocab\" is not hex bytes",
-                                 file);
-            s->vocab[i] = (char)b;
-        }
-        s->vocab_len = (int)(n / 2);
-    }
+/* The seed: any uint64_t, in decimal digits only (strtoull would take a sign). */
+static td_status meta_seed(const td_safetensors *sf, uint64_t *out) {
+    const char *v = td_safetensors_meta(sf, "tandem.seed");
+    char *end;
+    if (!v)
+        return meta_missing(sf, "tandem.seed");
+    errno = 0;
+    *out = strtoull(v, &end, 10);
+    if (*v < '0' || *v > '9' || *end || errno == ERANGE)
+        return td__error(TD_ERR_CORRUPT,
+                         "%s: metadata \"tandem.seed\" = \"%.40s\" is not an integer from 0 to "
+                         "%" PRIu64,
+                         td_safetensors_name(sf), v, UINT64_MAX);
     return TD_OK;
-fail:
+}
+
+static td_status meta_format(const td_safetensors *sf) {
+    const char *v = td_safetensors_meta(sf, "tandem.format");
+    if (v && !strcmp(v, TD_CKPT_FORMAT))
+        return TD_OK;
+    return td__error(TD_ERR_CORRUPT,
+                     "%s: not a tandem checkpoint (metadata \"tandem.format\" is %s%s%s)",
+                     td_safetensors_name(sf), v ? "\"" : "", v ? v : "missing", v ? "\"" : "");
+}
+
+static td_status meta_has_optimizer(const td_safetensors *sf) {
+    const char *v = td_safetensors_meta(sf, "tandem.has_optimizer");
+    if (!v)
+        return meta_missing(sf, "tandem.has_optimizer");
+    if (strcmp(v, "0") != 0 && strcmp(v, "1") != 0)
+        return td__error(TD_ERR_CORRUPT,
+                         "%s: metadata \"tandem.has_optimizer\" = \"%.40s\" is not 0 or 1",
+                         td_safetensors_name(sf), v);
+    return TD_OK;
+}
+
+static int hex_digit(char c) {
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+}
+
+/* The optional text vocabulary: up to 256 bytes as pairs of hex digits. */
+static td_status meta_vocab(const td_safetensors *sf, td_train_state *s) {
+    const char *v = td_safetensors_meta(sf, "tandem.vocab");
+    size_t n;
+    if (!v)
+        return TD_OK;
+    n = strlen(v);
+    if (n % 2 || n > 2 * 256)
+        return td__error(TD_ERR_CORRUPT,
+                         "%s: metadata \"tandem.vocab\" is not up to 256 bytes in hex",
+                         td_safetensors_name(sf));
+    for (size_t i = 0; i < n / 2; i++) {
+        int hi = hex_digit(v[2 * i]), lo = hex_digit(v[2 * i + 1]);
+        if (hi < 0 || lo < 0)
+            return td__error(TD_ERR_CORRUPT,
+                             "%s: metadata \"tandem.vocab\": \"%.2s\" at %zu is not a hex byte",
+                             td_safetensors_name(sf), v + 2 * i, 2 * i);
+        s->vocab[i] = (char)(hi << 4 | lo);
+    }
+    s->vocab_len = (int)(n / 2);
+    return TD_OK;
+}
+
+static td_status opt_field_error(const char *file, const char *field, const char *what) {
+    return td__error(TD_ERR_CORRUPT, "%s: metadata \"tandem.optimizer\": \"%s\" %s", file, field,
+                     what);
+}
+
+/* A real in [lo, hi], or [lo, hi) when hi_open; always finite. */
+static td_status opt_real(const char *file, const char *field, double x, double lo, double hi,
+                          int hi_open) {
+    char what[96];
+    if (isfinite(x) && x >= lo && (hi_open ? x < hi : x <= hi))
+        return TD_OK;
+    if (isinf(hi))
+        snprintf(what, sizeof what, "= %g is not a finite number >= %g", x, lo);
+    else
+        snprintf(what, sizeof what, "= %g is not in [%g, %g%s", x, lo, hi, hi_open ? ")" : "]");
+    return opt_field_error(file, field, what);
+}
+
+/* The names opt_to_json writes, and nothing else. */
+static td_status opt_names(const char *file, const char *kind, const char *sched,
+                           td_optimizer_config *c) {
+    if (!strcmp(kind, "sgd"))
+        c->kind = TD_OPT_SGD;
+    else if (!strcmp(kind, "adamw"))
+        c->kind = TD_OPT_ADAMW;
+    else
+        return opt_field_error(file, "kind", "is not \"sgd\" or \"adamw\"");
+    if (!strcmp(sched, "constant"))
+        c->schedule = TD_LR_CONSTANT;
+    else if (!strcmp(sched, "cosine"))
+        c->schedule = TD_LR_COSINE;
+    else
+        return opt_field_error(file, "schedule", "is not \"constant\" or \"cosine\"");
+    return TD_OK;
+}
+
+/* The ranges td_optimizer_create accepts, field by field. */
+static td_status opt_ranges(const char *file, const td_optimizer_config *c) {
+    TD_CHECK(opt_real(file, "lr", c->lr, 0, INFINITY, 0));
+    TD_CHECK(opt_real(file, "momentum", c->momentum, 0, 1, 1));
+    TD_CHECK(opt_real(file, "beta1", c->beta1, 0, 1, 1));
+    TD_CHECK(opt_real(file, "beta2", c->beta2, 0, 1, 1));
+    TD_CHECK(opt_real(file, "eps", c->eps, 0, INFINITY, 0));
+    TD_CHECK(opt_real(file, "weight_decay", c->weight_decay, 0, INFINITY, 0));
+    TD_CHECK(opt_real(file, "clip_norm", c->clip_norm, 0, INFINITY, 0));
+    TD_CHECK(opt_real(file, "min_lr", c->min_lr, 0, INFINITY, 0));
+    if (c->warmup_steps < 0 || c->warmup_steps > META_MAX_COUNT)
+        return opt_field_error(file, "warmup_steps", "is negative or too large");
+    if (c->total_steps < 0 || c->total_steps > META_MAX_COUNT)
+        return opt_field_error(file, "total_steps", "is negative or too large");
+    return TD_OK;
+}
+
+static td_status opt_from_json(const char *file, const char *text, td_optimizer_config *c) {
+    json_error_t e;
+    json_t *o = json_loads(text, 0, &e);
+    const char *kind = NULL, *sched = NULL;
+    int nesterov = 0;
+    json_int_t warm = 0, total = 0;
+    td_status st;
+    if (!o ||
+        json_unpack_ex(o, &e, JSON_STRICT, "{s:s,s:F,s:F,s:b,s:F,s:F,s:F,s:F,s:F,s:s,s:I,s:I,s:F}",
+                       "kind", &kind, "lr", &c->lr, "momentum", &c->momentum, "nesterov", &nesterov,
+                       "beta1", &c->beta1, "beta2", &c->beta2, "eps", &c->eps, "weight_decay",
+                       &c->weight_decay, "clip_norm", &c->clip_norm, "schedule", &sched,
+                       "warmup_steps", &warm, "total_steps", &total, "min_lr", &c->min_lr) != 0) {
+        json_decref(o);
+        return td__error(TD_ERR_CORRUPT, "%s: metadata \"tandem.optimizer\": %s", file, e.text);
+    }
+    c->nesterov = nesterov;
+    c->warmup_steps = warm;
+    c->total_steps = total;
+    if ((st = opt_names(file, kind, sched, c)) == TD_OK)
+        st = opt_ranges(file, c);
+    json_decref(o);
     return st;
+}
+
+static td_status read_state(const td_safetensors *sf, td_train_state *s) {
+    const char *v;
+    long long x;
+    memset(s, 0, sizeof *s);
+    TD_CHECK(meta_format(sf));
+    TD_CHECK(meta_int(sf, "tandem.step", 0, META_MAX_COUNT, &x));
+    s->step = x;
+    TD_CHECK(meta_int(sf, "tandem.epoch", 0, META_MAX_COUNT, &x));
+    s->epoch = x;
+    TD_CHECK(meta_int(sf, "tandem.sample", 0, META_MAX_COUNT, &x));
+    s->sample = x;
+    TD_CHECK(meta_int(sf, "tandem.batch", 0, META_MAX_BATCH, &x));
+    s->batch = x;
+    TD_CHECK(meta_seed(sf, &s->seed));
+    TD_CHECK(meta_has_optimizer(sf));
+    if (!(v = td_safetensors_meta(sf, "tandem.optimizer")))
+        return meta_missing(sf, "tandem.optimizer");
+    TD_CHECK(opt_from_json(td_safetensors_name(sf), v, &s->opt));
+    return meta_vocab(sf, s);
 }
 
 /* Loads the verified file sf into m and opt. A whole model must hold every
@@ -249,10 +373,7 @@ static td_status load_into(const td_safetensors *sf, td_model *m, td_optimizer *
     const char *file = td_safetensors_name(sf), *v;
     td_train_state s;
     td_status st;
-    if (!(v = td_safetensors_meta(sf, "tandem.format")) || strcmp(v, TD_CKPT_FORMAT) != 0)
-        return td__error(TD_ERR_CORRUPT,
-                         "%s: not a tandem checkpoint (metadata \"tandem.format\" is %s%s%s)", file,
-                         v ? "\"" : "", v ? v : "missing", v ? "\"" : "");
+    TD_CHECK(read_state(sf, &s));
     if (!td_safetensors_has_checksum(sf))
         return td__error(TD_ERR_CORRUPT, "%s: the checksum \"tandem.crc32\" is missing", file);
     if ((v = td_safetensors_meta(sf, "tandem.dtype")) &&
@@ -264,7 +385,6 @@ static td_status load_into(const td_safetensors *sf, td_model *m, td_optimizer *
                          "%s: the optimizer holds one shard of %d (ZeRO-1); load the whole "
                          "state, then hand each member its shard",
                          file, td_optimizer_shard_count(opt));
-    TD_TRY(read_state(sf, &s));
     if (!whole && (!(v = td_safetensors_meta(sf, "tandem.model")) || strcmp(v, td_model_json(m))))
         return td__error(TD_ERR_SHAPE, "%s: holds another model than the one being loaded", file);
     for (size_t i = 0; i < td_model_param_count(m); i++)

@@ -202,8 +202,10 @@ static td_status parse_tensor(td_safetensors *st, const char *key, json_t *v, co
     return TD_OK;
 }
 
-td_status td_safetensors_parse(const void *bytes, size_t n, const char *name,
-                               td_safetensors **out) {
+/* td_safetensors_parse() of bytes (n of them, malloc'ed), which the file
+ * object takes over, freed with it or on failure: a file read from disk is
+ * then held once, not twice. */
+static td_status parse_owned(uint8_t *bytes, size_t n, const char *name, td_safetensors **out) {
     td_safetensors *st = NULL;
     json_t *root = NULL, *v;
     json_error_t jerr;
@@ -212,20 +214,13 @@ td_status td_safetensors_parse(const void *bytes, size_t n, const char *name,
     uint64_t hlen = 0;
     size_t data_len, pos;
     td_status st_;
-    if (!out)
-        return td__error(TD_ERR_INVALID_ARG, "td_safetensors_parse: out is NULL");
     *out = NULL;
-    if (!bytes && n)
-        return td__error(TD_ERR_INVALID_ARG, "td_safetensors_parse: bytes is NULL");
-    if (!(st = td__calloc(sizeof *st, "a safetensors file")))
+    if (!(st = td__calloc(sizeof *st, "a safetensors file"))) {
+        free(bytes);
         return TD_ERR_OUT_OF_MEMORY;
-    snprintf(st->name, sizeof st->name, "%s", name ? name : "<memory>");
-    if (!(st->bytes = malloc(n ? n : 1))) {
-        st_ = td__error(TD_ERR_OUT_OF_MEMORY, "%s: no memory for %zu bytes", st->name, n);
-        goto fail;
     }
-    if (n)
-        memcpy(st->bytes, bytes, n);
+    snprintf(st->name, sizeof st->name, "%s", name ? name : "<memory>");
+    st->bytes = bytes;
     st->n = n;
     if (n < 8) {
         st_ = td__error(TD_ERR_CORRUPT, "%s: %zu bytes, shorter than the 8-byte header length",
@@ -318,12 +313,27 @@ fail:
     return st_;
 }
 
+td_status td_safetensors_parse(const void *bytes, size_t n, const char *name,
+                               td_safetensors **out) {
+    uint8_t *copy;
+    if (!out)
+        return td__error(TD_ERR_INVALID_ARG, "td_safetensors_parse: out is NULL");
+    *out = NULL;
+    if (!bytes && n)
+        return td__error(TD_ERR_INVALID_ARG, "td_safetensors_parse: bytes is NULL");
+    if (!(copy = malloc(n ? n : 1)))
+        return td__error(TD_ERR_OUT_OF_MEMORY, "%s: no memory for %zu bytes",
+                         name ? name : "<memory>", n);
+    if (n)
+        memcpy(copy, bytes, n);
+    return parse_owned(copy, n, name, out);
+}
+
 td_status td_safetensors_load(const char *path, td_safetensors **out) {
     struct stat sb;
     FILE *f;
     uint8_t *buf = NULL;
     long size;
-    td_status st;
     if (!out)
         return td__error(TD_ERR_INVALID_ARG, "td_safetensors_load: out is NULL");
     *out = NULL;
@@ -348,9 +358,7 @@ td_status td_safetensors_load(const char *path, td_safetensors **out) {
         return td__error(TD_ERR_IO, "%s: read failed", path);
     }
     fclose(f);
-    st = td_safetensors_parse(buf, (size_t)size, path, out);
-    free(buf);
-    return st;
+    return parse_owned(buf, (size_t)size, path, out);
 }
 
 const char *td_safetensors_name(const td_safetensors *st) {

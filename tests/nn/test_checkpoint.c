@@ -200,11 +200,122 @@ static void corrupt_checkpoints_are_clear_errors(void **state) {
     td_model_destroy(m);
 }
 
+/* A checkpoint of a 3-to-2 linear whose metadata is a valid run's, but for
+ * `key` set to `value` (NULL: all valid). */
+static const char *with_meta(const char *key, const char *value) {
+    static const char *const meta[][2] = {
+        {"tandem.format", "tandem-checkpoint-1"},
+        {"tandem.model", "{\"input\": {\"shape\": [3]}, \"layers\": [{\"type\": \"linear\", "
+                         "\"out\": 2}]}"},
+        {"tandem.dtype", "f32"},
+        {"tandem.step", "3"},
+        {"tandem.epoch", "1"},
+        {"tandem.sample", "8"},
+        {"tandem.seed", "18446744073709551615"},
+        {"tandem.batch", "4"},
+        {"tandem.has_optimizer", "0"},
+        {"tandem.optimizer",
+         "{\"kind\":\"adamw\",\"lr\":0.01,\"momentum\":0.9,\"nesterov\":false,\"beta1\":0.9,"
+         "\"beta2\":0.999,\"eps\":1e-08,\"weight_decay\":0,\"clip_norm\":0,\"schedule\":"
+         "\"cosine\",\"warmup_steps\":0,\"total_steps\":10,\"min_lr\":0}"},
+        {"tandem.vocab", "0a61"},
+    };
+    td_safetensors_writer *w;
+    float weight[6] = {0}, bias[2] = {0};
+    int64_t ws[2] = {2, 3}, bs[1] = {2};
+    TD_ASSERT_OK(td_safetensors_writer_create(&w));
+    TD_ASSERT_OK(td_safetensors_writer_add(w, "layers.0.weight", TD_F32, 2, ws, weight));
+    TD_ASSERT_OK(td_safetensors_writer_add(w, "layers.0.bias", TD_F32, 1, bs, bias));
+    for (size_t i = 0; i < sizeof meta / sizeof *meta; i++)
+        TD_ASSERT_OK(td_safetensors_writer_set_meta(w, meta[i][0], meta[i][1]));
+    if (key)
+        TD_ASSERT_OK(td_safetensors_writer_set_meta(w, key, value));
+    TD_ASSERT_OK(td_safetensors_writer_save(w, td_test_tmp("meta.st")));
+    td_safetensors_writer_destroy(w);
+    return td_test_tmp("meta.st");
+}
+
+/* Issue 26, item 9: each field of the metadata is range-checked, and a bad
+ * one is an error naming it, whichever way the file is read. */
+static void metadata_out_of_range_is_an_error_naming_the_field(void **state) {
+    static const char *const bad[][3] = {
+        /* key, value, what the message names */
+        {"tandem.epoch", "9223372036854775807", "\"tandem.epoch\""},
+        {"tandem.step", "99999999999999999999", "\"tandem.step\""},
+        {"tandem.sample", "-1", "\"tandem.sample\""},
+        {"tandem.batch", "16777217", "\"tandem.batch\""},
+        {"tandem.seed", "abc", "\"tandem.seed\""},
+        {"tandem.seed", "-1", "\"tandem.seed\""},
+        {"tandem.seed", "18446744073709551616", "\"tandem.seed\""},
+        {"tandem.has_optimizer", "2", "\"tandem.has_optimizer\""},
+        {"tandem.vocab", "-1", "\"tandem.vocab\""},
+        {"tandem.vocab", "0g", "\"tandem.vocab\""},
+        {"tandem.format", "tandem-checkpoint-9", "\"tandem.format\""},
+        {"tandem.optimizer",
+         "{\"kind\":\"rmsprop\",\"lr\":0.01,\"momentum\":0.9,\"nesterov\":false,\"beta1\":0.9,"
+         "\"beta2\":0.999,\"eps\":1e-08,\"weight_decay\":0,\"clip_norm\":0,\"schedule\":"
+         "\"constant\",\"warmup_steps\":0,\"total_steps\":0,\"min_lr\":0}",
+         "\"tandem.optimizer\": \"kind\""},
+        {"tandem.optimizer",
+         "{\"kind\":\"sgd\",\"lr\":0.01,\"momentum\":0.9,\"nesterov\":false,\"beta1\":0.9,"
+         "\"beta2\":0.999,\"eps\":1e-08,\"weight_decay\":0,\"clip_norm\":0,\"schedule\":"
+         "\"linear\",\"warmup_steps\":0,\"total_steps\":0,\"min_lr\":0}",
+         "\"tandem.optimizer\": \"schedule\""},
+        {"tandem.optimizer",
+         "{\"kind\":\"sgd\",\"lr\":-1,\"momentum\":0.9,\"nesterov\":false,\"beta1\":0.9,"
+         "\"beta2\":0.999,\"eps\":1e-08,\"weight_decay\":0,\"clip_norm\":0,\"schedule\":"
+         "\"constant\",\"warmup_steps\":0,\"total_steps\":0,\"min_lr\":0}",
+         "\"tandem.optimizer\": \"lr\""},
+        {"tandem.optimizer",
+         "{\"kind\":\"sgd\",\"lr\":0.01,\"momentum\":1.5,\"nesterov\":false,\"beta1\":0.9,"
+         "\"beta2\":0.999,\"eps\":1e-08,\"weight_decay\":0,\"clip_norm\":0,\"schedule\":"
+         "\"constant\",\"warmup_steps\":0,\"total_steps\":0,\"min_lr\":0}",
+         "\"tandem.optimizer\": \"momentum\""},
+        {"tandem.optimizer",
+         "{\"kind\":\"sgd\",\"lr\":0.01,\"momentum\":0.9,\"nesterov\":false,\"beta1\":0.9,"
+         "\"beta2\":0.999,\"eps\":1e-08,\"weight_decay\":0,\"clip_norm\":0,\"schedule\":"
+         "\"constant\",\"warmup_steps\":-5,\"total_steps\":0,\"min_lr\":0}",
+         "\"tandem.optimizer\": \"warmup_steps\""},
+        {"tandem.optimizer",
+         "{\"kind\":\"sgd\",\"lr\":0.01,\"momentum\":0.9,\"nesterov\":false,\"beta1\":0.9,"
+         "\"beta2\":0.999,\"eps\":1e-08,\"weight_decay\":0,\"clip_norm\":0,\"schedule\":"
+         "\"constant\",\"warmup_steps\":0,\"total_steps\":0,\"min_lr\":0,\"lr2\":1}",
+         "lr2"},
+    };
+    char *json = NULL;
+    td_dtype dt;
+    td_train_state s;
+    td_model *m = NULL;
+
+    /* The valid file reads back whole: the largest seed included. */
+    TD_ASSERT_OK(td_checkpoint_read_meta(with_meta(NULL, NULL), &json, &dt, &s));
+    free(json);
+    assert_true(s.seed == UINT64_MAX);
+    assert_int_equal(s.epoch, 1);
+    assert_int_equal(s.opt.kind, TD_OPT_ADAMW);
+    assert_int_equal(s.opt.schedule, TD_LR_COSINE);
+    assert_int_equal(s.vocab_len, 2);
+    assert_memory_equal(s.vocab, "\na", 2);
+
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        const char *path = with_meta(bad[i][0], bad[i][1]);
+        json = (char *)0x1;
+        if (td_checkpoint_read_meta(path, &json, &dt, &s) != TD_ERR_CORRUPT)
+            fail_msg("case %zu (%s = %s) was accepted", i, bad[i][0], bad[i][1]);
+        assert_null(json);
+        td_test_assert_message_contains(bad[i][2]);
+        TD_ASSERT_STATUS(td_checkpoint_load_model(path, dev, &m, &s), TD_ERR_CORRUPT);
+        assert_null(m);
+        td_test_assert_message_contains(bad[i][2]);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(round_trip_restores_weights_optimizer_and_state),
         cmocka_unit_test(mismatched_models_are_errors_naming_the_tensor),
         cmocka_unit_test(corrupt_checkpoints_are_clear_errors),
+        cmocka_unit_test(metadata_out_of_range_is_an_error_naming_the_field),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -134,6 +134,145 @@ static void bad_files_name_file_layer_and_field(void **state) {
     td_device_list_destroy(list);
 }
 
+/* The size tests' device, opened around each (a model goes before its device). */
+static td_device_list *size_devs;
+
+static int size_setup(void **state) {
+    size_devs = td_test_open("cpu:0");
+    return 0;
+}
+
+static int size_teardown(void **state) {
+    td_device_list_destroy(size_devs);
+    size_devs = NULL;
+    return 0;
+}
+
+static td_status load_text(const char *json, td_model **m) {
+    return td_model_load_string(json, "big.json", td_device_list_get(size_devs, 0), TD_F32, 1, m);
+}
+
+/* Issue 26, item 4: a few hundred bytes must not ask for a billion layers,
+ * nor a small model for more activations than any machine holds. */
+static void models_too_large_are_refused_before_building(void **state) {
+    static const char *const cases[][2] = {
+        /* the audit's 229-byte file: 1024^3 relus */
+        {"{\"input\": {\"shape\": [4]}, \"layers\": [{\"type\": \"repeat\", \"count\": 1024, "
+         "\"layers\": [{\"type\": \"repeat\", \"count\": 1024, \"layers\": [{\"type\": "
+         "\"repeat\", \"count\": 1024, \"layers\": [{\"type\": \"relu\"}]}]}]}, {\"type\": "
+         "\"linear\", \"out\": 2}]}",
+         "big.json: layers[0].layers[0]: the model has more than 100000 layers"},
+        /* one layer over the limit */
+        {"{\"input\": {\"shape\": [4]}, \"layers\": [{\"type\": \"repeat\", \"count\": 1000, "
+         "\"layers\": [{\"type\": \"repeat\", \"count\": 100, \"layers\": [{\"type\": "
+         "\"relu\"}]}]}, {\"type\": \"linear\", \"out\": 2}]}",
+         "big.json: layers[1]: the model has more than 100000 layers"},
+        /* small weights, but attention scores of (64, 2^20, 2^20) per sample */
+        {"{\"input\": {\"tokens\": 1048576, \"vocab\": 16}, \"layers\": [{\"type\": "
+         "\"embedding\", \"vocab\": 16, \"dim\": 64, \"positions\": false}, {\"type\": "
+         "\"attention\", \"heads\": 64}, {\"type\": \"linear\", \"out\": 16}]}",
+         "big.json: layers: one sample's activations come to more than 68719476736 elements"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        td_model *m = (td_model *)0x1;
+        TD_ASSERT_STATUS(load_text(cases[i][0], &m), TD_ERR_PARSE);
+        assert_null(m);
+        td_test_assert_message_contains(cases[i][1]);
+    }
+}
+
+/* Issue 26, item 5: products of sizes from the file are checked, not left
+ * to overflow int64 (the input) or to ask for petabytes (a parameter, an
+ * output). td_model_describe, which the trainer sizes its data by, refuses
+ * them too. */
+static void sizes_whose_products_overflow_are_refused(void **state) {
+    static const char *const cases[][2] = {
+        {"{\"input\": {\"shape\": [16777216, 16777216, 16777216]}, \"layers\": [{\"type\": "
+         "\"flatten\"}, {\"type\": \"linear\", \"out\": 2}]}",
+         "big.json: input.shape: (16777216, 16777216, 16777216) has more than the 4294967296 "
+         "elements a tensor may hold"},
+        {"{\"input\": {\"shape\": [16777216]}, \"layers\": [{\"type\": \"linear\", \"out\": "
+         "16777216}, {\"type\": \"linear\", \"out\": 2}]}",
+         "big.json: parameter layers.0.weight (16777216, 16777216) has more than the 4294967296 "
+         "elements"},
+        {"{\"input\": {\"shape\": [1, 65536, 65536]}, \"layers\": [{\"type\": \"conv2d\", "
+         "\"out\": 2, \"kernel\": 1}, {\"type\": \"flatten\"}, {\"type\": \"linear\", \"out\": "
+         "2}]}",
+         "big.json: layers[0]: conv2d gives (2, 65536, 65536) per sample, more than the "
+         "4294967296 elements"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        td_model *m = (td_model *)0x1;
+        td_model_info info;
+        TD_ASSERT_STATUS(load_text(cases[i][0], &m), TD_ERR_PARSE);
+        assert_null(m);
+        td_test_assert_message_contains(cases[i][1]);
+        TD_ASSERT_STATUS(td_model_describe(cases[i][0], "big.json", &info, NULL, 0), TD_ERR_PARSE);
+        td_test_assert_message_contains(cases[i][1]);
+    }
+}
+
+/* A model of residual blocks nested `depth` deep (then `repeats` repeat
+ * blocks inside), each list holding `pad` relus before the next block, the
+ * innermost two linears. malloc'ed. */
+static char *nested_model(int depth, int repeats, int pad) {
+    size_t cap = 1 << 16, n = 0;
+    char *s = malloc(cap);
+    n += (size_t)snprintf(s + n, cap - n, "{\"input\": {\"shape\": [8]}, \"layers\": [");
+    for (int d = 0; d < depth + repeats; d++) {
+        for (int k = 0; d > 0 && k < pad; k++)
+            n += (size_t)snprintf(s + n, cap - n, "{\"type\": \"relu\"}, ");
+        n += (size_t)snprintf(s + n, cap - n,
+                              d < depth ? "{\"type\": \"residual\", \"layers\": ["
+                                        : "{\"type\": \"repeat\", \"count\": 1, \"layers\": [");
+    }
+    for (int k = 0; k < pad; k++)
+        n += (size_t)snprintf(s + n, cap - n, "{\"type\": \"relu\"}, ");
+    n += (size_t)snprintf(s + n, cap - n,
+                          "{\"type\": \"linear\", \"out\": 8}, {\"type\": \"linear\", \"out\": 8}");
+    for (int d = 0; d < depth + repeats; d++)
+        n += (size_t)snprintf(s + n, cap - n, "]}");
+    snprintf(s + n, cap - n, ", {\"type\": \"linear\", \"out\": 3}]}");
+    return s;
+}
+
+/* Issue 26, item 6: names past 63 characters stay whole and distinct (they
+ * are checkpoint keys), and nesting past the limit, residual blocks counted
+ * with repeat blocks, is refused up front. */
+static void deep_nesting_keeps_names_whole_or_is_refused(void **state) {
+    char *json = nested_model(TD_MODEL_MAX_DEPTH, 0, 100), want[256];
+    size_t n = 0;
+    td_model *m = NULL;
+    TD_ASSERT_OK(load_text(json, &m));
+    free(json);
+    /* the first linear: layers.0, then .100 in each of the 15 nested lists, then its own */
+    n += (size_t)snprintf(want, sizeof want, "layers.0");
+    for (int d = 0; d < TD_MODEL_MAX_DEPTH; d++)
+        n += (size_t)snprintf(want + n, sizeof want - n, ".100");
+    snprintf(want + n, sizeof want - n, ".weight");
+    assert_true(strlen(want) > 63);
+    assert_string_equal(td_model_param_name(m, 0), want);
+    want[strlen(want) - strlen("100.weight")] = '\0';
+    strcat(want, "101.weight");
+    assert_string_equal(td_model_param_name(m, 2), want);
+    for (size_t i = 0; i < td_model_param_count(m); i++)
+        for (size_t j = i + 1; j < td_model_param_count(m); j++)
+            assert_string_not_equal(td_model_param_name(m, i), td_model_param_name(m, j));
+    td_model_destroy(m);
+
+    json = nested_model(TD_MODEL_MAX_DEPTH + 1, 0, 1);
+    m = (td_model *)0x1;
+    TD_ASSERT_STATUS(load_text(json, &m), TD_ERR_PARSE);
+    assert_null(m);
+    td_test_assert_message_contains("residual and repeat blocks nested more than 16 deep");
+    free(json);
+    /* residual blocks count toward the depth that repeat blocks did alone */
+    json = nested_model(TD_MODEL_MAX_DEPTH / 2, TD_MODEL_MAX_DEPTH / 2 + 1, 1);
+    TD_ASSERT_STATUS(load_text(json, &m), TD_ERR_PARSE);
+    td_test_assert_message_contains("nested more than 16 deep");
+    free(json);
+}
+
 static double *read_all(td_tensor *t) {
     double *v = malloc(sizeof(double) * td_tensor_numel(t));
     TD_ASSERT_OK(td_tensor_read_f64(t, v, td_tensor_numel(t)));
@@ -333,6 +472,12 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(examples_load),
         cmocka_unit_test(bad_files_name_file_layer_and_field),
+        cmocka_unit_test_setup_teardown(models_too_large_are_refused_before_building, size_setup,
+                                        size_teardown),
+        cmocka_unit_test_setup_teardown(sizes_whose_products_overflow_are_refused, size_setup,
+                                        size_teardown),
+        cmocka_unit_test_setup_teardown(deep_nesting_keeps_names_whole_or_is_refused, size_setup,
+                                        size_teardown),
         cmocka_unit_test(seed_gives_same_weights_on_every_device),
         cmocka_unit_test(step_accumulates_hooks_and_repeats_bitwise),
         cmocka_unit_test(optimizer_schedule_and_clipping),
