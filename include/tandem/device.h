@@ -87,7 +87,10 @@ TD_API td_status td_device_run(td_device *dev, td_device_fn fn, void *arg);
 
 /* Queues fn(dev, arg) on the device's host thread, after everything queued
  * before it (an in-order queue), and returns at once. *event, when not NULL,
- * receives an event to wait on; the caller destroys it. */
+ * receives an event to wait on; the caller destroys it. Fails with
+ * TD_ERR_DEVICE_LOST, queueing nothing, while the host thread is out in a
+ * task its group gave up waiting for (so td_device_run does too): what
+ * followed that task might never run. */
 TD_API td_status td_device_submit(td_device *dev, td_device_fn fn, void *arg, td_event **event);
 
 /* 1 while the device's host thread runs a task or has tasks queued. A

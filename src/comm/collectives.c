@@ -159,8 +159,8 @@ static td_status run_transport(td__member *m, td__op *o) {
 }
 
 /* Runs c (already checked, seq assigned) on this member. */
-static td_status execute(td__member *m, const td_collective *c, uint64_t seq,
-                         td_comm_algorithm algo) {
+static td_status run_collective(td__member *m, const td_collective *c, uint64_t seq,
+                                td_comm_algorithm algo) {
     td_group *g = m->g;
     td__op o;
     const void *in;
@@ -224,6 +224,18 @@ done:
     free(host_in);
     free(host_out);
     td__record_done(m, &o, st);
+    return st;
+}
+
+/* run_collective, in view of whoever waits on the member (td__member_stuck). */
+static td_status execute(td__member *m, const td_collective *c, uint64_t seq,
+                         td_comm_algorithm algo) {
+    td_status st;
+    atomic_store(&m->busy_seq, seq);
+    atomic_store(&m->busy_kind, (int)c->kind);
+    atomic_store(&m->busy_since, td_clock_ns());
+    st = run_collective(m, c, seq, algo);
+    atomic_store(&m->busy_since, 0);
     return st;
 }
 
@@ -294,11 +306,21 @@ static void backoff(unsigned *rounds) {
     }
 }
 
-void td__engine_drain(td__member *m) {
+/* Whether whoever waits on m's engine should give up: checked now and then,
+ * as reading the clock on every round would slow short waits. */
+static int engine_stuck(td__member *m, unsigned rounds) {
+    return rounds % 64 == 0 && td__member_stuck(m, td_clock_ns());
+}
+
+td_status td__engine_drain(td__member *m) {
     unsigned rounds = 0;
     while (atomic_load_explicit(&m->async_done, memory_order_acquire) !=
-           atomic_load_explicit(&m->async_issued, memory_order_relaxed))
+           atomic_load_explicit(&m->async_issued, memory_order_relaxed)) {
         backoff(&rounds);
+        if (engine_stuck(m, rounds))
+            return td__member_give_up(m);
+    }
+    return TD_OK;
 }
 
 void td__engine_stop(td__member *m) {
@@ -328,7 +350,7 @@ td_status td_collective_run(td_group *g, const td_collective *c) {
         return td__error(TD_ERR_INVALID_ARG, "td_collective_run: collective is NULL");
     if ((st = check_call(g, m, c, what)) != TD_OK)
         return st;
-    td__engine_drain(m);
+    TD_CHECK(td__engine_drain(m));
     return execute(m, c, ++m->seq, TD_ALGO_AUTO);
 }
 
@@ -341,7 +363,7 @@ td_status td__collective_run_algo(td_group *g, const td_collective *c, td_comm_a
         return st;
     if ((st = check_call(g, m, c, "calibration")) != TD_OK)
         return st;
-    td__engine_drain(m);
+    TD_CHECK(td__engine_drain(m));
     return execute(m, c, ++m->seq, algo);
 }
 
@@ -369,7 +391,10 @@ td_status td_collective_start(td_group *g, const td_collective *c, td_comm_reque
         /* Alone, there is no one to wait for: the engine's hand-off would be
          * the whole cost. Staging reads the device through its host thread,
          * which may be waiting on this request. Either way: run it now. */
-        td__engine_drain(m);
+        if ((st = td__engine_drain(m)) != TD_OK) {
+            free(r);
+            return st;
+        }
         r->seq = ++m->seq;
         run_request(m, r);
         *req = r;
@@ -410,8 +435,11 @@ td_status td_comm_wait(td_comm_request *req) {
     /* Spin briefly first: a small collective finishes within microseconds. */
     for (int i = 0; i < 2000 && !atomic_load_explicit(&req->done, memory_order_acquire); i++)
         sched_yield();
-    while (!atomic_load_explicit(&req->done, memory_order_acquire))
+    while (!atomic_load_explicit(&req->done, memory_order_acquire)) {
         backoff(&rounds);
+        if (engine_stuck(req->m, rounds))
+            return td__member_give_up(req->m);
+    }
     return td_comm_test(req);
 }
 
@@ -427,7 +455,8 @@ td_status td_comm_request_times(td_comm_request *req, uint64_t *began_ns, uint64
 void td_comm_request_destroy(td_comm_request *req) {
     if (!req)
         return;
-    td_comm_wait(req);
+    if (td_comm_wait(req) != TD_OK && !atomic_load_explicit(&req->done, memory_order_acquire))
+        return; /* a stuck engine holds it */
     free(req->message);
     free(req);
 }

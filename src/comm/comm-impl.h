@@ -92,6 +92,10 @@ typedef struct td__member {
     uint64_t phase;    /* synchronisation phases run (the executing thread only) */
     int fault_slot;    /* its device's counters in g->faults, -1: none */
     atomic_int failed; /* 1 once this member failed or was lost */
+    /* The collective it runs (on its host thread or engine): td_clock_ns()
+     * when it began, 0 between collectives; its number and kind. */
+    atomic_uint_least64_t busy_since, busy_seq;
+    atomic_int busy_kind;
     td__engine *engine;
     atomic_uint_least64_t async_issued, async_done;
     void *small[2]; /* direct-exchange slots, double buffered by phase */
@@ -148,9 +152,19 @@ td_status td__group_fail(td_group *g, int rank, const char *fmt, ...)
 /* TD_ERR_DEVICE_LOST with the group's failure reason as the message. */
 td_status td__group_lost(td_group *g);
 
+/* Whether m has been inside one collective for longer than its group's
+ * timeout and a second: its peers' own waits give up within the timeout, so
+ * a member still in a collective then (alone in its group, or hung for
+ * good) is not coming back. */
+int td__member_stuck(td__member *m, uint64_t now_ns);
+/* Fails the group (unless it already failed) naming stuck member m and the
+ * collective it is in; returns TD_ERR_DEVICE_LOST. */
+td_status td__member_give_up(td__member *m);
+
 /* The asynchronous engine (collectives.c): waits until every collective the
- * member started has finished; stops the engine thread. */
-void td__engine_drain(td__member *m);
+ * member started has finished (TD_ERR_DEVICE_LOST when the engine is stuck
+ * in one: td_group_destroy then keeps the member); stops the engine thread. */
+td_status td__engine_drain(td__member *m);
 void td__engine_stop(td__member *m);
 
 /* Fault injection: counts the collective and returns TD_OK, or fails as the

@@ -10,7 +10,8 @@
  * peers time out and name it, and its host thread comes back once they
  * gave up), stuck (the same, but its host thread never comes back, as with a
  * GPU hung for good) or error (it fails at once and tells its peers).
- * "cpu:1@allreduce:5" makes cpu:1 stop at its 5th all-reduce.
+ * "cpu:1@allreduce:5" makes cpu:1 stop at its 5th all-reduce. An item that
+ * could never fire (a device not in the group, a count of 0) is refused.
  *
  * A group shrunk from a group with faults (td_group_shrink: the data
  * strategy's group of the members not parked, the survivors of a loss)
@@ -76,9 +77,17 @@ static td_status parse_item(const char *item, td__fault *f) {
         if (!strcmp(kind, kind_names[k]))
             f->kind = k;
     if (f->kind == -2)
-        goto bad;
+        return td__error(TD_ERR_PARSE,
+                         "fault injection item '%s': '%s' is not a collective (allreduce, "
+                         "broadcast, reduce, allgather, reducescatter or any)",
+                         item, kind);
     nth = strtol(colon + 1, &end, 10);
-    if (end == colon + 1 || nth < 1 || nth > 1000000000)
+    if (end != colon + 1 && nth < 1)
+        return td__error(TD_ERR_PARSE,
+                         "fault injection item '%s': collectives count from 1, so a count of %ld "
+                         "could never fire",
+                         item, nth);
+    if (end == colon + 1 || nth > 1000000000)
         goto bad;
     f->nth = (int)nth;
     f->mode = TD__FAULT_HANG;
@@ -100,6 +109,28 @@ bad:
         "[pP/]DEVICE@KIND:N[:hang|:stuck|:error], KIND one of allreduce, broadcast, reduce, "
         "allgather, reducescatter, any (as in cpu:1@allreduce:5)",
         item);
+}
+
+/* Refuses an item for a device not in the group (unless it may be another
+ * process's): it could never fire, and a test that counted on it would pass
+ * for the wrong reason. */
+static td_status check_device(const td_group *g, const char *item, const td__fault *f,
+                              td_device *const *devs, size_t n) {
+    char names[512] = "";
+    size_t used = 0;
+    if (g->cfg.transport == TD_TRANSPORT_MPI)
+        return TD_OK;
+    for (size_t i = 0; i < n; i++) {
+        if (!strcmp(f->device, td_device_name(devs[i])))
+            return TD_OK;
+        if (used + 1 < sizeof names)
+            used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", i ? ", " : "",
+                                     td_device_name(devs[i]));
+    }
+    return td__error(TD_ERR_INVALID_ARG,
+                     "TANDEM_FAULT: item '%s' names %s, which is not one of this run's devices "
+                     "(%s), so it could never fire",
+                     item, f->device, names);
 }
 
 static void plan_free(td__fault_plan *p) {
@@ -144,6 +175,10 @@ td_status td__fault_parse(td_group *g, const char *text, td_device *const *devs,
             plan_free(p);
             return td__error_prefix(st, "TANDEM_FAULT: ");
         }
+        if ((st = check_device(g, item, &p->items[p->nitems], devs, n)) != TD_OK) {
+            plan_free(p);
+            return st;
+        }
         atomic_init(&p->fired[p->nitems], 0);
         p->nitems++;
     }
@@ -184,6 +219,13 @@ static int this_process(const td_group *g, int process) {
     return here == process;
 }
 
+/* Never comes back, as a GPU hung for good: the thread sleeps until the
+ * process ends, touching nothing (its group and plan may be freed). */
+static void stay_stuck(void) {
+    for (;;)
+        pause();
+}
+
 td_status td__fault_check(td__member *m, td_collective_kind kind) {
     td_group *g = m->g;
     td__fault_plan *p = g->faults;
@@ -201,6 +243,8 @@ td_status td__fault_check(td__member *m, td_collective_kind kind) {
         if (atomic_exchange(&p->fired[i], 1))
             continue;
         atomic_store(&m->failed, 1);
+        if (f->mode == TD__FAULT_STUCK)
+            stay_stuck();
         if (f->mode == TD__FAULT_ERROR)
             return td__group_fail(g, m->rank,
                                   "%s (rank %d) failed at its %s number %d: injected by "
@@ -208,9 +252,6 @@ td_status td__fault_check(td__member *m, td_collective_kind kind) {
                                   td_device_name(m->dev), m->rank,
                                   f->kind < 0 ? "collective" : td_collective_name(kind), f->nth,
                                   p->text);
-        /* Never come back: the thread sleeps until the process ends. */
-        while (f->mode == TD__FAULT_STUCK)
-            pause();
         /* Stop answering, as a lost device does, until the peers gave up on
          * us; alone (or with every peer hung too) give up after the timeout. */
         {

@@ -109,6 +109,27 @@ td_status td__group_lost(td_group *g) {
     return TD_ERR_DEVICE_LOST;
 }
 
+/* How long a member may stay in one collective: see td__member_stuck. */
+static uint64_t stuck_ns(const td_group *g) {
+    return ((uint64_t)g->timeout_ms + 1000) * 1000000u;
+}
+
+int td__member_stuck(td__member *m, uint64_t now_ns) {
+    uint64_t since = atomic_load(&m->busy_since);
+    return since && now_ns > since && now_ns - since > stuck_ns(m->g);
+}
+
+td_status td__member_give_up(td__member *m) {
+    atomic_store(&m->failed, 1);
+    return td__group_fail(m->g, m->rank,
+                          "%s (rank %d) has not come back from its collective #%llu (%s) in %llu "
+                          "ms: the device is stuck",
+                          td_device_name(m->dev), m->rank,
+                          (unsigned long long)atomic_load(&m->busy_seq),
+                          td_collective_name((td_collective_kind)atomic_load(&m->busy_kind)),
+                          (unsigned long long)(stuck_ns(m->g) / 1000000u));
+}
+
 td_status td_group_error(td_group *g) {
     if (!g)
         return td__error(TD_ERR_INVALID_ARG, "td_group_error: group is NULL");
@@ -159,8 +180,39 @@ static void member_deinit(td__member *m) {
     free(m->temp);
 }
 
+/* Whether a thread may still use m: one of its collectives never ended (a
+ * member stuck for good), or a run left its host thread behind. */
+static int member_in_use(td__member *m) {
+    return m->dev && (atomic_load(&m->busy_since) != 0 || atomic_load(&m->dev->left_behind));
+}
+
+/* Groups a thread may still use, kept allocated (and reachable) to the end. */
+static pthread_mutex_t kept_lock = PTHREAD_MUTEX_INITIALIZER;
+static td_group *kept[64];
+static int nkept;
+
+/* Keeps g, deinitialising only the members nobody uses, when a thread may
+ * still use one of them; 1 when it did. */
+static int keep_if_in_use(td_group *g) {
+    int in_use = 0;
+    for (int k = 0; g->members && k < g->nlocal; k++)
+        in_use |= member_in_use(&g->members[k]);
+    if (!in_use)
+        return 0;
+    for (int k = 0; k < g->nlocal; k++)
+        if (!member_in_use(&g->members[k]))
+            member_deinit(&g->members[k]);
+    pthread_mutex_lock(&kept_lock);
+    if (nkept < (int)(sizeof kept / sizeof *kept))
+        kept[nkept++] = g;
+    pthread_mutex_unlock(&kept_lock);
+    TD_LOG_WARN("a group whose member never came back stays allocated while its thread may use it");
+    td_device_list_destroy(g->owned_list);
+    return 1;
+}
+
 void td_group_destroy(td_group *g) {
-    if (!g)
+    if (!g || keep_if_in_use(g))
         return;
     for (int k = 0; g->members && k < g->nlocal; k++)
         member_deinit(&g->members[k]);
@@ -298,6 +350,9 @@ static td_status group_create(td_device *const *devs, size_t n, const td_group_c
         m->rank = g->rank0 + (int)i;
         m->dev = devs[i];
         atomic_init(&m->failed, 0);
+        atomic_init(&m->busy_since, 0);
+        atomic_init(&m->busy_seq, 0);
+        atomic_init(&m->busy_kind, 0);
         atomic_init(&m->async_issued, 0);
         atomic_init(&m->async_done, 0);
         for (int r = 0; r < TD_COMM_RECORD; r++)
@@ -420,11 +475,12 @@ static td_status member_task(td_device *dev, void *p) {
     run_state *rs = t->rs;
     td__member *m = t->m;
     td_group *g = m->g;
-    td_status st;
+    td_status st, drained;
     current_member = m;
     st = rs->fn(g, dev, m->rank, g->size, rs->arg);
     /* Collectives started and not waited for still finish inside the run. */
-    td__engine_drain(m);
+    if ((drained = td__engine_drain(m)) != TD_OK && st == TD_OK)
+        st = drained;
     current_member = NULL;
     if (st != TD_OK && !atomic_load(&g->aborted)) {
         /* This member is the first to fail: its peers must not wait for it. */
@@ -442,6 +498,26 @@ static td_status member_task(td_device *dev, void *p) {
     free(t);
     run_release(rs);
     return st;
+}
+
+/* Whether every one of the first n members that has not returned is stuck
+ * (at least one), failing the group for them: nobody else would, when the
+ * stuck member is alone or its peers returned. A second later than the
+ * member's host thread gives up on its own stuck engine, so that the thread
+ * is not left behind as it comes back. Called under rs->lock. */
+static int all_out_stuck(run_state *rs, td_group *g, int n) {
+    uint64_t now = td_clock_ns() - 1000000000u;
+    int out = 0, stuck = 0;
+    for (int k = 0; k < n; k++) {
+        if (rs->returned[k])
+            continue;
+        out++;
+        if (td__member_stuck(&g->members[k], now)) {
+            stuck++;
+            (void)td__member_give_up(&g->members[k]);
+        }
+    }
+    return out > 0 && stuck == out;
 }
 
 /* How long the caller of a run polls before it sleeps: as long as the
@@ -531,6 +607,8 @@ td_status td_group_run(td_group *g, td_group_fn fn, void *arg) {
             ts.tv_nsec -= 1000000000;
         }
         pthread_cond_timedwait(&rs->cond, &rs->lock, &ts);
+        if (all_out_stuck(rs, g, expected))
+            break;
         if (atomic_load(&g->aborted)) {
             uint64_t now = td_clock_ns();
             if (!abort_seen)
@@ -548,10 +626,14 @@ td_status td_group_run(td_group *g, td_group_fn fn, void *arg) {
         pthread_mutex_unlock(&rs->lock);
         if (returned) {
             sts[k] = td_event_wait(evs[k]);
+        } else if (td__member_stuck(&g->members[k], td_clock_ns())) {
+            sts[k] = td__error(TD_ERR_DEVICE_LOST, "stuck in a collective; left running");
         } else {
             sts[k] = td__error(TD_ERR_DEVICE_LOST,
                                "did not return within %d ms after the group failed; left running",
                                g->timeout_ms);
+        }
+        if (!returned) {
             atomic_store(&g->members[k].failed, 1);
             td__device_left_behind(g->members[k].dev);
         }
@@ -596,6 +678,20 @@ td_status td_group_run(td_group *g, td_group_fn fn, void *arg) {
 
 /* Shrinking ----------------------------------------------------------------- */
 
+/* Every member of g was lost: says which, as users name them. */
+static td_status none_left(const td_group *g) {
+    char names[512] = "";
+    size_t used = 0;
+    for (int k = 0; k < g->nlocal && used + 1 < sizeof names; k++)
+        used += (size_t)snprintf(names + used, sizeof names - used, "%s%s",
+                                 k == 0               ? ""
+                                 : k == g->nlocal - 1 ? " and "
+                                                      : ", ",
+                                 td_device_name(g->members[k].dev));
+    return td__error(TD_ERR_DEVICE_LOST, "no device is left: %s %s lost", names,
+                     g->nlocal == 1 ? "was" : "were");
+}
+
 td_status td_group_shrink(td_group *g, const int *exclude, size_t n_exclude, td_group **out) {
     td_device **devs = NULL;
     unsigned char *gone = NULL;
@@ -638,7 +734,7 @@ td_status td_group_shrink(td_group *g, const int *exclude, size_t n_exclude, td_
     cfg.chunk_bytes = g->chunk_bytes;
     cfg.fault = ""; /* it shares g's plan instead (below) */
     if (n == 0 && g->transport != TD_TRANSPORT_MPI) {
-        st = td__error(TD_ERR_DEVICE_LOST, "td_group_shrink: no member survived");
+        st = none_left(g);
         goto fail;
     }
     TD_TRY(group_create(devs, n, &cfg, g, out));
@@ -648,7 +744,7 @@ td_status td_group_shrink(td_group *g, const int *exclude, size_t n_exclude, td_
         /* MPI: this process took part in the split but has no member left. */
         td_group_destroy(*out);
         *out = NULL;
-        st = td__error(TD_ERR_DEVICE_LOST, "td_group_shrink: no member of this process survived");
+        st = none_left(g);
         goto fail;
     }
     free(devs);

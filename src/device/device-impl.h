@@ -94,8 +94,10 @@ struct td_device {
     bool stopping;
     atomic_bool in_task;     /* the host thread is running a task */
     atomic_bool left_behind; /* a group gave up waiting for that task */
-    td_status init_status;   /* what thread_init returned */
-    int fp64;                /* cached at start: tensors ask on every create */
+    td_buffer **kept;        /* freed while left behind: freed at close, or kept */
+    size_t nkept, kept_cap;
+    td_status init_status; /* what thread_init returned */
+    int fp64;              /* cached at start: tensors ask on every create */
     /* The logical CPUs its host thread is bound to, read at start; empty
      * when it is not bound (GPUs, or pinning refused). */
     cpu_set_t cpus;

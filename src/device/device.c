@@ -165,7 +165,12 @@ static void *host_thread_main(void *p) {
         pthread_mutex_unlock(&dev->lock);
 
         st = t->fn(dev, t->arg);
+        /* Under the lock, so that a group never marks it left behind in a
+         * task it has already come back from (td__device_left_behind). */
+        pthread_mutex_lock(&dev->lock);
         atomic_store_explicit(&dev->in_task, false, memory_order_release);
+        atomic_store_explicit(&dev->left_behind, false, memory_order_relaxed);
+        pthread_mutex_unlock(&dev->lock);
         if (t->ev) {
             event_complete(t->ev, st);
             event_release(t->ev);
@@ -200,6 +205,19 @@ td_status td_device_submit(td_device *dev, td_device_fn fn, void *arg, td_event 
         *event = t->ev;
     }
     pthread_mutex_lock(&dev->lock);
+    if (atomic_load(&dev->left_behind)) {
+        /* Queued behind a task that may never end, it would never run. */
+        pthread_mutex_unlock(&dev->lock);
+        if (event) {
+            event_release(t->ev);
+            event_release(t->ev);
+            *event = NULL;
+        }
+        free(t);
+        return td__error(TD_ERR_DEVICE_LOST,
+                         "%s: its host thread has not come back from a task its group gave up on",
+                         dev->name);
+    }
     if (dev->tail)
         dev->tail->next = t;
     else
@@ -279,8 +297,11 @@ int td_device_busy(const td_device *dev) {
 }
 
 void td__device_left_behind(td_device *dev) {
-    if (dev)
-        atomic_store(&dev->left_behind, true);
+    if (!dev)
+        return;
+    pthread_mutex_lock(&dev->lock);
+    atomic_store(&dev->left_behind, atomic_load(&dev->in_task));
+    pthread_mutex_unlock(&dev->lock);
 }
 
 /* Devices whose host thread never came back from a task: the thread may
@@ -308,9 +329,13 @@ static int abandon_if_stuck(td_device *dev) {
     return 1;
 }
 
+static void free_kept(td_device *dev);
+
 static void device_close(td_device *dev) {
     if (!dev)
         return;
+    if (!atomic_load(&dev->left_behind))
+        free_kept(dev);
     if (dev->thread_started) {
         void *ret = NULL;
         pthread_mutex_lock(&dev->lock);
@@ -618,11 +643,40 @@ static td_status free_task(td_device *dev, void *arg) {
 }
 
 void td_buffer_free(td_buffer *buf) {
+    td_device *dev;
     if (!buf)
         return;
-    td_device_run(buf->dev, free_task, buf->ptr);
-    atomic_fetch_sub(&buf->dev->mem_used, buf->nbytes);
-    free(buf);
+    dev = buf->dev;
+    /* Checked first, so that freeing leaves the caller's message alone. */
+    if ((current_device == dev || !atomic_load(&dev->left_behind)) &&
+        td_device_run(dev, free_task, buf->ptr) == TD_OK) {
+        atomic_fetch_sub(&dev->mem_used, buf->nbytes);
+        free(buf);
+        return;
+    }
+    /* The host thread never came back from a task and may still use the
+     * memory: the device keeps it until it closes. */
+    pthread_mutex_lock(&dev->lock);
+    if (dev->nkept == dev->kept_cap) {
+        size_t cap = dev->kept_cap ? 2 * dev->kept_cap : 64;
+        td_buffer **grown = realloc(dev->kept, cap * sizeof *grown);
+        if (grown) {
+            dev->kept = grown;
+            dev->kept_cap = cap;
+        }
+    }
+    if (dev->nkept < dev->kept_cap)
+        dev->kept[dev->nkept++] = buf;
+    pthread_mutex_unlock(&dev->lock);
+}
+
+/* Frees what td_buffer_free kept, now that the host thread is back. */
+static void free_kept(td_device *dev) {
+    while (dev->nkept > 0)
+        td_buffer_free(dev->kept[--dev->nkept]);
+    free(dev->kept);
+    dev->kept = NULL;
+    dev->kept_cap = 0;
 }
 
 size_t td_buffer_size(const td_buffer *buf) {

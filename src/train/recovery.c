@@ -119,8 +119,11 @@ td_status td__train_carry_on(td__trainer *t, td_status lost, int64_t steps_befor
     if (strcmp(td_group_transport(old_group), "local"))
         return td__error(lost, "%s (a group over %s does not carry on without a member)", why,
                          td_group_transport(old_group));
-    if ((st = td_strategy_survivors(t->s, &survivors)) != TD_OK)
-        return st;
+    if ((st = td_strategy_survivors(t->s, &survivors)) != TD_OK) {
+        char none[512];
+        snprintf(none, sizeof none, "%s", td_last_error());
+        return td__error(st, "%s (%s)", why, none);
+    }
     if (td_group_size(survivors) == 0) {
         td_group_destroy(survivors);
         return td__error(lost, "%s (no device is left)", why);

@@ -160,10 +160,34 @@ static void a_fault_reaches_asynchronous_collectives(void **state) {
     td_group_destroy(g);
 }
 
+/* cpu:1's engine stuck for good in its second all-reduce: cpu:0 times out
+ * on it, cpu:1's host thread gives up waiting for its engine (after the
+ * timeout and a second) instead of waiting for ever, and destroying the
+ * group leaves the stuck engine thread running rather than join it. */
+static void a_stuck_engine_is_given_up(void **state) {
+    td_group *g = NULL;
+    td_group_config cfg = TD_GROUP_CONFIG_INIT;
+    int seen[4] = {0};
+    uint64_t t0 = td_clock_ns();
+    (void)state;
+    cfg.fault = "cpu:1@allreduce:2:stuck";
+    cfg.timeout_ms = 300;
+    TD_ASSERT_OK(td_group_create_spec("cpu*2", &cfg, &g));
+    TD_ASSERT_STATUS(td_group_run(g, async_fault_fn, seen), TD_ERR_DEVICE_LOST);
+    td_test_assert_message_contains("cpu:1");
+    assert_int_equal(seen[0], TD_OK);
+    assert_int_equal(seen[1], TD_ERR_DEVICE_LOST);
+    assert_int_equal(seen[2], TD_OK);
+    assert_int_equal(seen[3], TD_ERR_DEVICE_LOST);
+    td_group_destroy(g);
+    assert_true(td_clock_ns() - t0 < 20ull * 1000000000ull);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(async_collectives_overlap_and_keep_order),
         cmocka_unit_test(a_fault_reaches_asynchronous_collectives),
+        cmocka_unit_test(a_stuck_engine_is_given_up),
     };
     td_log_set_level(TD_LOG_ERROR);
     return cmocka_run_group_tests(tests, NULL, NULL);

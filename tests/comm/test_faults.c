@@ -156,6 +156,68 @@ static void the_fault_grammar_is_checked(void **state) {
     td_group_destroy(g);
 }
 
+/* Items that could never fire are refused, naming the item: a test that
+ * counted on one would otherwise pass for the wrong reason. */
+static void items_that_could_never_fire_are_refused(void **state) {
+    static const struct {
+        const char *fault, *says;
+        td_status st;
+    } bad[] = {
+        {"cpu:0@any:3,cpu:2@allreduce:1",
+         "item 'cpu:2@allreduce:1' names cpu:2, which is not one of this run's devices (cpu:0, "
+         "cpu:1)",
+         TD_ERR_INVALID_ARG},
+        {"cpu:1@sum:3", "item 'cpu:1@sum:3': 'sum' is not a collective", TD_ERR_PARSE},
+        {"cpu:1@any:0", "item 'cpu:1@any:0': collectives count from 1, so a count of 0",
+         TD_ERR_PARSE},
+    };
+    td_group_config cfg = TD_GROUP_CONFIG_INIT;
+    td_group *g = NULL;
+    (void)state;
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cfg.fault = bad[i].fault;
+        TD_ASSERT_STATUS(td_group_create_spec("cpu*2", &cfg, &g), bad[i].st);
+        assert_null(g);
+        td_test_assert_message_contains("TANDEM_FAULT: ");
+        td_test_assert_message_contains(bad[i].says);
+    }
+}
+
+/* When no member is left, the message names the devices lost, not the
+ * function that found none. */
+static void a_group_with_every_member_lost_names_them(void **state) {
+    td_group *g = make_group("cpu*2", "", 60000), *s = NULL;
+    const int both[2] = {0, 1};
+    (void)state;
+    TD_ASSERT_STATUS(td_group_shrink(g, both, 2, &s), TD_ERR_DEVICE_LOST);
+    assert_null(s);
+    td_test_assert_message_contains("no device is left: cpu:0 and cpu:1 were lost");
+    td_group_destroy(g);
+}
+
+/* A member alone in its group, stuck for good in a collective: no peer
+ * times out on it, so the run itself gives up on it (after the timeout and
+ * a second), names it, and leaves its host thread behind; the group and its
+ * device then close without waiting for that thread. */
+static void a_lone_member_stuck_for_good_is_given_up(void **state) {
+    td_group *g = make_group("cpu:0", "cpu:0@allreduce:2:stuck", 200);
+    fault_args a;
+    uint64_t t0 = td_clock_ns();
+    (void)state;
+    memset(&a, 0, sizeof a);
+    a.kind = TD_COLL_ALLREDUCE;
+    a.calls = 4;
+    a.fail_rank = -1;
+    TD_ASSERT_STATUS(td_group_run(g, fault_fn, &a), TD_ERR_DEVICE_LOST);
+    td_test_assert_message_contains("member 0 (cpu:0)");
+    td_test_assert_message_contains(
+        "cpu:0 (rank 0) has not come back from its collective #2 (allreduce) in 1200 ms");
+    assert_int_equal(atomic_load(&a.completed[0]), 1);
+    assert_true(td_group_member_failed(g, 0));
+    td_group_destroy(g);
+    assert_true(td_clock_ns() - t0 < 20ull * 1000000000ull);
+}
+
 static void the_environment_variable_injects_faults(void **state) {
     td_group *g = NULL;
     td_group_config cfg = TD_GROUP_CONFIG_INIT;
@@ -180,6 +242,9 @@ int main(void) {
         cmocka_unit_test(a_member_whose_own_code_fails_releases_its_peers),
         cmocka_unit_test(the_fault_grammar_is_checked),
         cmocka_unit_test(the_environment_variable_injects_faults),
+        cmocka_unit_test(items_that_could_never_fire_are_refused),
+        cmocka_unit_test(a_group_with_every_member_lost_names_them),
+        cmocka_unit_test(a_lone_member_stuck_for_good_is_given_up),
     };
     td_log_set_level(TD_LOG_ERROR);
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -224,23 +224,62 @@ static void bad_strategies_are_refused(void **state) {
  * the metrics). And cpu:1 stuck for good at its 20th all-reduce: its host
  * thread never comes back, so the run must neither wait for it to free its
  * replica nor to close the device (timeout turns a hang into exit 124).
+ * And on cpu*3, cpu:1 fails in step 1 and cpu:2 while the two left take
+ * that step again: cpu:0 takes it alone, and trains on.
  * Batches of 256, so that no device's fixed cost per pass
  * comes near a step even on a busy machine: a parked device would skip the
  * collectives its fault counts. */
 static void training_goes_on_when_a_device_is_lost(void **state) {
     static const char *const steps = "--steps 15 --precision f64 --batch 256";
     static const struct {
-        const char *fault, *says;
-    } cases[] = {
-        {"TANDEM_FAULT=cpu:1@allreduce:20:error ", "lost: cpu:1 in step 4;"},
-        {"TANDEM_COMM_TIMEOUT_MS=500 TANDEM_FAULT=cpu:0@allgather:8 ", "lost: cpu:0 in step 7;"},
-        {"TANDEM_COMM_TIMEOUT_MS=500 TANDEM_FAULT=cpu:1@allreduce:20:stuck timeout 120 ",
-         "lost: cpu:1 in step 4;"}};
+        const char *fault, *devices, *says;
+    } cases[] = {{"TANDEM_FAULT=cpu:1@allreduce:20:error ", "cpu*2", "lost: cpu:1 in step 4;"},
+                 {"TANDEM_COMM_TIMEOUT_MS=500 TANDEM_FAULT=cpu:0@allgather:8 ", "cpu*2",
+                  "lost: cpu:0 in step 7;"},
+                 {"TANDEM_COMM_TIMEOUT_MS=500 TANDEM_FAULT=cpu:1@allreduce:20:stuck timeout 120 ",
+                  "cpu*2", "lost: cpu:1 in step 4;"},
+                 {"TANDEM_FAULT=cpu:1@allreduce:5:error,cpu:2@allreduce:9:error timeout 120 ",
+                  "cpu*3",
+                  "lost: cpu:1 in step 1; the other devices trained on\nlost: cpu:2 in step 1;"}};
     char cmd[1024];
     free(td_dp_train_cli("", "cpu:0", steps, "one256.safetensors"));
     snprintf(cmd, sizeof cmd, "%s --strategy data", steps);
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++)
-        survives_as_one_device(cases[k].fault, "cpu*2", cmd, "lost.safetensors", cases[k].says);
+        survives_as_one_device(cases[k].fault, cases[k].devices, cmd, "lost.safetensors",
+                               cases[k].says);
+}
+
+/* A run that cannot go on says why and exits 1 soon after the collective
+ * timeout (0.5 s here), whatever state its devices are in: its only device
+ * stuck for good in a collective, with no peer to time out on it; and, under
+ * ZeRO-1 before any checkpoint, a device stuck for good whose replica the
+ * run must free without its host thread. `timeout` turns a hang into exit
+ * 124; 30 s leaves room for a sanitizer build's start. */
+static void a_run_that_cannot_go_on_ends_within_its_timeout(void **state) {
+    static const struct {
+        const char *fault, *devices, *says;
+    } cases[] = {{"cpu:0@allreduce:3:stuck", "'cpu:0'",
+                  "cpu:0 (rank 0) has not come back from its collective"},
+                 {"cpu:1@reducescatter:25:stuck", "'cpu*2' --zero", "no checkpoint to go back to"}};
+    (void)state;
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        char cmd[1024], *out = NULL, *err = NULL;
+        uint64_t t0 = td_clock_ns();
+        int rc;
+        snprintf(cmd, sizeof cmd,
+                 "TANDEM_COMM_TIMEOUT_MS=500 TANDEM_FAULT=%s timeout 30 %s train --model "
+                 "%s/examples/mnist_mlp.json --data %s/data/mnist --steps 60 --quiet --devices %s "
+                 "--strategy data",
+                 cases[k].fault, TD_TANDEM_EXE, TD_SOURCE_DIR, TD_SOURCE_DIR, cases[k].devices);
+        rc = td_test_run_command(cmd, &out, &err);
+        printf("%s: exit %d after %.1f s\n", cases[k].fault, rc,
+               (double)(td_clock_ns() - t0) / 1e9);
+        if (rc != 1 || !err || !strstr(err, cases[k].says))
+            fail_msg("'%s' exited %d, not 1 saying \"%s\": %s", cmd, rc, cases[k].says,
+                     err ? err : "");
+        free(out);
+        free(err);
+    }
 }
 
 /* With ZeRO-1 a lost device takes the only copy of its shard of the
@@ -382,6 +421,7 @@ int main(void) {
         cmocka_unit_test(alternate_evaluation_equals_one_device),
         cmocka_unit_test(bad_strategies_are_refused),
         cmocka_unit_test(training_goes_on_when_a_device_is_lost),
+        cmocka_unit_test(a_run_that_cannot_go_on_ends_within_its_timeout),
         cmocka_unit_test(with_zero_1_a_lost_device_sends_the_run_back_to_its_checkpoint),
         cmocka_unit_test(a_lost_device_holding_the_only_current_replica_sends_the_run_back),
         cmocka_unit_test(an_epoch_trained_again_after_a_loss_counts_once),
