@@ -259,8 +259,8 @@ typedef struct td_train_summary {
     double test_loss;     /* on the test or validation set; NAN when not evaluated */
     double test_accuracy;
     int64_t test_samples;
-    int stopped;       /* 1 when max_seconds or the callback ended the run early */
-    double max_lr;     /* the highest learning rate a step of this run took; 0 when none */
+    int stopped;   /* 1 when max_seconds or the callback ended the run early */
+    double max_lr; /* the highest learning rate a step of this run took; 0 when none */
     /* 1 when td_train_run failed because a setting contradicts another, the
      * data or the checkpoint: the caller's mistake rather than the run's */
     int bad_setting;

@@ -7,8 +7,11 @@
  * is the same for every strategy: it evaluates, saves and resumes through
  * the strategy, and a device lost in any of those goes to recovery.c, which
  * carries on over the survivors or goes back to the newest checkpoint. */
+#include <dirent.h>
 #include <errno.h>
+#include <jansson.h>
 #include <libgen.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +22,11 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "train/train-impl.h"
+
+/* A setting that contradicts another, the data or the checkpoint: the
+ * caller's mistake (a usage error to the CLI). */
+#define BAD_SETTING(t, ...)                                                                        \
+    ((t)->summary->bad_setting = 1, td__error(TD_ERR_INVALID_ARG, __VA_ARGS__))
 
 static double now_s(const td__trainer *t) {
     return (double)(td_clock_ns() - t->t0) * 1e-9;
@@ -31,6 +39,13 @@ static const char *json_number(char *buf, size_t n, double v) {
         return "null";
     snprintf(buf, n, "%.9g", v);
     return buf;
+}
+
+/* Each line goes out whole, in one write (the buffer holds a line: see
+ * open_metrics), so a killed run leaves no torn line and loses none. */
+static void end_metrics_line(td__trainer *t, const char *end) {
+    fputs(end, t->metrics);
+    fflush(t->metrics);
 }
 
 static void metrics_line(td__trainer *t, const char *event, const td_train_event *ev) {
@@ -46,9 +61,7 @@ static void metrics_line(td__trainer *t, const char *event, const td_train_event
     if (ev->kind != TD_TRAIN_EVENT_STEP && !isnan(ev->eval_loss))
         fprintf(t->metrics, ",\"test_loss\":%.9g,\"test_accuracy\":%.6g", ev->eval_loss,
                 ev->eval_accuracy);
-    fputs("}\n", t->metrics);
-    if (ev->kind != TD_TRAIN_EVENT_STEP)
-        fflush(t->metrics);
+    end_metrics_line(t, "}\n");
 }
 
 static td_status save_now(td__trainer *t) {
@@ -184,7 +197,7 @@ static void add_member_stats(td__trainer *t, const td_step_stats *ds, int64_t ba
                     r ? "," : "", td__train_member_row(t, r)->name, (long long)ds->m[r].samples,
                     ds->m[r].share, ds->m[r].compute_s, ds->m[r].comm_s, ds->m[r].update_s,
                     ds->m[r].wait_s, ds->m[r].parked ? "true" : "false");
-        fputs("]}\n", t->metrics);
+        end_metrics_line(t, "]}\n");
     }
     if (ds->stragglers[0] && t->root)
         fprintf(stderr, "tandem: %s", ds->stragglers);
@@ -263,6 +276,96 @@ static td_status read_model(const char *path, char **out) {
     return TD_OK;
 }
 
+/* --model given with --resume: it must describe the checkpoint's model. */
+static td_status check_model(td__trainer *t) {
+    const td_train_config *c = t->cfg;
+    td_model_info mi;
+    char *text = NULL;
+    json_t *given = NULL, *held = NULL;
+    td_status st = TD_OK;
+    TD_CHECK(read_model(c->model_path, &text));
+    if ((st = td_model_describe(text, c->model_path, &mi, NULL, 0)) != TD_OK)
+        goto done;
+    given = json_loads(text, 0, NULL);
+    held = json_loads(t->json, 0, NULL);
+    if (!given || !held || !json_equal(given, held)) {
+        const char *name = held ? json_string_value(json_object_get(held, "name")) : NULL;
+        st = BAD_SETTING(t,
+                         "%s is not the model the checkpoint %s holds (\"%s\") (--model): leave "
+                         "--model out to resume it",
+                         c->model_path, c->resume, name ? name : "unnamed");
+    }
+done:
+    json_decref(given);
+    json_decref(held);
+    free(text);
+    return st;
+}
+
+static const char *opt_name(td_optimizer_kind k) {
+    return k == TD_OPT_ADAMW ? "adamw" : "sgd";
+}
+
+/* Settings chosen for a resumed run (td_train_config.given) that the
+ * checkpoint fixes: they must be its own. */
+static td_status check_given(td__trainer *t, td_dtype dtype) {
+    const td_train_config *c = t->cfg;
+    const td_optimizer_config *want = &c->opt, *o = &t->state.opt;
+    unsigned g = c->given;
+    if (c->model_path)
+        TD_CHECK(check_model(t));
+    if ((g & TD_GIVEN_BATCH) && c->batch != t->state.batch)
+        return BAD_SETTING(t,
+                           "%s was trained with batch %lld, not %lld (--batch): leave --batch "
+                           "out to resume",
+                           c->resume, (long long)t->state.batch, (long long)c->batch);
+    if ((g & TD_GIVEN_SEED) && c->seed != t->state.seed)
+        return BAD_SETTING(t,
+                           "%s was trained with seed %llu, not %llu (--seed): leave --seed out "
+                           "to resume",
+                           c->resume, (unsigned long long)t->state.seed,
+                           (unsigned long long)c->seed);
+    if ((g & TD_GIVEN_DTYPE) && c->dtype != dtype)
+        return BAD_SETTING(t,
+                           "%s holds %s weights, not %s (--precision): leave --precision out "
+                           "to resume",
+                           c->resume, dtype == TD_F64 ? "f64" : "f32",
+                           c->dtype == TD_F64 ? "f64" : "f32");
+    if ((g & TD_GIVEN_OPTIMIZER) && want->kind != o->kind)
+        return BAD_SETTING(t,
+                           "%s holds the state of %s, not %s (--optimizer): leave --optimizer "
+                           "out to resume",
+                           c->resume, opt_name(o->kind), opt_name(want->kind));
+    if ((g & TD_GIVEN_WARMUP) && want->warmup_steps != o->warmup_steps)
+        return BAD_SETTING(t,
+                           "%s has a warm-up of %lld steps, not %lld (--warmup): it counts from "
+                           "the run's first step, so leave --warmup out to resume",
+                           c->resume, (long long)o->warmup_steps, (long long)want->warmup_steps);
+    return TD_OK;
+}
+
+/* The optimizer's other settings chosen for a resumed run: they apply from
+ * the resumed step on. */
+static void apply_given(td__trainer *t) {
+    const td_optimizer_config *want = &t->cfg->opt;
+    td_optimizer_config *o = &t->state.opt;
+    unsigned g = t->cfg->given;
+    if (g & TD_GIVEN_LR)
+        o->lr = want->lr;
+    if (g & TD_GIVEN_MOMENTUM)
+        o->momentum = want->momentum;
+    if (g & TD_GIVEN_NESTEROV)
+        o->nesterov = want->nesterov;
+    if (g & TD_GIVEN_WEIGHT_DECAY)
+        o->weight_decay = want->weight_decay;
+    if (g & TD_GIVEN_CLIP)
+        o->clip_norm = want->clip_norm;
+    if (g & TD_GIVEN_SCHEDULE)
+        o->schedule = want->schedule;
+    if (g & TD_GIVEN_MIN_LR)
+        o->min_lr = want->min_lr;
+}
+
 /* The model's description and the run's state: from the checkpoint when
  * resuming, else from the model file and the configuration. */
 static td_status read_run(td__trainer *t, td_dtype *dtype) {
@@ -271,6 +374,8 @@ static td_status read_run(td__trainer *t, td_dtype *dtype) {
         TD_CHECK(td_checkpoint_read_meta(c->resume, &t->json, dtype, &t->state));
         t->saved = c->resume;
         t->model_name = c->resume;
+        TD_CHECK(check_given(t, *dtype));
+        apply_given(t);
         return TD_OK;
     }
     if (!c->model_path)
@@ -300,25 +405,152 @@ static td_status make_strategy(td__trainer *t, td_dtype dtype) {
     return td__train_calibrate(t);
 }
 
+/* path with its folder resolved, so that two spellings of one file, made
+ * yet or not, compare equal. */
+static void resolve_path(const char *path, char *out, size_t n) {
+    char dir[4096], base[4096], real[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    snprintf(base, sizeof base, "%s", path);
+    if (realpath(dirname(dir), real))
+        snprintf(out, n, "%s/%s", real, basename(base));
+    else
+        snprintf(out, n, "%s", path);
+}
+
+static int same_file(const char *a, const char *b) {
+    char ra[8192], rb[8192];
+    resolve_path(a, ra, sizeof ra);
+    resolve_path(b, rb, sizeof rb);
+    return !strcmp(ra, rb);
+}
+
+/* The files the run writes: found wrong now, not at the first save. */
+static td_status check_outputs(td__trainer *t) {
+    const td_train_config *c = t->cfg;
+    char dir[4096];
+    struct stat sb;
+    if (c->metrics && c->checkpoint && same_file(c->metrics, c->checkpoint))
+        return BAD_SETTING(t, "--metrics and --checkpoint both name %s", c->metrics);
+    if (c->metrics && c->resume && same_file(c->metrics, c->resume))
+        return BAD_SETTING(t, "--metrics and --resume both name %s", c->metrics);
+    if (!c->checkpoint)
+        return TD_OK;
+    if (stat(c->checkpoint, &sb) == 0 && !S_ISREG(sb.st_mode))
+        return td__error(TD_ERR_IO,
+                         "%s: not a regular file, so no checkpoint can replace it "
+                         "(--checkpoint)",
+                         c->checkpoint);
+    snprintf(dir, sizeof dir, "%s", c->checkpoint);
+    if (access(dirname(dir), W_OK) != 0)
+        return td__error(TD_ERR_IO, "%s: cannot write a checkpoint there: %s (--checkpoint)",
+                         c->checkpoint, strerror(errno));
+    return TD_OK;
+}
+
+/* A process killed while saving path leaves its temporary file
+ * (path.tmp.XXXXXX, td_safetensors_writer_save) behind for ever. Only this
+ * run writes path's, so those there at its start are stale. */
+static void remove_stale_temporaries(const char *path) {
+    char dir[4096], file[4096], prefix[4096], name[8192];
+    const char *folder;
+    struct dirent *e;
+    DIR *d;
+    size_t n;
+    snprintf(dir, sizeof dir, "%s", path);
+    snprintf(file, sizeof file, "%s", path);
+    folder = dirname(dir);
+    snprintf(prefix, sizeof prefix, "%s.tmp.", basename(file));
+    n = strlen(prefix);
+    if (!(d = opendir(folder)))
+        return;
+    while ((e = readdir(d)))
+        if (!strncmp(e->d_name, prefix, n) && strlen(e->d_name + n) == 6 &&
+            snprintf(name, sizeof name, "%s/%s", folder, e->d_name) < (int)sizeof name &&
+            unlink(name) == 0)
+            TD_LOG_INFO("%s: removed a temporary file a killed run left", name);
+    closedir(d);
+}
+
+/* A resumed run's metrics go on from the checkpoint's step: the lines after
+ * it (a killed run's, the last perhaps torn) are cut off, so that the file
+ * holds each step once. */
+static td_status cut_metrics(const char *path, int64_t step) {
+    FILE *f = fopen(path, "r+");
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    off_t keep = 0;
+    int bad;
+    if (!f)
+        return errno == ENOENT ? TD_OK
+                               : td__error(TD_ERR_IO, "%s: cannot open the metrics file: %s", path,
+                                           strerror(errno));
+    while ((n = getline(&line, &cap, f)) > 0) {
+        const char *at = strstr(line, "\"step\":");
+        if (line[n - 1] != '\n' || !at || strtoll(at + 7, NULL, 10) > step)
+            break;
+        keep += n;
+    }
+    free(line);
+    bad = ftruncate(fileno(f), keep) != 0;
+    fclose(f);
+    if (bad)
+        return td__error(TD_ERR_IO, "%s: cannot cut the metrics back to step %lld: %s", path,
+                         (long long)step, strerror(errno));
+    return TD_OK;
+}
+
+static td_status open_metrics(td__trainer *t) {
+    const td_train_config *c = t->cfg;
+    if (c->resume)
+        TD_CHECK(cut_metrics(c->metrics, t->state.step));
+    if (!(t->metrics = fopen(c->metrics, c->resume ? "a" : "w")))
+        return td__error(TD_ERR_IO, "%s: cannot open the metrics file for writing (--metrics): %s",
+                         c->metrics, strerror(errno));
+    /* Larger than any line, so that a line leaves in one write. */
+    setvbuf(t->metrics, NULL, _IOFBF, 1 << 16);
+    return TD_OK;
+}
+
+/* The cosine schedule's length: the run's, which a resumed run may have
+ * changed (td_train_extend). */
+static void fit_schedule(td__trainer *t) {
+    const td_train_config *c = t->cfg;
+    td_optimizer_config *o = &t->state.opt;
+    int64_t end = c->steps > 0 ? c->steps : c->epochs * td_loader_batches_per_epoch(t->loader);
+    if (!c->resume) {
+        if (o->total_steps == 0)
+            o->total_steps = end;
+        return;
+    }
+    if (o->schedule != TD_LR_COSINE)
+        return;
+    if (c->extend == TD_EXTEND_RESTART)
+        o->warmup_steps = t->state.step;
+    o->total_steps = end;
+}
+
 static td_status setup(td__trainer *t) {
     const td_train_config *c = t->cfg;
     td_model_info mi;
     td_dtype dtype = TD_F32;
-    const char *spec = c->devices && *c->devices ? c->devices : "cpu";
     if (c->batch < 1)
-        return td__error(TD_ERR_INVALID_ARG, "batch size %lld must be at least 1",
-                         (long long)c->batch);
+        return BAD_SETTING(t, "batch size %lld must be at least 1 (--batch)", (long long)c->batch);
     if (c->epochs < 0 || c->steps < 0 || (c->epochs == 0 && c->steps == 0))
-        return td__error(TD_ERR_INVALID_ARG, "give a positive number of epochs or steps");
+        return BAD_SETTING(t, "give a positive number of epochs or steps (--epochs, --steps)");
+    if (c->devices && !*c->devices)
+        return BAD_SETTING(t, "no devices named (--devices is empty; leave it out for cpu)");
     TD_CHECK(check_strategy_options(c));
-    TD_CHECK(td_devices_open(spec, &t->devs));
+    TD_CHECK(check_outputs(t));
+    TD_CHECK(td_devices_open(c->devices ? c->devices : "cpu", &t->devs));
     TD_CHECK(read_run(t, &dtype));
     TD_CHECK(td_model_describe(t->json, t->model_name, &mi, NULL, 0));
     TD_CHECK(open_data(t, &mi));
+    if (t->state.batch > t->info.size)
+        return BAD_SETTING(t, "batch %lld is more than the %lld training samples of %s (--batch)",
+                           (long long)t->state.batch, (long long)t->info.size, c->data_path);
     TD_CHECK(td_loader_create(t->train, t->state.batch, t->state.seed, 1, &t->loader));
-    if (!c->resume && t->state.opt.total_steps == 0)
-        t->state.opt.total_steps =
-            c->steps > 0 ? c->steps : c->epochs * td_loader_batches_per_epoch(t->loader);
+    fit_schedule(t);
     if (c->resume) {
         size_t n;
         const uint8_t *v = td_dataset_vocab(t->train, &n);
@@ -331,16 +563,10 @@ static td_status setup(td__trainer *t) {
     }
     vocab_to_state(t);
     TD_CHECK(make_strategy(t, dtype));
-    if (c->checkpoint) {
-        /* Found out now, not after an epoch of training. */
-        char dir[4096];
-        snprintf(dir, sizeof dir, "%s", c->checkpoint);
-        if (access(dirname(dir), W_OK) != 0)
-            return td__error(TD_ERR_IO, "%s: cannot write a checkpoint there: %s", c->checkpoint,
-                             strerror(errno));
-    }
-    if (c->metrics && t->root && !(t->metrics = fopen(c->metrics, c->resume ? "a" : "w")))
-        return td__error(TD_ERR_IO, "%s: cannot open the metrics file for writing", c->metrics);
+    if (c->checkpoint && t->root)
+        remove_stale_temporaries(c->checkpoint);
+    if (c->metrics && t->root)
+        TD_CHECK(open_metrics(t));
     return TD_OK;
 }
 
@@ -393,6 +619,7 @@ static td_train_event event_now(const td__trainer *t, td_train_event_kind kind, 
     td_train_event ev;
     memset(&ev, 0, sizeof ev);
     ev.kind = kind;
+    ev.root = t->root;
     ev.step = t->state.step;
     ev.total_steps = t->state.opt.total_steps;
     ev.epoch = epoch;
@@ -438,7 +665,7 @@ static td_status strategy_step(td__trainer *t, const td_batch *b, td_step_result
     td__after_loss after = TD__STEP_TO_REDO;
     td_status st = td_strategy_step(t->s, b, (uint64_t)t->state.step, r, &ds);
     *rewound = 0;
-    if (st == TD_ERR_DEVICE_LOST) {
+    while (st == TD_ERR_DEVICE_LOST) { /* a retake can lose a device too */
         TD_CHECK(td__train_carry_on(t, st, before, &after));
         if (after == TD__STEPS_REWOUND) {
             *rewound = 1;
@@ -466,6 +693,8 @@ static td_status take_step(td__trainer *t, const td_batch *b, uint64_t s0, int64
     if (rewound)
         return TD_OK;
     dt = (double)(td_clock_ns() - s0) * 1e-9;
+    if (lr > t->summary->max_lr)
+        t->summary->max_lr = lr;
     t->state.step++;
     t->train_seconds += dt;
     t->samples += b->n;
