@@ -6,6 +6,7 @@
 #include "tandem/comm.h"
 #include "tandem/core.h"
 #include "tandem/device.h"
+#include "tandem/generate.h"
 #include "tandem/nn.h"
 #include "tandem/parallel.h"
 #include "tandem/status.h"

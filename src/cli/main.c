@@ -15,6 +15,7 @@ static const command commands[] = {
     {"devices", td_cli_devices, "list the devices here: memory, fp64, SIMD, peers"},
     {"train", td_cli_train, "train a model (JSON) on a data set; checkpoints, resume, metrics"},
     {"eval", td_cli_eval, "a checkpoint's loss and accuracy on a data set"},
+    {"generate", td_cli_generate, "text from a checkpoint of a byte-level GPT, streamed"},
     {"bench", td_cli_bench, "benchmarks: 'tandem bench collectives' times the comm layer"},
 };
 

@@ -1,0 +1,121 @@
+/* tandem: text generation from a token model (a GPT): a decoder that keeps
+ * each attention layer's keys and values (the KV cache) so that one more
+ * token costs one position's forward, and a generator that samples from it.
+ *
+ * The decoder is the nn layer's (one model on one device); the generator
+ * sits above it, as the trainer does. Tensor- and pipeline-parallel
+ * generation (DESIGN.md, "Generation") are not built yet: one device. */
+#ifndef TANDEM_GENERATE_H
+#define TANDEM_GENERATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tandem/nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The decoder ------------------------------------------------------------------
+ *
+ * A decoder runs a loaded whole model (td_model_load*, not a part or shard)
+ * that reads tokens and gives logits per position: an embedding first, then
+ * layers that act on each position alone (linear, layer norm, activations,
+ * dropout, which is the identity here) or causal attention, in residual and
+ * sequential blocks. Its cache holds the model's context length T (its
+ * input's tokens) positions. It computes on the model's device with that
+ * device's kernels, in the model's dtype, and uses the model's activation
+ * memory as its workspace: training or evaluating the model between two
+ * decoder calls is allowed (the cache is the decoder's own), and the next
+ * decoder call carves the workspace again. One thread at a time. */
+
+typedef struct td_decoder td_decoder;
+
+/* Creates a decoder for m (borrowed: it must outlive the decoder) with a
+ * cache of m's context length, allocated on m's device. A model the decoder
+ * cannot run is TD_ERR_UNSUPPORTED naming the reason: a features model, a
+ * part or shard, a layer that is not position-wise (flatten, conv2d, pool),
+ * an output other than (T, vocabulary). The caller destroys *out. */
+TD_API td_status td_decoder_create(td_model *m, td_decoder **out);
+/* NULL-safe. */
+TD_API void td_decoder_destroy(td_decoder *d);
+
+/* Positions the cache holds: the model's context length T. */
+TD_API int64_t td_decoder_context(const td_decoder *d);
+/* Logits per position (the vocabulary of the head). */
+TD_API int64_t td_decoder_vocab(const td_decoder *d);
+/* Token ids the embedding reads: [0, this). */
+TD_API int64_t td_decoder_token_limit(const td_decoder *d);
+/* Positions filled: the next token's position. */
+TD_API int64_t td_decoder_position(const td_decoder *d);
+
+/* Empties the cache and runs tokens[0..n) (1 <= n <= T) at positions
+ * [0, n) in one batched pass, filling every attention layer's cache.
+ * logits (NULL: not read) gets the vocab logits of position n - 1, as
+ * doubles. A token outside [0, token limit) or a bad n is
+ * TD_ERR_INVALID_ARG naming it; the cache is then empty. */
+TD_API td_status td_decoder_prefill(td_decoder *d, const int32_t *tokens, int64_t n,
+                                    double *logits);
+/* Runs one token at the next position (td_decoder_position), reading the
+ * cache of the positions before and adding its own; logits as prefill's.
+ * A full cache (position T) is TD_ERR_INVALID_ARG: the caller re-prefills a
+ * shorter window (td_generate slides, see below). */
+TD_API td_status td_decoder_step(td_decoder *d, int32_t token, double *logits);
+
+/* The generator ----------------------------------------------------------------- */
+
+typedef struct td_generate_config {
+    int64_t tokens;      /* tokens to generate, >= 0 */
+    double temperature;  /* logits are divided by it; 0: greedy (arg-max, ties to the lower id) */
+    int64_t top_k;       /* sample among the k likeliest; 0: all */
+    double top_p;        /* then among the fewest likeliest whose probability reaches p; 1: all */
+    uint64_t seed;       /* token i draws number i of this Philox stream (td_rng_uniform) */
+    int64_t token_limit; /* sample only ids [0, limit) (256 for bytes); 0: the vocabulary */
+} td_generate_config;
+
+#define TD_GENERATE_CONFIG_INIT                                                                    \
+    { .tokens = 100, .temperature = 1.0, .top_k = 0, .top_p = 1.0, .seed = 0, .token_limit = 0 }
+
+/* Called with each generated token as soon as it is chosen (the text can be
+ * streamed); a nonzero return stops generation after it. */
+typedef int (*td_token_fn)(void *arg, int32_t token);
+
+typedef struct td_generate_stats {
+    int64_t prompt_tokens;    /* prefilled at the start (the prompt's last T at most) */
+    int64_t generated_tokens; /* chosen and passed to the callback */
+    int64_t slides;           /* times the window was re-prefilled */
+    double prefill_ms;        /* the prompt's prefill */
+    double decode_ms;         /* choosing every token, the steps and re-prefills after */
+} td_generate_stats;
+
+/* Prefills the prompt tokens[0..n) (n >= 1; only its last T tokens when it
+ * is longer than the context), then chooses cfg->tokens tokens one at a time
+ * from the last position's logits, calling fn (may be NULL) with each.
+ * When the cache is full the window slides: the last max(1, T / 2) tokens
+ * are prefilled again at positions [0, T / 2), as the model saw windows of
+ * text in training, and decoding goes on. The same seed and settings give
+ * the same tokens every time, on any device of one dtype up to rounding.
+ * Bad settings (temperature < 0 or not finite, top_k < 0, top_p outside
+ * (0, 1], a limit over the vocabulary) are TD_ERR_INVALID_ARG naming them.
+ * *stats (may be NULL) is filled on return, also after a failure. */
+TD_API td_status td_generate(td_decoder *d, const int32_t *prompt, int64_t n,
+                             const td_generate_config *cfg, td_token_fn fn, void *arg,
+                             td_generate_stats *stats);
+
+/* Chooses a token from logits[0..vocab) as td_generate does for its token
+ * number `index`: the settings of cfg (its `tokens` unused), the random
+ * number td_rng_uniform(cfg->seed, index). *token gets the id. */
+TD_API td_status td_generate_choose(const double *logits, int64_t vocab,
+                                    const td_generate_config *cfg, uint64_t index, int32_t *token);
+
+/* Creates the model a checkpoint holds on dev in dtype, whatever the
+ * checkpoint's (its values converted), with its weights. Errors name the
+ * file and the tensor. The caller destroys *out. */
+TD_API td_status td_generate_load_model(const char *checkpoint, td_device *dev, td_dtype dtype,
+                                        td_model **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,343 @@
+/* tandem generate: text from a byte-level token model's checkpoint, printed
+ * as it is made. */
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "tandem/tandem.h"
+
+/* Each byte is a token, as tandem train reads text for a 256-token model. */
+#define BYTE_TOKENS 256
+/* A prompt file longer than this is refused: only the last context counts. */
+#define PROMPT_MAX_BYTES ((size_t)64 << 20)
+
+static void usage(FILE *out) {
+    fprintf(out, "usage: tandem generate --checkpoint CKPT (--prompt TEXT | --prompt-file F) "
+                 "[options]\n\n"
+                 "Loads the token model saved in CKPT (by tandem train on a text file, with a\n"
+                 "vocabulary of 256: each byte a token) and prints the prompt and N more bytes,\n"
+                 "each as soon as it is chosen. Each token costs one position's forward: every\n"
+                 "attention layer keeps its keys and values. When the model's context is full,\n"
+                 "its last half is run again from position 0 and generation goes on.\n\n"
+                 "  --checkpoint PATH   a tandem checkpoint (safetensors)\n"
+                 "  --prompt TEXT       the text to continue\n"
+                 "  --prompt-file F     the text to continue, from a file\n"
+                 "  --tokens N          bytes to generate (default 200)\n"
+                 "  --temperature T     divides the logits; 0 is greedy (default 1)\n"
+                 "  --top-k K           sample among the K likeliest bytes (default 0: all)\n"
+                 "  --top-p P           then among the fewest whose probability reaches P\n"
+                 "                      (default 1: all)\n"
+                 "  --seed S            the same seed gives the same text (default 0)\n"
+                 "  --devices SPEC      one device (default cpu)\n"
+                 "  --strategy S        single (the only one yet: tensor and pipeline\n"
+                 "                      generation are not built)\n"
+                 "  --precision P       f32 or f64 (default: the checkpoint's)\n"
+                 "  --summary           after the text, a line 'summary: {json}' with the\n"
+                 "                      token counts and timings\n"
+                 "  --help              show this help\n");
+}
+
+enum {
+    OPT_PROMPT_FILE = 256,
+    OPT_TOP_K,
+    OPT_TOP_P,
+    OPT_PRECISION,
+    OPT_SUMMARY,
+};
+
+static const struct option options[] = {
+    {"checkpoint", required_argument, NULL, 'c'},
+    {"prompt", required_argument, NULL, 'p'},
+    {"prompt-file", required_argument, NULL, OPT_PROMPT_FILE},
+    {"tokens", required_argument, NULL, 'n'},
+    {"temperature", required_argument, NULL, 't'},
+    {"top-k", required_argument, NULL, OPT_TOP_K},
+    {"top-p", required_argument, NULL, OPT_TOP_P},
+    {"seed", required_argument, NULL, 's'},
+    {"devices", required_argument, NULL, 'D'},
+    {"strategy", required_argument, NULL, 'S'},
+    {"precision", required_argument, NULL, OPT_PRECISION},
+    {"summary", no_argument, NULL, OPT_SUMMARY},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
+typedef struct gen_args {
+    const char *ckpt, *prompt, *prompt_file, *devices, *strategy;
+    int precision; /* -1: the checkpoint's */
+    int summary, help;
+    td_generate_config cfg;
+} gen_args;
+
+static int parse_int(const char *flag, const char *s, long long lo, long long *out) {
+    char *end;
+    long long v;
+    errno = 0;
+    v = strtoll(s, &end, 10);
+    if (!*s || *end || errno || v < lo) {
+        fprintf(stderr, "tandem generate: --%s wants an integer >= %lld, not '%s'\n", flag, lo, s);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+static int parse_real(const char *flag, const char *s, double lo, double hi, double *out) {
+    char *end;
+    double v = strtod(s, &end);
+    if (!*s || *end || !isfinite(v) || v < lo || v > hi) {
+        fprintf(stderr, "tandem generate: --%s wants a number in [%g, %g], not '%s'\n", flag, lo,
+                hi, s);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+/* One option into *a; 0 after printing why it is wrong. */
+static int take_option(int c, char **argv, gen_args *a) {
+    long long v;
+    switch (c) {
+    case 'c': a->ckpt = optarg; return 1;
+    case 'p': a->prompt = optarg; return 1;
+    case OPT_PROMPT_FILE: a->prompt_file = optarg; return 1;
+    case 'D': a->devices = optarg; return 1;
+    case 'S': a->strategy = optarg; return 1;
+    case OPT_SUMMARY: a->summary = 1; return 1;
+    case 'h': a->help = 1; return 1;
+    case 'n': return parse_int("tokens", optarg, 0, &v) ? (a->cfg.tokens = v, 1) : 0;
+    case OPT_TOP_K: return parse_int("top-k", optarg, 0, &v) ? (a->cfg.top_k = v, 1) : 0;
+    case 's': return parse_int("seed", optarg, 0, &v) ? (a->cfg.seed = (uint64_t)v, 1) : 0;
+    case 't': return parse_real("temperature", optarg, 0, 1e6, &a->cfg.temperature);
+    case OPT_TOP_P:
+        if (!parse_real("top-p", optarg, 0, 1, &a->cfg.top_p))
+            return 0;
+        if (a->cfg.top_p > 0)
+            return 1;
+        fprintf(stderr, "tandem generate: --top-p must be above 0\n");
+        return 0;
+    case OPT_PRECISION:
+        if (!strcmp(optarg, "f32") || !strcmp(optarg, "f64")) {
+            a->precision = !strcmp(optarg, "f64") ? TD_F64 : TD_F32;
+            return 1;
+        }
+        fprintf(stderr, "tandem generate: --precision is f32 or f64, not '%s'\n", optarg);
+        return 0;
+    case ':': fprintf(stderr, "tandem generate: %s needs a value\n", argv[optind - 1]); return 0;
+    default:
+        fprintf(stderr, "tandem generate: unknown option '%s' (see tandem generate --help)\n",
+                argv[optind - 1]);
+        return 0;
+    }
+}
+
+/* Returns 0, or 2 after printing a usage error. */
+static int parse_args(int argc, char **argv, gen_args *a) {
+    td_generate_config init = TD_GENERATE_CONFIG_INIT;
+    int c;
+    memset(a, 0, sizeof *a);
+    a->cfg = init;
+    a->cfg.tokens = 200;
+    a->cfg.token_limit = BYTE_TOKENS;
+    a->devices = "cpu";
+    a->strategy = "single";
+    a->precision = -1;
+    opterr = 0;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, ":h", options, NULL)) != -1)
+        if (!take_option(c, argv, a))
+            return 2;
+    if (a->help)
+        return 0;
+    if (optind < argc) {
+        fprintf(stderr, "tandem generate: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (!a->ckpt) {
+        fprintf(stderr, "tandem generate: --checkpoint is required\n");
+        return 2;
+    }
+    if (!a->prompt == !a->prompt_file) {
+        fprintf(stderr, "tandem generate: give one of --prompt and --prompt-file\n");
+        return 2;
+    }
+    if (a->prompt && !*a->prompt) {
+        fprintf(stderr, "tandem generate: --prompt is empty; the model needs a byte to start "
+                        "from\n");
+        return 2;
+    }
+    if (strcmp(a->strategy, "single") != 0) {
+        fprintf(stderr,
+                "tandem generate: --strategy %s: generation runs on one device (single); "
+                "tensor and pipeline generation are not built yet\n",
+                a->strategy);
+        return 2;
+    }
+    return 0;
+}
+
+/* The prompt's bytes (malloc'ed) into *out, *n of them; 1 on failure
+ * (printed). */
+static int read_prompt(const gen_args *a, unsigned char **out, size_t *n) {
+    FILE *f;
+    long len;
+    if (a->prompt) {
+        *n = strlen(a->prompt);
+        *out = malloc(*n);
+        if (*out)
+            memcpy(*out, a->prompt, *n);
+        return *out ? 0 : (fprintf(stderr, "tandem generate: out of memory\n"), 1);
+    }
+    if (!(f = fopen(a->prompt_file, "rb"))) {
+        fprintf(stderr, "tandem generate: %s: cannot open (--prompt-file): %s\n", a->prompt_file,
+                strerror(errno));
+        return 1;
+    }
+    if (fseek(f, 0, SEEK_END) != 0 || (len = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0 ||
+        (size_t)len > PROMPT_MAX_BYTES || len == 0 || !(*out = malloc((size_t)len)) ||
+        fread(*out, 1, (size_t)len, f) != (size_t)len) {
+        fprintf(stderr,
+                "tandem generate: %s: cannot read it, or it is empty or over %zu bytes "
+                "(--prompt-file)\n",
+                a->prompt_file, PROMPT_MAX_BYTES);
+        fclose(f);
+        return 1;
+    }
+    fclose(f);
+    *n = (size_t)len;
+    return 0;
+}
+
+/* A checkpoint generate can read bytes with: a token model of 256 tokens or
+ * more. 0, or 1 after printing why not. */
+static int check_model_kind(const char *ckpt, const char *json) {
+    td_model_info info;
+    td_status st = td_model_describe(json, ckpt, &info, NULL, 0);
+    if (st != TD_OK)
+        return td_cli_fail("generate", st);
+    if (info.kind != TD_INPUT_TOKENS) {
+        fprintf(stderr,
+                "tandem generate: %s: the model reads features (images), not tokens; "
+                "generate needs a token model such as examples/gpt_tiny.json\n",
+                ckpt);
+        return 1;
+    }
+    if (info.classes < BYTE_TOKENS) {
+        fprintf(stderr,
+                "tandem generate: %s: the model's vocabulary is %lld characters of its "
+                "training text, not the 256 bytes generate reads and writes; train with a "
+                "vocabulary of 256\n",
+                ckpt, (long long)info.classes);
+        return 1;
+    }
+    return 0;
+}
+
+static int print_byte(void *arg, int32_t token) {
+    putchar(token);
+    fflush(stdout);
+    return 0;
+}
+
+static void print_summary(const gen_args *a, td_device *dev, td_dtype dtype, td_decoder *d,
+                          const td_generate_stats *s) {
+    double per = s->generated_tokens ? s->decode_ms / (double)s->generated_tokens : 0;
+    json_t *o = json_pack(
+        "{s:I, s:I, s:I, s:f, s:f, s:f, s:[s], s:s, s:s, s:I, s:f, s:I, s:f, s:I}", "prompt_tokens",
+        (json_int_t)s->prompt_tokens, "generated_tokens", (json_int_t)s->generated_tokens, "slides",
+        (json_int_t)s->slides, "prefill_ms", s->prefill_ms, "decode_ms_per_token", per,
+        "tokens_per_s", s->decode_ms > 0 ? 1e3 * (double)s->generated_tokens / s->decode_ms : 0.0,
+        "devices", td_device_name(dev), "strategy", "single", "precision", td_dtype_name(dtype),
+        "context", (json_int_t)td_decoder_context(d), "temperature", a->cfg.temperature, "top_k",
+        (json_int_t)a->cfg.top_k, "top_p", a->cfg.top_p, "seed", (json_int_t)a->cfg.seed);
+    char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    if (text)
+        printf("summary: %s\n", text);
+    free(text);
+    json_decref(o);
+}
+
+/* Loads, generates, prints. Returns the exit status. */
+static int run(const gen_args *a, const unsigned char *prompt, size_t n) {
+    td_device_list *devs = NULL;
+    td_model *m = NULL;
+    td_decoder *d = NULL;
+    char *json = NULL;
+    td_dtype saved, dtype;
+    int32_t *tokens = NULL;
+    td_generate_stats s;
+    td_status st;
+    int rc = 1;
+    if ((st = td_checkpoint_read_meta(a->ckpt, &json, &saved, NULL)) != TD_OK) {
+        rc = td_cli_fail("generate", st);
+        goto done;
+    }
+    if ((rc = check_model_kind(a->ckpt, json)) != 0)
+        goto done;
+    rc = 1;
+    if ((st = td_devices_open(a->devices, &devs)) != TD_OK) {
+        rc = td_cli_fail("generate", st);
+        goto done;
+    }
+    if (td_device_list_count(devs) != 1) {
+        fprintf(stderr,
+                "tandem generate: --devices %s names %zu devices; generation runs on one "
+                "(tensor and pipeline generation are not built yet)\n",
+                a->devices, td_device_list_count(devs));
+        rc = 2;
+        goto done;
+    }
+    dtype = a->precision < 0 ? saved : (td_dtype)a->precision;
+    if ((st = td_generate_load_model(a->ckpt, td_device_list_get(devs, 0), dtype, &m)) != TD_OK ||
+        (st = td_decoder_create(m, &d)) != TD_OK) {
+        rc = td_cli_fail("generate", st);
+        goto done;
+    }
+    if (!(tokens = malloc(n * sizeof *tokens))) {
+        fprintf(stderr, "tandem generate: out of memory for the prompt\n");
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++)
+        tokens[i] = prompt[i];
+    fwrite(prompt, 1, n, stdout);
+    fflush(stdout);
+    st = td_generate(d, tokens, (int64_t)n, &a->cfg, print_byte, NULL, &s);
+    putchar('\n');
+    if (st != TD_OK) {
+        rc = td_cli_fail("generate", st);
+        goto done;
+    }
+    if (a->summary)
+        print_summary(a, td_device_list_get(devs, 0), dtype, d, &s);
+    rc = 0;
+done:
+    free(tokens);
+    td_decoder_destroy(d);
+    td_model_destroy(m);
+    free(json);
+    td_device_list_destroy(devs);
+    return rc;
+}
+
+int td_cli_generate(int argc, char **argv) {
+    gen_args a;
+    unsigned char *prompt = NULL;
+    size_t n = 0;
+    int rc = parse_args(argc, argv, &a);
+    if (rc != 0)
+        return rc;
+    if (a.help) {
+        usage(stdout);
+        return 0;
+    }
+    if ((rc = read_prompt(&a, &prompt, &n)) != 0)
+        return rc;
+    rc = run(&a, prompt, n);
+    free(prompt);
+    return rc;
+}

@@ -1,0 +1,429 @@
+/* The KV-cache decoder: a token model's forward over positions [pos, pos + n)
+ * of one sequence, reading earlier positions' keys and values from a cache.
+ *
+ * The model's own layers are planned for whole windows, (1, T, ...) with one
+ * sample; the decoder runs them layer by layer over the first n rows of the
+ * same activation views (every layer but attention treats positions alike,
+ * so rows [0, n) of its views can stand for any n positions). Attention
+ * writes its q, k, v rows into the layer's cache at their positions instead
+ * of its workspace, and reads every key and value before them from there.
+ *
+ * Prefill (positions [0, n)) uses the layer's own causal kernels, fused or
+ * composed as the layer chose when planned. A step (one position after pos
+ * cached ones) needs a softmax over one row of pos + 1 scores, which the
+ * kernel table has only inside cross-entropy: each row gets a leading dummy
+ * score of -1e30 labelled as the target, so the kernel's gradient (softmax
+ * minus the one-hot of the label) is the exact softmax in the other columns
+ * (exp(-1e30 - max) is 0 in f32 and f64). This keeps the step on the
+ * device with the kernels every backend has. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "device/device-impl.h"
+#include "nn/nn-impl.h"
+#include "tandem/generate.h"
+
+#define DUMMY_SCORE (-1e30)
+
+/* The attention workspace views, as att_plan (layers.c) carves them. */
+enum { ATT_P = 1, ATT_S = 2, ATT_YH = 3 };
+
+struct td_decoder {
+    td_model *m;         /* borrowed */
+    int64_t ctx;         /* positions: the model's T */
+    int64_t vocab;       /* logits per position */
+    int64_t token_limit; /* the embedding's vocabulary */
+    int64_t pos;         /* positions cached */
+    int64_t heads;       /* the most heads of any attention layer */
+    int natt;
+    td_tensor **kv;     /* per attention layer in forward order: (T, 3c) q, k, v rows */
+    td_tensor *scores;  /* (heads, T + 1): a step's scores, the dummy first */
+    td_tensor *probs;   /* (heads, T + 1): their softmax */
+    td_buffer *targets; /* heads int32 zeros: every row's label is the dummy */
+    void *host;         /* vocab elements of the model's dtype, for reading logits */
+};
+
+/* One pass: rows [pos, pos + n) of the sequence. */
+typedef struct pass {
+    td_decoder *d;
+    int64_t pos, n;
+    int att; /* the next attention layer's cache */
+} pass;
+
+typedef td_status (*decode_fn)(td_layer *l, const td_tensor *x, pass *p);
+
+static td_status decode_layer(td_layer *l, const td_tensor *x, pass *p);
+
+/* The first n rows of a (1, T, w) activation view. */
+static td_status first_rows(const td_tensor *full, int64_t n, td_tensor *v) {
+    int64_t shape[3] = {1, n, full->shape[full->ndim - 1]};
+    return td__tensor_view(v, full, 0, 3, shape);
+}
+
+/* Layers ----------------------------------------------------------------------- */
+
+static td_status embed_decode(td_layer *l, const td_tensor *x, pass *p) {
+    td_model *m = p->d->m;
+    int64_t c = l->out_shape[1];
+    td_tensor y, wpe;
+    TD_CHECK(first_rows(&l->out, p->n, &y));
+    if (!l->positions)
+        return td__op_embed_fwd(&m->tokens, l->param[0], NULL, &y);
+    /* the kernel adds wpe rows [0, n): start the table at the pass's position */
+    int64_t rows[2] = {p->d->ctx - p->pos, c};
+    TD_CHECK(td__tensor_view(&wpe, l->param[1], (size_t)(p->pos * c), 2, rows));
+    return td__op_embed_fwd(&m->tokens, l->param[0], &wpe, &y);
+}
+
+static td_status ln_decode(td_layer *l, const td_tensor *x, pass *p) {
+    td_tensor y, mean, rstd;
+    int64_t n = p->n;
+    TD_CHECK(first_rows(&l->out, n, &y));
+    TD_CHECK(td__tensor_view(&mean, &l->ws[0], 0, 1, &n));
+    TD_CHECK(td__tensor_view(&rstd, &l->ws[1], 0, 1, &n));
+    return td__op_layernorm_fwd(l->eps, x, l->param[0], l->param[1], &y, &mean, &rstd);
+}
+
+static td_status linear_decode(td_layer *l, const td_tensor *x, pass *p) {
+    td_tensor y;
+    TD_CHECK(first_rows(&l->out, p->n, &y));
+    /* y (n, out) = x (n, in) W^T + b */
+    TD_CHECK(td__op_matmul(&y, x, 0, l->param[0], 1, 1.0, 0.0));
+    return l->has_bias ? td__op_bias_add(&y, l->param[1], p->n, l->out_features, 1) : TD_OK;
+}
+
+static td_status act_decode(td_layer *l, const td_tensor *x, pass *p) {
+    td_tensor y;
+    TD_CHECK(first_rows(&l->out, p->n, &y));
+    return td__op_act_fwd(l->act, x, &y);
+}
+
+/* Dropout is the identity at inference. */
+static td_status copy_decode(td_layer *l, const td_tensor *x, pass *p) {
+    td_tensor y;
+    TD_CHECK(first_rows(&l->out, p->n, &y));
+    return td__op_copy(x, &y);
+}
+
+static td_status seq_decode(td_layer *l, const td_tensor *x, pass *p) {
+    td_tensor cur = *x;
+    for (int i = 0; i < l->nchildren; i++) {
+        TD_CHECK(decode_layer(l->children[i], &cur, p));
+        TD_CHECK(first_rows(&l->children[i]->out, p->n, &cur));
+    }
+    return TD_OK;
+}
+
+static td_status res_decode(td_layer *l, const td_tensor *x, pass *p) {
+    td_layer *in = l->children[0];
+    td_tensor inner, y;
+    TD_CHECK(decode_layer(in, x, p));
+    TD_CHECK(first_rows(&in->out, p->n, &inner));
+    TD_CHECK(first_rows(&l->out, p->n, &y));
+    return td__op_add(x, &inner, &y);
+}
+
+static td_gemm_operand operand(const td_tensor *t, int64_t off, int64_t ld, int64_t stride) {
+    td_gemm_operand o = {t, (size_t)off, ld, stride};
+    return o;
+}
+
+/* Prefill from position 0: causal attention over the n cached rows, fused
+ * or composed as the layer does it in training. qkv (1, n, 3c) -> yh (1, n, c). */
+static td_status att_prefill(td_layer *l, const td_tensor *qkv, int64_t n, td_tensor *yh) {
+    int64_t h = l->heads, c = l->in_shape[1], d = c / h;
+    int64_t hnn[4] = {1, h, n, n};
+    double scale = 1.0 / sqrt((double)d);
+    td_tensor s, prob;
+    TD_CHECK(td__tensor_view(&prob, &l->ws[ATT_P], 0, 4, hnn));
+    if (l->fused)
+        return td__op_attention_fwd(h, scale, qkv, &prob, yh);
+    TD_CHECK(td__tensor_view(&s, &l->ws[ATT_S], 0, 4, hnn));
+    /* s (h, n, n) = q_h (n, d) k_h^T */
+    TD_CHECK(td__op_gemm_batched(0, 1, n, n, d, 1.0, operand(qkv, 0, 3 * c, d),
+                                 operand(qkv, c, 3 * c, d), 0.0, operand(&s, 0, n, n * n), h));
+    TD_CHECK(td__op_causal_softmax_fwd(scale, &s, &prob));
+    /* yh_h (n, d) = p_h (n, n) v_h (n, d), at column h*d of (n, c) */
+    return td__op_gemm_batched(0, 0, n, d, n, 1.0, operand(&prob, 0, n, n * n),
+                               operand(qkv, 2 * c, 3 * c, d), 0.0, operand(yh, 0, c, d), h);
+}
+
+/* One query at position pos against the cache's keys [0, pos]: see the
+ * file's head for the dummy score. yh (1, 1, c). */
+static td_status att_step(td_decoder *dec, td_layer *l, const td_tensor *kv, int64_t pos,
+                          td_tensor *yh) {
+    int64_t h = l->heads, c = l->in_shape[1], d = c / h, len = pos + 1, w = len + 1;
+    int64_t hw[2] = {h, w};
+    td_tensor s, prob;
+    double loss;
+    int64_t hits;
+    TD_CHECK(td__tensor_view(&s, dec->scores, 0, 2, hw));
+    TD_CHECK(td__tensor_view(&prob, dec->probs, 0, 2, hw));
+    TD_CHECK(td_tensor_fill(&s, DUMMY_SCORE));
+    /* s_h[1..len] (1, len) = scale q_h (1, d) K_h^T */
+    TD_CHECK(td__op_gemm_batched(0, 1, 1, len, d, 1.0 / sqrt((double)d),
+                                 operand(kv, pos * 3 * c, 3 * c, d), operand(kv, c, 3 * c, d), 0.0,
+                                 operand(&s, 1, w, w), h));
+    TD_CHECK(td__op_xent(&s, dec->targets, &prob, 1.0, &loss, &hits));
+    /* yh_h (1, d) = p_h[1..len] V_h (len, d) */
+    return td__op_gemm_batched(0, 0, 1, d, len, 1.0, operand(&prob, 1, w, w),
+                               operand(kv, 2 * c, 3 * c, d), 0.0, operand(yh, 0, c, d), h);
+}
+
+/* qkv rows go into the cache at their positions; the heads' output is then
+ * projected as in training. */
+static td_status att_decode(td_layer *l, const td_tensor *x, pass *p) {
+    td_decoder *dec = p->d;
+    const td_tensor *cache = dec->kv[p->att++];
+    int64_t c = l->in_shape[1], n = p->n;
+    int64_t rows[3] = {1, n, 3 * c}, yrows[3] = {1, n, c};
+    td_tensor qkv, yh, y;
+    TD_CHECK(td__tensor_view(&qkv, cache, (size_t)(p->pos * 3 * c), 3, rows));
+    TD_CHECK(td__tensor_view(&yh, &l->ws[ATT_YH], 0, 3, yrows));
+    TD_CHECK(first_rows(&l->out, n, &y));
+    /* qkv (n, 3c) = x Wqkv^T + bqkv */
+    TD_CHECK(td__op_matmul(&qkv, x, 0, l->param[0], 1, 1.0, 0.0));
+    TD_CHECK(td__op_bias_add(&qkv, l->param[1], n, 3 * c, 1));
+    if (p->pos == 0)
+        TD_CHECK(att_prefill(l, &qkv, n, &yh));
+    else
+        TD_CHECK(att_step(dec, l, cache, p->pos, &yh));
+    TD_CHECK(td__op_matmul(&y, &yh, 0, l->param[2], 1, 1.0, 0.0));
+    return td__op_bias_add(&y, l->param[3], n, c, 1);
+}
+
+/* The layers a decoder runs, by their table (anything else is refused). */
+static const struct {
+    const td_layer_vt *vt;
+    decode_fn fn;
+} decoders[] = {
+    {&td__embedding_vt, embed_decode}, {&td__layernorm_vt, ln_decode},
+    {&td__linear_vt, linear_decode},   {&td__act_vt, act_decode},
+    {&td__dropout_vt, copy_decode},    {&td__attention_vt, att_decode},
+    {&td__sequential_vt, seq_decode},  {&td__residual_vt, res_decode},
+};
+
+static decode_fn decoder_of(const td_layer *l) {
+    for (size_t i = 0; i < sizeof decoders / sizeof *decoders; i++)
+        if (decoders[i].vt == l->vt)
+            return decoders[i].fn;
+    return NULL;
+}
+
+static td_status decode_layer(td_layer *l, const td_tensor *x, pass *p) {
+    return decoder_of(l)(l, x, p);
+}
+
+/* Checking and building ----------------------------------------------------------- */
+
+/* Every layer must have a decoder and give (T, features): one row per
+ * position. Counts attention layers and their most heads. */
+static td_status check_layer(td_decoder *d, const td_layer *l, int top) {
+    if (!decoder_of(l))
+        return td__error(TD_ERR_UNSUPPORTED,
+                         "decoder: %s: a %s layer cannot be decoded one position at a time",
+                         l->path, l->type);
+    if (l->out_ndim != 2 || l->out_shape[0] != d->ctx)
+        return td__error(TD_ERR_UNSUPPORTED,
+                         "decoder: %s (%s) does not give one row per position, so it cannot "
+                         "be decoded with a cache",
+                         l->path, l->type);
+    if (l->vt == &td__embedding_vt && !top)
+        return td__error(TD_ERR_UNSUPPORTED, "decoder: %s: an embedding after the first layer",
+                         l->path);
+    if (l->vt == &td__attention_vt) {
+        d->natt++;
+        if (l->heads > d->heads)
+            d->heads = l->heads;
+    }
+    for (int i = 0; i < l->nchildren; i++)
+        TD_CHECK(check_layer(d, l->children[i], 0));
+    return TD_OK;
+}
+
+static td_status check_model(td_decoder *d) {
+    td_model *m = d->m;
+    td_layer *root = m->root;
+    if (m->kind != TD_INPUT_TOKENS)
+        return td__error(TD_ERR_UNSUPPORTED,
+                         "decoder: the model reads features, not tokens; only a token model "
+                         "(an embedding first, logits over a vocabulary) generates");
+    if (m->part_first != 0 || m->part_end != m->info.layers || m->splits)
+        return td__error(TD_ERR_UNSUPPORTED,
+                         "decoder: a model part or tensor-parallel shard; decoding needs the "
+                         "whole model on one device");
+    if (root->nchildren < 1 || root->children[0]->vt != &td__embedding_vt)
+        return td__error(TD_ERR_UNSUPPORTED,
+                         "decoder: the model's first layer is not an embedding");
+    if (root->out_ndim != 2 || root->out_shape[1] != m->classes)
+        return td__error(TD_ERR_UNSUPPORTED,
+                         "decoder: the model's output is not (T, vocabulary) logits");
+    for (int i = 0; i < root->nchildren; i++)
+        TD_CHECK(check_layer(d, root->children[i], i == 0));
+    d->token_limit = root->children[0]->vocab;
+    return TD_OK;
+}
+
+/* One cache per attention layer, in the order the passes meet them. */
+static td_status alloc_kv(td_decoder *d, const td_layer *l, int *k) {
+    if (l->vt == &td__attention_vt) {
+        int64_t shape[2] = {d->ctx, 3 * l->in_shape[1]};
+        TD_CHECK(td_tensor_create(d->m->dev, d->m->dtype, 2, shape, &d->kv[(*k)++]));
+    }
+    for (int i = 0; i < l->nchildren; i++)
+        TD_CHECK(alloc_kv(d, l->children[i], k));
+    return TD_OK;
+}
+
+static td_status alloc_state(td_decoder *d) {
+    td_model *m = d->m;
+    int k = 0;
+    int64_t w = d->heads * (d->ctx + 1);
+    size_t nt = (size_t)d->heads + 1;
+    int32_t *zeros;
+    td_status st;
+    if (!(d->kv = td__calloc(((size_t)d->natt + 1) * sizeof *d->kv, "a decoder's caches")) ||
+        !(d->host = td__calloc((size_t)d->vocab * td_dtype_size(m->dtype), "a decoder's logits")))
+        return TD_ERR_OUT_OF_MEMORY;
+    TD_CHECK(alloc_kv(d, m->root, &k));
+    TD_CHECK(td_tensor_create(m->dev, m->dtype, 1, &w, &d->scores));
+    TD_CHECK(td_tensor_create(m->dev, m->dtype, 1, &w, &d->probs));
+    TD_CHECK(td_buffer_alloc(m->dev, nt * sizeof(int32_t), &d->targets));
+    if (!(zeros = td__calloc(nt * sizeof *zeros, "a decoder's labels")))
+        return TD_ERR_OUT_OF_MEMORY;
+    st = td_buffer_write(d->targets, 0, zeros, nt * sizeof *zeros);
+    free(zeros);
+    return st;
+}
+
+static td_status prepare_task(td_device *dev, void *arg) {
+    return td__model_prepare(arg, 0, 1);
+}
+
+td_status td_decoder_create(td_model *m, td_decoder **out) {
+    td_decoder *d = NULL;
+    td_status st;
+    if (!out)
+        return td__error(TD_ERR_INVALID_ARG, "td_decoder_create: out is NULL");
+    *out = NULL;
+    if (!m)
+        return td__error(TD_ERR_INVALID_ARG, "td_decoder_create: model is NULL");
+    if (!(d = td__calloc(sizeof *d, "a decoder")))
+        return TD_ERR_OUT_OF_MEMORY;
+    d->m = m;
+    d->ctx = m->in_shape[0];
+    d->vocab = m->classes;
+    TD_TRY(check_model(d));
+    TD_TRY(alloc_state(d));
+    /* the activations of one window: the decoder's workspace */
+    TD_TRY(td_device_run(m->dev, prepare_task, m));
+    *out = d;
+    return TD_OK;
+fail:
+    td_decoder_destroy(d);
+    return st;
+}
+
+void td_decoder_destroy(td_decoder *d) {
+    if (!d)
+        return;
+    for (int i = 0; d->kv && i < d->natt; i++)
+        td_tensor_destroy(d->kv[i]);
+    free(d->kv);
+    td_tensor_destroy(d->scores);
+    td_tensor_destroy(d->probs);
+    td_buffer_free(d->targets);
+    free(d->host);
+    free(d);
+}
+
+int64_t td_decoder_context(const td_decoder *d) {
+    return d ? d->ctx : 0;
+}
+int64_t td_decoder_vocab(const td_decoder *d) {
+    return d ? d->vocab : 0;
+}
+int64_t td_decoder_token_limit(const td_decoder *d) {
+    return d ? d->token_limit : 0;
+}
+int64_t td_decoder_position(const td_decoder *d) {
+    return d ? d->pos : 0;
+}
+
+/* Passes ------------------------------------------------------------------------------ */
+
+typedef struct run_args {
+    td_decoder *d;
+    const int32_t *tokens;
+    int64_t pos, n;
+    double *logits;
+} run_args;
+
+/* The logits of the pass's last row, converted to doubles. */
+static td_status read_logits(td_decoder *d, int64_t n, double *logits) {
+    td_model *m = d->m;
+    size_t es = td_dtype_size(m->dtype), row = (size_t)d->vocab * es;
+    const char *src = (const char *)m->root->out.data + (size_t)(n - 1) * row;
+    TD_CHECK(m->dev->ops->read(m->dev->ctx, d->host, src, row));
+    for (int64_t i = 0; i < d->vocab; i++)
+        logits[i] = m->dtype == TD_F64 ? ((double *)d->host)[i] : ((float *)d->host)[i];
+    return TD_OK;
+}
+
+static td_status run_task(td_device *dev, void *arg) {
+    run_args *a = arg;
+    td_decoder *d = a->d;
+    td_model *m = d->m;
+    pass p = {d, a->pos, a->n, 0};
+    TD_CHECK(td__model_prepare(m, 0, 1));
+    TD_CHECK(dev->ops->write(dev->ctx, m->tokens.ptr, a->tokens, (size_t)a->n * sizeof(int32_t)));
+    TD_CHECK(seq_decode(m->root, &m->input, &p));
+    return a->logits ? read_logits(d, a->n, a->logits) : TD_OK;
+}
+
+static td_status check_tokens(const td_decoder *d, const int32_t *tokens, int64_t n,
+                              const char *what) {
+    for (int64_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= d->token_limit)
+            return td__error(TD_ERR_INVALID_ARG, "%s: token %d at %lld is outside [0, %lld)", what,
+                             (int)tokens[i], (long long)i, (long long)d->token_limit);
+    return TD_OK;
+}
+
+td_status td_decoder_prefill(td_decoder *d, const int32_t *tokens, int64_t n, double *logits) {
+    run_args a = {d, tokens, 0, n, logits};
+    td_status st;
+    if (!d || !tokens)
+        return td__error(TD_ERR_INVALID_ARG, "td_decoder_prefill: decoder or tokens is NULL");
+    d->pos = 0;
+    if (n < 1 || n > d->ctx)
+        return td__error(TD_ERR_INVALID_ARG,
+                         "td_decoder_prefill: %lld tokens; the context holds 1 to %lld",
+                         (long long)n, (long long)d->ctx);
+    TD_CHECK(check_tokens(d, tokens, n, "td_decoder_prefill"));
+    if ((st = td_device_run(d->m->dev, run_task, &a)) == TD_OK)
+        d->pos = n;
+    return st;
+}
+
+td_status td_decoder_step(td_decoder *d, int32_t token, double *logits) {
+    run_args a = {d, &token, 0, 1, logits};
+    td_status st;
+    if (!d)
+        return td__error(TD_ERR_INVALID_ARG, "td_decoder_step: decoder is NULL");
+    if (d->pos == 0)
+        return td__error(TD_ERR_INVALID_ARG, "td_decoder_step: nothing prefilled yet");
+    if (d->pos >= d->ctx)
+        return td__error(TD_ERR_INVALID_ARG,
+                         "td_decoder_step: the cache is full (%lld positions); prefill a "
+                         "shorter window",
+                         (long long)d->ctx);
+    TD_CHECK(check_tokens(d, &token, 1, "td_decoder_step"));
+    a.pos = d->pos;
+    if ((st = td_device_run(d->m->dev, run_task, &a)) == TD_OK)
+        d->pos++;
+    return st;
+}
