@@ -17,6 +17,7 @@ static const command commands[] = {
     {"eval", td_cli_eval, "a checkpoint's loss and accuracy on a data set"},
     {"generate", td_cli_generate, "text from a checkpoint of a byte-level GPT, streamed"},
     {"bench", td_cli_bench, "benchmarks: 'tandem bench collectives' times the comm layer"},
+    {"plot", td_cli_plot, "draw a metrics file (tandem train --metrics) as an SVG"},
 };
 
 static void usage(FILE *out) {
