@@ -32,6 +32,10 @@
 #include "parallel/tensor-impl.h"
 #include "tensor/tensor-impl.h"
 
+/* A member's weights and their state may take this share of its device's
+ * free memory. */
+#define MEM_HEADROOM 0.9
+
 /* Per member and step, gathered: compute, communication and update seconds,
  * loss sum, correct, count. */
 #define STAT_WORDS 6
@@ -46,6 +50,7 @@ typedef struct member {
     td_buffer *stats_send, *stats_all; /* (STAT_WORDS), (size, STAT_WORDS) f64 */
     td_buffer *scalar;                 /* (1) f64: the gradients' squared norm, summed */
     double alone_s;                    /* calibration: a whole-model step on one sample */
+    uint64_t mem_free;                 /* calibration: its device's free memory, bytes */
     double comm_s, compute_s, update_s;
     td_step_result res;
 } member;
@@ -137,8 +142,12 @@ static td_status calibrate_member(tensor_par *p, member *m) {
     td_model *whole = NULL;
     td_step_result r;
     sample smp;
+    td_device_info di;
     td_status st;
     m->alone_s = 0;
+    if ((st = td_device_get_info(m->dev, &di)) != TD_OK)
+        return st;
+    m->mem_free = di.mem_free;
     if ((st = sample_make(&p->info, &smp)) != TD_OK)
         goto done;
     st = td_model_load_string(s->json, s->model_name, m->dev, s->cfg.dtype, s->cfg.seed, &whole);
@@ -183,6 +192,48 @@ static void make_shares(tensor_par *p) {
         sum += p->share[k];
     for (int k = 0; k < p->size; k++)
         p->share[k] /= sum;
+}
+
+/* The largest share member k's memory holds: its slices of the split
+ * weights and the replicated rest, each with its gradient and optimizer
+ * state, within MEM_HEADROOM of what its device has free (the headroom is
+ * for activations); 1 when the whole model fits. */
+static double memory_cap(const tensor_par *p, int k) {
+    const td_strategy_config *c = &p->s->cfg;
+    double dsize = c->dtype == TD_F64 ? 8 : 4, split = 0, rest, room;
+    double per_weight = dsize * (2 + (c->opt.kind == TD_OPT_ADAMW ? 2 : 1));
+    for (int u = 0; u < p->nunits; u++)
+        split += (double)p->units[u].weights;
+    rest = (double)p->info.num_weights - split;
+    room = MEM_HEADROOM * (double)p->mb[k].mem_free / per_weight - rest;
+    return split > 0 ? fmax(0, fmin(1, room / split)) : 1;
+}
+
+/* Moves what members were given beyond their memory caps to the others, in
+ * proportion to their shares, so that speed decides only among the splits
+ * that fit (two 36 MB devices each hold half of a 51 MB model, not three
+ * quarters however fast one measured). When no split fits, make_member
+ * reports the device out of memory. */
+static void fit_memory(tensor_par *p) {
+    double cap[TD_DP_MAX_MEMBERS];
+    for (int k = 0; k < p->size; k++)
+        cap[k] = memory_cap(p, k);
+    for (int round = 0; round < p->size; round++) {
+        double excess = 0, under = 0;
+        for (int k = 0; k < p->size; k++)
+            if (p->share[k] > cap[k]) {
+                excess += p->share[k] - cap[k];
+                p->share[k] = cap[k];
+            }
+        for (int k = 0; k < p->size; k++)
+            if (p->share[k] < cap[k])
+                under += p->share[k];
+        if (excess <= 0 || under <= 0)
+            return;
+        for (int k = 0; k < p->size; k++)
+            if (p->share[k] < cap[k])
+                p->share[k] += excess * p->share[k] / under;
+    }
 }
 
 /* Cuts each unit by the shares, largest remainders first (ties to the lower
@@ -459,6 +510,7 @@ static td_status tp_create(td_strategy *s) {
     p->mode = 0;
     TD_CHECK(td_group_run(p->g, member_run, p));
     make_shares(p);
+    fit_memory(p);
     make_plans(p);
     for (int k = 0; k < p->size; k++)
         TD_CHECK(make_member(p, k));
