@@ -8,6 +8,7 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/fpmode.h"
 
 #define MAX_ITEMS 256
 
@@ -133,11 +134,22 @@ static td_status parse_option(const cursor *c, const char *key, const char *valu
                              c->spec, value);
         o->has_split = 1;
         o->split = (int)v;
+    } else if (!strcmp(key, "denormals")) {
+        td__denormals d;
+        if (o->has_denormals)
+            return td__error(TD_ERR_PARSE, "device spec '%s': option 'denormals' given twice",
+                             c->spec);
+        if (td__denormals_parse(value, &d) != 0)
+            return td__error(TD_ERR_PARSE,
+                             "device spec '%s': denormals=%s is neither 'keep' nor 'flush'",
+                             c->spec, value);
+        o->has_denormals = 1;
+        o->denormals = (int)d;
     } else {
-        return td__error(
-            TD_ERR_PARSE,
-            "device spec '%s': unknown option '%s' (known: cores, mem, slowdown, latency, split)",
-            c->spec, key);
+        return td__error(TD_ERR_PARSE,
+                         "device spec '%s': unknown option '%s' (known: cores, mem, slowdown, "
+                         "latency, split, denormals)",
+                         c->spec, key);
     }
     return TD_OK;
 }

@@ -17,6 +17,10 @@ typedef struct td_device_options {
     int has_latency; /* latency=2: every pass takes 2 ms more */
     double latency_ms;
     int has_split, split; /* split=2: one device presented as 2 */
+    /* denormals=keep|flush: a CPU device's threads compute subnormal numbers
+     * (keep) or treat them as 0 (flush, the default: see core/fpmode.h);
+     * denormals is a td__denormals */
+    int has_denormals, denormals;
 } td_device_options;
 
 typedef enum td_spec_index {

@@ -26,6 +26,10 @@ typedef struct cpu_device {
     int pinned;      /* 1 once the host thread is bound */
     double slowdown; /* 1: none */
     cpu_pool *pool;  /* helper threads on pus[1..], NULL for one PU */
+    /* How its threads treat subnormal numbers (a td__denormals): the
+     * {denormals=} option, else TANDEM_DENORMALS, else flush. Set by the host
+     * thread and each helper on itself when they start. */
+    int denormals;
 } cpu_device;
 
 /* The best SIMD level this CPU and OS support (TANDEM_SIMD=scalar|avx2|avx512

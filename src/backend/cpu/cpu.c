@@ -10,6 +10,7 @@
 #include "backend/cpu/cpu-impl.h"
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/fpmode.h"
 #include "core/log.h"
 
 /* The machine as hwloc sees it, loaded once and then only read. */
@@ -103,6 +104,7 @@ static td_status add_device(td_device_sink *sink, const char *name, int first, i
         hwloc_bitmap_set(cd->set, (unsigned)cd->pus[i]);
     }
     cd->slowdown = opts->has_slowdown ? opts->slowdown : 1.0;
+    cd->denormals = opts->has_denormals ? opts->denormals : (int)td__denormals_default();
     return td__device_sink_add(sink, &td__cpu_backend, name, cd, opts);
 }
 
@@ -159,6 +161,11 @@ static td_status cpu_thread_init(void *ctx) {
     cd->pinned = hwloc_set_cpubind(machine.topo, cd->set, HWLOC_CPUBIND_THREAD) == 0;
     if (!cd->pinned)
         TD_LOG_DEBUG("could not pin a CPU device's host thread to its cores");
+    /* Before the helpers start, which set it again on themselves. BLAS runs
+     * on these threads (held to one thread: see machine_load), so its GEMMs
+     * flush too. */
+    if (!td__denormals_set((td__denormals)cd->denormals))
+        TD_LOG_DEBUG("this build cannot flush subnormal numbers to zero");
     return td__cpu_pool_create(cd, machine.topo);
 }
 

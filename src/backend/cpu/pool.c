@@ -12,6 +12,7 @@
 
 #include "backend/cpu/cpu-impl.h"
 #include "core/alloc.h"
+#include "core/fpmode.h"
 #include "core/log.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -42,6 +43,7 @@ struct cpu_pool {
     atomic_int stopping;
     td_cpu_part_fn fn; /* written before generation is bumped */
     void *arg;
+    int denormals; /* the device's td__denormals, set by each helper on itself */
 };
 
 /* Waits until the generation moves past seen (or the pool stops). */
@@ -71,6 +73,7 @@ static void *helper_main(void *p) {
             TD_LOG_DEBUG("could not pin a helper thread to logical CPU %d", h->pu);
         hwloc_bitmap_free(set);
     }
+    td__denormals_set((td__denormals)pool->denormals);
     for (;;) {
         seen = wait_for_work(pool, seen);
         if (atomic_load(&pool->stopping))
@@ -99,6 +102,7 @@ td_status td__cpu_pool_create(cpu_device *cd, hwloc_topology_t topo) {
         return TD_ERR_OUT_OF_MEMORY;
     }
     pool->topo = topo;
+    pool->denormals = cd->denormals;
     pthread_mutex_init(&pool->lock, NULL);
     pthread_cond_init(&pool->start, NULL);
     pthread_cond_init(&pool->finished, NULL);
