@@ -66,7 +66,10 @@ TD_API td_status td_dataset_open_idx(const char *images_path, const char *labels
 
 /* The MNIST layout in dir: train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz,
  * t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz (gzipped or, without
- * .gz, not). *train gets 60,000 samples and *test 10,000. */
+ * .gz, not). *train gets 60,000 samples and *test 10,000. Any folder so laid
+ * out (Fashion-MNIST, KMNIST) reads the same way; both parts are normalised
+ * with the training images' mean and deviation of p / 255, each rounded to
+ * 4 decimals (for MNIST exactly the 0.1307 and 0.3081 above). */
 TD_API td_status td_mnist_open(const char *dir, td_dataset **train, td_dataset **test);
 
 typedef enum td_text_vocab {
@@ -102,6 +105,30 @@ TD_API const char *td_dataset_source(const td_dataset *ds);
 /* Text data sets with TD_TEXT_CHARS: the vocabulary, token i being byte
  * vocab[i], and its length; NULL and 0 otherwise. Valid while ds lives. */
 TD_API const uint8_t *td_dataset_vocab(const td_dataset *ds, size_t *len);
+
+/* How td_data_open() reads and divides a path (all zero: the defaults). */
+typedef struct td_data_options {
+    const char *test_path;    /* evaluation data in the same kind of file; NULL: a split */
+    double split;             /* fraction held out when test_path is NULL; 0: 0.1 */
+    const char *label_column; /* CSV: the labels' column; NULL: "label" */
+} td_data_options;
+
+/* Opens the training and evaluation data for the model mi describes, the
+ * format chosen by path (docs/train.md):
+ *   a folder                 IDX files in the MNIST layout (td_mnist_open)
+ *   NAME.csv                 a table: a header, numeric columns, a label column
+ *   NAME.safetensors         tensors "x" (N, ...) and "y" (N) or (N, T)
+ *   X.npy,Y.npy              two .npy files: features (or tokens), labels
+ *   any other file           text, for a model that reads tokens (td_text_open)
+ * The files' samples must hold as many values as the model's input and their
+ * labels (tokens) lie in [0, mi->classes). Without opt->test_path, a
+ * fraction opt->split of the samples is held out (td_text_open's validation
+ * part for text; for the array formats chosen by a shuffle with a fixed
+ * seed, so every run holds out the same ones); an IDX folder brings its own
+ * test files and takes neither. Errors name the file, and the row, column or
+ * sample at fault. The caller destroys both. */
+TD_API td_status td_data_open(const char *path, const td_data_options *opt, const td_model_info *mi,
+                              td_dataset **train, td_dataset **test);
 
 /* Writes sample `index` (0 <= index < size): its features into x (features
  * floats) for images or its tokens into tokens (T ints) for text, and its
@@ -199,7 +226,7 @@ typedef int (*td_train_callback)(void *arg, const td_train_event *ev);
 
 typedef struct td_train_config {
     const char *model_path; /* model JSON; NULL when resuming takes the checkpoint's */
-    const char *data_path;  /* an MNIST folder, or a text file for a token model */
+    const char *data_path;  /* td_data_open's path: an IDX folder, .csv, .safetensors, ... */
     const char *devices;    /* device spec; the first device trains; NULL: "cpu" */
     td_dtype dtype;
     int64_t epochs;           /* epochs to train; 0 with steps > 0: steps decide */
@@ -217,6 +244,11 @@ typedef struct td_train_config {
     td_train_callback callback;
     void *callback_arg;
     int64_t eval_every; /* also evaluate every this many steps; 0: not */
+    /* More of the data (td_data_open): evaluation data, the fraction held out
+     * without it (0: 0.1), and a CSV file's label column (NULL: "label"). */
+    const char *test_data_path;
+    double split;
+    const char *label_column;
     /* How the devices share the work (td_strategy_names): NULL or "single"
      * trains on the first device; "data" keeps a replica on every device
      * (and, under mpirun, in every process) and splits each batch by
@@ -237,6 +269,14 @@ typedef struct td_train_config {
      * resumed step on. Settings not given are the checkpoint's. */
     unsigned given;
     td_train_extend extend; /* resuming a cosine schedule: stretch or restart it */
+    /* A timeline of the steps (a Chrome trace-event JSON file, for
+     * https://ui.perfetto.dev or chrome://tracing): a track per device host
+     * thread and one for the trainer, with forward, backward, the optimizer
+     * step, each collective (kind, bytes), copies, waits and parked steps.
+     * Under mpirun the first process writes every process's (pid: the
+     * rank). NULL: none. Left out of TD_TRAIN_CONFIG_INIT: zero is off. */
+    const char *trace_path;
+    int64_t trace_first, trace_last; /* steps recorded, from 1; 0: from the first, to the last */
 } td_train_config;
 
 #define TD_TRAIN_CONFIG_INIT                                                                       \

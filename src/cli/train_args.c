@@ -15,10 +15,17 @@ void td_cli_train_usage(FILE *out) {
             "usage: tandem train --model M.json --data D [options]\n"
             "       tandem train --resume CKPT --data D [options]\n\n"
             "Trains the model M on D: an MNIST folder of IDX files (data/mnist) for image\n"
-            "models, a text file (data/text/tinyshakespeare.txt) for token models. Prints\n"
-            "per-epoch loss, accuracy and throughput, then the test accuracy.\n\n"
+            "models, a text file (data/text/tinyshakespeare.txt) for token models, or your\n"
+            "own: a .csv table, a .safetensors file (tensors x and y) or X.npy,Y.npy (see\n"
+            "docs/train.md). Prints per-epoch loss, accuracy and throughput, then the test\n"
+            "accuracy.\n\n"
             "  --model FILE        model JSON (examples/mnist_mlp.json, ...)\n"
-            "  --data PATH         MNIST folder or text file\n"
+            "  --data PATH         IDX folder, text file, .csv, .safetensors or X.npy,Y.npy\n"
+            "  --test-data PATH    evaluate on PATH (same kind of file as --data) instead of\n"
+            "                      a held-out part of it\n"
+            "  --split F           hold out the fraction F of --data to evaluate on (default\n"
+            "                      0.1; the same samples every run)\n"
+            "  --label-column NAME the CSV column holding the labels (default label)\n"
             "  --epochs N          epochs to train (default 1)\n"
             "  --steps N           stop after N optimizer steps in all (with --epochs: first)\n"
             "  --batch B           samples per step (default 64)\n"
@@ -57,6 +64,10 @@ void td_cli_train_usage(FILE *out) {
             "  --extend HOW        resuming a cosine schedule with a new end: stretch (default:\n"
             "                      it ends at the new end) or restart (a new cosine from --lr)\n"
             "  --metrics FILE      write JSON lines: one per step, epoch and the end\n"
+            "  --trace FILE        write a timeline of every device (Chrome trace-event JSON:\n"
+            "                      open it in https://ui.perfetto.dev): forward, backward,\n"
+            "                      optimizer, collectives, copies and waits, per step\n"
+            "  --trace-steps A:B   trace steps A to B only (from 1; 'A:' to the end)\n"
             "  --max-seconds X     stop after X seconds of training\n"
             "  --eval-samples N    evaluate on the first N test samples only\n"
             "  --eval-every N      also evaluate every N steps (a line and a metrics record)\n"
@@ -69,6 +80,9 @@ void td_cli_train_usage(FILE *out) {
 enum {
     OPT_MODEL = 256,
     OPT_DATA,
+    OPT_TEST_DATA,
+    OPT_SPLIT,
+    OPT_LABEL_COLUMN,
     OPT_EPOCHS,
     OPT_STEPS,
     OPT_BATCH,
@@ -95,6 +109,8 @@ enum {
     OPT_RESUME,
     OPT_EXTEND,
     OPT_METRICS,
+    OPT_TRACE,
+    OPT_TRACE_STEPS,
     OPT_MAX_SECONDS,
     OPT_EVAL_SAMPLES,
     OPT_EVAL_EVERY,
@@ -125,6 +141,9 @@ static const char *strategy_list(char *buf, size_t size) {
 static const struct option options[] = {
     {"model", required_argument, NULL, OPT_MODEL},
     {"data", required_argument, NULL, OPT_DATA},
+    {"test-data", required_argument, NULL, OPT_TEST_DATA},
+    {"split", required_argument, NULL, OPT_SPLIT},
+    {"label-column", required_argument, NULL, OPT_LABEL_COLUMN},
     {"epochs", required_argument, NULL, OPT_EPOCHS},
     {"steps", required_argument, NULL, OPT_STEPS},
     {"batch", required_argument, NULL, OPT_BATCH},
@@ -151,6 +170,8 @@ static const struct option options[] = {
     {"resume", required_argument, NULL, OPT_RESUME},
     {"extend", required_argument, NULL, OPT_EXTEND},
     {"metrics", required_argument, NULL, OPT_METRICS},
+    {"trace", required_argument, NULL, OPT_TRACE},
+    {"trace-steps", required_argument, NULL, OPT_TRACE_STEPS},
     {"max-seconds", required_argument, NULL, OPT_MAX_SECONDS},
     {"eval-samples", required_argument, NULL, OPT_EVAL_SAMPLES},
     {"eval-every", required_argument, NULL, OPT_EVAL_EVERY},
@@ -343,16 +364,58 @@ static int parse_choice(FILE *err, int c, const char *arg, td_cli_train_args *a)
     }
 }
 
+/* --split: a fraction strictly between 0 and 1. */
+static int parse_split(FILE *err, const char *arg, td_train_config *cfg) {
+    double v;
+    if (!parse_double(err, "split", arg, 0, &v))
+        return 0;
+    if (v <= 0 || v >= 1) {
+        fprintf(err, "tandem train: --split wants a fraction between 0 and 1, not '%s'\n", arg);
+        return 0;
+    }
+    cfg->split = v;
+    return 1;
+}
+
+/* --trace-steps A:B (or A: for to the end): steps from 1, A <= B. */
+static int parse_trace_steps(FILE *err, const char *s, td_train_config *cfg) {
+    char *end;
+    const char *rest;
+    long long first, last = 0;
+    errno = 0;
+    first = strtoll(s, &end, 10);
+    rest = end + 1;
+    if (end != s && *end == ':' && !errno && first >= 1) {
+        if (*rest)
+            last = strtoll(rest, &end, 10);
+        if (!*rest || (end != rest && !*end && !errno && last >= first)) {
+            cfg->trace_first = first;
+            cfg->trace_last = last;
+            return 1;
+        }
+    }
+    fprintf(err,
+            "tandem train: --trace-steps wants FIRST:LAST or FIRST: (steps from 1, FIRST <= "
+            "LAST), not '%s'\n",
+            s);
+    return 0;
+}
+
 /* One option; 0 after printing why it is wrong. */
 static int parse_option(FILE *err, int c, const char *arg, td_cli_train_args *a) {
     td_train_config *cfg = &a->cfg;
     switch (c) {
     case OPT_MODEL: cfg->model_path = arg; return 1;
     case OPT_DATA: cfg->data_path = arg; return 1;
+    case OPT_TEST_DATA: cfg->test_data_path = arg; return 1;
+    case OPT_SPLIT: return parse_split(err, arg, cfg);
+    case OPT_LABEL_COLUMN: cfg->label_column = arg; return 1;
     case OPT_DEVICES: cfg->devices = arg; return 1;
     case OPT_CHECKPOINT: cfg->checkpoint = arg; return 1;
     case OPT_RESUME: cfg->resume = arg; return 1;
     case OPT_METRICS: cfg->metrics = arg; return 1;
+    case OPT_TRACE: cfg->trace_path = arg; return 1;
+    case OPT_TRACE_STEPS: return parse_trace_steps(err, arg, cfg);
     case OPT_NESTEROV:
         cfg->opt.nesterov = 1;
         cfg->given |= TD_GIVEN_NESTEROV;
@@ -399,6 +462,16 @@ static int check_together(FILE *err, td_cli_train_args *a) {
     }
     if (!cfg->data_path) {
         fprintf(err, "tandem train: --data is required\n");
+        return 0;
+    }
+    if (cfg->test_data_path && cfg->split > 0) {
+        fprintf(err, "tandem train: --split and --test-data both say what to evaluate on; give "
+                     "one\n");
+        return 0;
+    }
+    if ((cfg->trace_first || cfg->trace_last) && !cfg->trace_path) {
+        fprintf(err, "tandem train: --trace-steps says which steps --trace records; there is no "
+                     "--trace\n");
         return 0;
     }
     if (a->extend_given && !cfg->resume) {

@@ -20,7 +20,9 @@
 #include "comm/comm-impl.h"
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/fpmode.h"
 #include "core/log.h"
+#include "core/trace.h"
 #include "tensor/tensor-impl.h"
 
 struct td_comm_request {
@@ -40,6 +42,10 @@ struct td__engine {
     pthread_cond_t wake;
     td_comm_request *head, *tail;
     int stopping;
+    /* The floating-point control word of the member's host thread, which
+     * started the engine: its reductions then round and flush subnormals as
+     * the device's own kernels do (core/fpmode.h). */
+    uint64_t fp_control;
 };
 
 /* Checking ------------------------------------------------------------------ */
@@ -231,11 +237,16 @@ done:
 static td_status execute(td__member *m, const td_collective *c, uint64_t seq,
                          td_comm_algorithm algo) {
     td_status st;
+    uint64_t tr = td__trace_begin();
     atomic_store(&m->busy_seq, seq);
     atomic_store(&m->busy_kind, (int)c->kind);
     atomic_store(&m->busy_since, td_clock_ns());
     st = run_collective(m, c, seq, algo);
     atomic_store(&m->busy_since, 0);
+    /* Its span holds the wait for the slowest member as well: a collective
+     * ends for everyone when the last one arrives. Bytes: the call's count. */
+    td__trace_end(tr, TD__TRACE_COMM, td_collective_name(c->kind),
+                  (int64_t)(c->count * td_dtype_size(c->dtype)));
     return st;
 }
 
@@ -254,6 +265,9 @@ static void *engine_main(void *p) {
     td__member *m = p;
     td__engine *e = m->engine;
     td__comm_set_current(m);
+    /* Its collectives overlap its device's compute: a track of their own. */
+    td__trace_thread_name("%s comm", td_device_name(m->dev));
+    td__fp_control_set(e->fp_control);
     for (;;) {
         td_comm_request *r;
         pthread_mutex_lock(&e->lock);
@@ -283,6 +297,7 @@ static td_status engine_start(td__member *m) {
         return TD_ERR_OUT_OF_MEMORY;
     pthread_mutex_init(&e->lock, NULL);
     pthread_cond_init(&e->wake, NULL);
+    e->fp_control = td__fp_control_get();
     m->engine = e;
     if (pthread_create(&e->thread, NULL, engine_main, m) != 0) {
         pthread_mutex_destroy(&e->lock);
@@ -430,8 +445,12 @@ td_status td_comm_test(td_comm_request *req) {
 
 td_status td_comm_wait(td_comm_request *req) {
     unsigned rounds = 0;
+    uint64_t tr;
     if (!req)
         return td__error(TD_ERR_INVALID_ARG, "td_comm_wait: request is NULL");
+    if (atomic_load_explicit(&req->done, memory_order_acquire))
+        return td_comm_test(req); /* no wait worth a span */
+    tr = td__trace_begin();
     /* Spin briefly first: a small collective finishes within microseconds. */
     for (int i = 0; i < 2000 && !atomic_load_explicit(&req->done, memory_order_acquire); i++)
         sched_yield();
@@ -440,6 +459,7 @@ td_status td_comm_wait(td_comm_request *req) {
         if (engine_stuck(req->m, rounds))
             return td__member_give_up(req->m);
     }
+    td__trace_end(tr, TD__TRACE_WAIT, "wait for collective", -1);
     return td_comm_test(req);
 }
 

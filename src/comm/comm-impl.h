@@ -231,6 +231,10 @@ void td__mpi_group_deinit(td_group *g);
 td_status td__mpi_run(td__member *m, const td__op *op);
 /* Agrees across processes which global ranks failed (OR of masks). */
 td_status td__mpi_agree_failed(td_group *g, unsigned char *failed);
+/* td__group_clock_sync and td__group_gather_text (comm/process.h) across
+ * processes. */
+td_status td__mpi_clock_sync(td_group *g, int64_t *offset_ns, uint64_t *base_ns);
+td_status td__mpi_gather_text(td_group *g, const char *text, size_t n, char **all, size_t *all_n);
 #endif
 #ifdef TD_HAVE_NCCL
 td_status td__nccl_group_init(td_group *g);

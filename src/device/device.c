@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/spin.h"
+#include "core/trace.h"
 #include "device/device-impl.h"
 
 #define MAX_DEVICES   1024
@@ -135,6 +136,7 @@ static void *host_thread_main(void *p) {
     td_device *dev = p;
     td_status st = TD_OK;
     current_device = dev;
+    td__trace_thread_name("%s", dev->name);
     if (dev->ops->thread_init)
         st = dev->ops->thread_init(dev->ctx);
     pthread_mutex_lock(&dev->lock);
@@ -704,24 +706,37 @@ typedef struct xfer_args {
     size_t nbytes;
 } xfer_args;
 
+/* The copies are traced on the host thread that runs them, the device's. */
 static td_status write_task(td_device *dev, void *arg) {
     xfer_args *a = arg;
-    return dev->ops->write(dev->ctx, a->dst, a->src, a->nbytes);
+    uint64_t tr = td__trace_begin();
+    td_status st = dev->ops->write(dev->ctx, a->dst, a->src, a->nbytes);
+    td__trace_end(tr, TD__TRACE_COPY, "copy HtoD", (int64_t)a->nbytes);
+    return st;
 }
 
 static td_status read_task(td_device *dev, void *arg) {
     xfer_args *a = arg;
-    return dev->ops->read(dev->ctx, a->dst, a->src, a->nbytes);
+    uint64_t tr = td__trace_begin();
+    td_status st = dev->ops->read(dev->ctx, a->dst, a->src, a->nbytes);
+    td__trace_end(tr, TD__TRACE_COPY, "copy DtoH", (int64_t)a->nbytes);
+    return st;
 }
 
 static td_status copy_task(td_device *dev, void *arg) {
     xfer_args *a = arg;
-    return dev->ops->copy(dev->ctx, a->dst, a->src, a->nbytes);
+    uint64_t tr = td__trace_begin();
+    td_status st = dev->ops->copy(dev->ctx, a->dst, a->src, a->nbytes);
+    td__trace_end(tr, TD__TRACE_COPY, "copy DtoD", (int64_t)a->nbytes);
+    return st;
 }
 
 static td_status peer_task(td_device *dev, void *arg) {
     xfer_args *a = arg;
-    return dev->ops->copy_peer(dev->ctx, a->dst, a->src_ctx, a->src, a->nbytes);
+    uint64_t tr = td__trace_begin();
+    td_status st = dev->ops->copy_peer(dev->ctx, a->dst, a->src_ctx, a->src, a->nbytes);
+    td__trace_end(tr, TD__TRACE_COPY, "copy peer", (int64_t)a->nbytes);
+    return st;
 }
 
 td_status td_buffer_write(td_buffer *dst, size_t offset, const void *src, size_t nbytes) {

@@ -9,6 +9,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/trace.h"
 #include "device/device-impl.h"
 #include "device/graph.h"
 #include "nn/nn-impl.h"
@@ -229,7 +230,10 @@ uint64_t td__model_dropout_seed(const td_model *m, uint64_t dropout_step) {
 }
 
 static td_status write_dev(td_model *m, void *dst, const void *src, size_t nbytes) {
-    return m->dev->ops->write(m->dev->ctx, dst, src, nbytes);
+    uint64_t tr = td__trace_begin();
+    td_status st = m->dev->ops->write(m->dev->ctx, dst, src, nbytes);
+    td__trace_end(tr, TD__TRACE_COPY, "copy HtoD", (int64_t)nbytes);
+    return st;
 }
 
 td_status td__model_load_batch(td_model *m, const td_batch *b, int inputs, int labels) {
@@ -279,6 +283,7 @@ td_status td__model_load_batch(td_model *m, const td_batch *b, int inputs, int l
 static td_status run_passes(td_model *m, const step_args *a, double *loss_sum, int64_t *correct) {
     td_status st;
     td_nn_run r;
+    uint64_t tr;
     memset(&r, 0, sizeof r);
     r.model = m;
     r.train = a->train;
@@ -286,14 +291,19 @@ static td_status run_passes(td_model *m, const step_args *a, double *loss_sum, i
     r.dropout_seed = td__model_dropout_seed(m, a->dropout_step);
     r.first_sample = a->first;
     r.tokens = m->kind == TD_INPUT_TOKENS ? &m->tokens : NULL;
+    tr = td__trace_begin();
     if ((st = m->root->vt->forward(m->root, &m->input, &r)) != TD_OK)
         return st;
     if ((st = td__op_xent(&m->root->out, &m->labels, a->train ? &m->root->dout : NULL,
                           a->grad_scale, loss_sum, correct)) != TD_OK)
         return st;
-    if (a->train)
-        return m->root->vt->backward(m->root, &m->input, NULL, &r);
-    return TD_OK;
+    td__trace_end(tr, TD__TRACE_COMPUTE, "forward", -1); /* the loss included */
+    if (!a->train)
+        return TD_OK;
+    tr = td__trace_begin();
+    st = m->root->vt->backward(m->root, &m->input, NULL, &r);
+    td__trace_end(tr, TD__TRACE_COMPUTE, "backward", -1);
+    return st;
 }
 
 /* The training step as a device graph -------------------------------------------
@@ -383,8 +393,13 @@ static td_status graph_step(td_model *m, const step_args *a, td_step_result *res
         TD_LOG_INFO("%s: training step recorded as a graph (batch %lld)", m->dev->name,
                     (long long)a->batch->n);
     }
-    if ((st = td__graph_launch(m->graph)) != TD_OK)
-        return st;
+    {
+        uint64_t tr = td__trace_begin();
+        if ((st = td__graph_launch(m->graph)) != TD_OK)
+            return st;
+        /* One launch: forward and backward are not told apart. */
+        td__trace_end(tr, TD__TRACE_COMPUTE, "forward+backward (graph)", -1);
+    }
     m->graph_replays++;
     res->loss_sum = m->graph_loss;
     res->correct = m->graph_correct;

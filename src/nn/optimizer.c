@@ -8,6 +8,7 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/trace.h"
 #include "nn/nn-impl.h"
 
 struct td_optimizer {
@@ -300,13 +301,21 @@ static td_status opt_step_task(td_device *dev, void *arg) {
     return TD_OK;
 }
 
+/* opt_step_task, traced on the device's host thread (whoever called). */
+static td_status traced_step_task(td_device *dev, void *arg) {
+    uint64_t tr = td__trace_begin();
+    td_status st = opt_step_task(dev, arg);
+    td__trace_end(tr, TD__TRACE_UPDATE, "optimizer step", -1);
+    return st;
+}
+
 td_status td_optimizer_step(td_optimizer *o, double *grad_norm) {
     opt_step_args a = {o, 1, 0};
     td_status st;
     if (!o)
         return td__error(TD_ERR_INVALID_ARG, "td_optimizer_step: optimizer is NULL");
     a.want_norm = grad_norm != NULL || o->cfg.clip_norm > 0;
-    st = td_device_run(o->m->dev, opt_step_task, &a);
+    st = td_device_run(o->m->dev, traced_step_task, &a);
     if (grad_norm)
         *grad_norm = a.norm;
     return st;

@@ -22,6 +22,7 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/trace.h"
 #include "parallel/pipeline-impl.h"
 #include "parallel/strategy-impl.h"
 
@@ -161,12 +162,21 @@ static td_status ensure_recv(stage *s, size_t bytes) {
     return TD_OK;
 }
 
+/* The span from t0 (td__trace_begin's) to now, of micro-batch j. */
+static void trace_micro(uint64_t t0, td__trace_cat cat, const char *name, int64_t j) {
+    if (t0) {
+        td__trace_rec r = {.t0 = t0, .name = name, .bytes = -1, .item = (int32_t)j, .cat = cat};
+        td__trace_add(&r);
+    }
+}
+
 /* Takes message j of c (from member `from`) into the stage's receive buffer. */
 static td_status receive(pipeline *p, stage *s, channel *c, int64_t j, int from, size_t bytes) {
-    uint64_t t0 = td_clock_ns(), t1;
+    uint64_t t0 = td_clock_ns(), t1, tr = td__trace_begin();
     td_status st = chan_wait(p, c, j, 0, "the stage before or after", from);
     const td_buffer *src;
     t1 = td_clock_ns();
+    trace_micro(tr, TD__TRACE_WAIT, "wait for neighbour", j);
     if (st == TD_OK)
         st = ensure_recv(s, bytes);
     s->wait_s += (double)(t1 - t0) * 1e-9;
@@ -185,8 +195,13 @@ static td_status receive(pipeline *p, stage *s, channel *c, int64_t j, int from,
 /* Before a stage overwrites the buffer it posted for micro-batch j - slots
  * (the same slot), the neighbour must have taken it. */
 static td_status wait_taken(pipeline *p, stage *s, channel *c, int64_t j, int to) {
-    uint64_t t0 = td_clock_ns();
-    td_status st = j >= s->slots ? chan_wait(p, c, j - s->slots, 1, "the next stage", to) : TD_OK;
+    uint64_t t0 = td_clock_ns(), tr;
+    td_status st = TD_OK;
+    if (j < s->slots)
+        return TD_OK;
+    tr = td__trace_begin();
+    st = chan_wait(p, c, j - s->slots, 1, "the next stage", to);
+    trace_micro(tr, TD__TRACE_WAIT, "wait for neighbour to take", j - s->slots);
     s->wait_s += (double)(td_clock_ns() - t0) * 1e-9;
     return st;
 }
@@ -223,7 +238,7 @@ static td_status forward(pipeline *p, stage *s, int k, int64_t j) {
     int slot = (int)(j % s->slots), first, end;
     const td_buffer *in = NULL;
     td_step_result r;
-    uint64_t t0;
+    uint64_t t0, tr;
     td_status st;
     td_model_part_range(s->part, &first, &end, NULL);
     if (p->prev[k] >= 0) {
@@ -233,8 +248,10 @@ static td_status forward(pipeline *p, stage *s, int k, int64_t j) {
     if (p->next[k] >= 0)
         TD_CHECK(wait_taken(p, s, &p->fwd[k], j, p->next[k]));
     t0 = td_clock_ns();
+    tr = td__trace_begin();
     st = td_model_part_forward(s->part, slot, &mb, p->evals ? 0 : p->off[j], in, p->train, p->step,
                                p->grad_scale, &r);
+    trace_micro(tr, TD__TRACE_COMPUTE, "forward", j);
     s->compute_s += (double)(td_clock_ns() - t0) * 1e-9;
     if (st != TD_OK)
         return st;
@@ -256,7 +273,7 @@ static td_status forward(pipeline *p, stage *s, int k, int64_t j) {
 static td_status backward(pipeline *p, stage *s, int k, int64_t j) {
     int slot = (int)(j % s->slots), first, end;
     const td_buffer *dout = NULL;
-    uint64_t t0;
+    uint64_t t0, tr;
     td_status st;
     td_model_part_range(s->part, &first, &end, NULL);
     if (p->next[k] >= 0) {
@@ -267,7 +284,9 @@ static td_status backward(pipeline *p, stage *s, int k, int64_t j) {
     if (p->prev[k] >= 0)
         TD_CHECK(wait_taken(p, s, &p->bwd[k], j, p->prev[k]));
     t0 = td_clock_ns();
+    tr = td__trace_begin();
     st = td_model_part_backward(s->part, slot, dout, j > 0);
+    trace_micro(tr, TD__TRACE_COMPUTE, "backward", j);
     s->compute_s += (double)(td_clock_ns() - t0) * 1e-9;
     if (st == TD_OK && p->prev[k] >= 0)
         chan_post(&p->bwd[k], j, td_model_part_input_grad(s->part, slot));

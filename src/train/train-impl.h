@@ -19,6 +19,11 @@ td_status td__read_file(const char *path, size_t max_bytes, uint8_t **out, size_
 td_status td__gunzip(const uint8_t *in, size_t n, const char *name, size_t max_out, uint8_t **out,
                      size_t *out_len);
 
+/* Turns the loader's prefetch thread on or off (loader.c), whatever
+ * TANDEM_PREFETCH and the batch's size chose; for tests. Takes effect from
+ * the next td_loader_next(). */
+void td__loader_set_prefetch(td_loader *l, int on);
+
 /* A run of td_train_run (trainer.c), and its recovery from lost devices
  * (recovery.c). */
 typedef struct td__trainer {
@@ -53,6 +58,7 @@ typedef struct td__trainer {
     double ep_loss;
     int64_t ep_correct, ep_count, ep_samples, ep_batches;
     double ep_seconds;
+    struct td__train_trace *trace; /* --trace (trace_write.c); NULL: none */
 } td__trainer;
 
 /* The summary's row of the group's member `rank`, found by its name (a
@@ -78,5 +84,22 @@ td_status td__train_carry_on(td__trainer *t, td_status lost, int64_t steps_befor
  * evaluation). A device lost in it is handled as after a loss in a step's
  * last exchange, and op runs again. */
 td_status td__train_despite_lost(td__trainer *t, td_status (*op)(td__trainer *));
+
+/* The run's timeline (trace_write.c), when cfg->trace_path is set; each
+ * does nothing otherwise. check: the settings and that the file can be
+ * written, before anything is opened; begin: after the strategy is made,
+ * in every process (the clocks are aligned); loading/loaded around the
+ * loader's next batch and stepped after the step (tr: td__trace_begin()
+ * before it) switch recording on for the steps asked for and off between
+ * them; end: after the run, in every process, writes the file (on the
+ * first process) and returns `run` when that failed, else the writing's
+ * status; close (teardown) releases what is left. */
+td_status td__train_trace_check(td__trainer *t);
+td_status td__train_trace_begin(td__trainer *t);
+void td__train_trace_loading(td__trainer *t);
+void td__train_trace_loaded(td__trainer *t, const td_batch *b);
+void td__train_trace_stepped(td__trainer *t, uint64_t tr);
+td_status td__train_trace_end(td__trainer *t, td_status run);
+void td__train_trace_close(td__trainer *t);
 
 #endif

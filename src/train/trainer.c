@@ -21,6 +21,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/trace.h"
 #include "train/train-impl.h"
 
 /* A setting that contradicts another, the data or the checkpoint: the
@@ -79,46 +80,16 @@ static td_status save(td__trainer *t) {
     return st;
 }
 
-/* Opens the data the model reads: MNIST for features, text for tokens. */
+/* Opens the data the model reads (td_data_open: the format by the path). */
 static td_status open_data(td__trainer *t, const td_model_info *mi) {
     const td_train_config *c = t->cfg;
-    int64_t numel = 1;
-    struct stat sb;
-    td_status st;
-    for (int d = 0; d < mi->in_ndim; d++)
-        numel *= mi->in_shape[d];
+    td_data_options o = {
+        .test_path = c->test_data_path, .split = c->split, .label_column = c->label_column};
     if (!c->data_path)
         return td__error(TD_ERR_INVALID_ARG, "no data given (--data)");
-    if (stat(c->data_path, &sb) != 0)
-        return td__error(TD_ERR_IO, "%s: no such file or folder (--data)", c->data_path);
-    if (mi->kind == TD_INPUT_TOKENS) {
-        td_text_options o = TD_TEXT_OPTIONS_INIT;
-        if (S_ISDIR(sb.st_mode))
-            return td__error(TD_ERR_INVALID_ARG,
-                             "%s: a folder; the model reads tokens, so --data must be a text file",
-                             c->data_path);
-        o.context = mi->in_shape[0];
-        o.vocab = mi->classes >= 256 ? TD_TEXT_BYTES : TD_TEXT_CHARS;
-        TD_TRY(td_text_open(c->data_path, &o, &t->train, &t->test));
-    } else {
-        if (!S_ISDIR(sb.st_mode))
-            return td__error(TD_ERR_INVALID_ARG,
-                             "%s: not a folder; the model reads images, so --data must be a "
-                             "folder of MNIST IDX files",
-                             c->data_path);
-        TD_TRY(td_mnist_open(c->data_path, &t->train, &t->test));
-    }
+    TD_CHECK(td_data_open(c->data_path, &o, mi, &t->train, &t->test));
     td_dataset_get_info(t->train, &t->info);
-    if (t->info.features != numel)
-        return td__error(TD_ERR_SHAPE, "%s: samples have %lld values; the model reads %lld",
-                         c->data_path, (long long)t->info.features, (long long)numel);
-    if (t->info.num_classes > mi->classes)
-        return td__error(TD_ERR_SHAPE,
-                         "%s: %lld classes (or tokens) in the data; the model outputs %lld",
-                         c->data_path, (long long)t->info.num_classes, (long long)mi->classes);
     return TD_OK;
-fail:
-    return st;
 }
 
 static void vocab_to_state(td__trainer *t) {
@@ -542,6 +513,7 @@ static td_status setup(td__trainer *t) {
         return BAD_SETTING(t, "no devices named (--devices is empty; leave it out for cpu)");
     TD_CHECK(check_strategy_options(c));
     TD_CHECK(check_outputs(t));
+    TD_CHECK(td__train_trace_check(t));
     TD_CHECK(td_devices_open(c->devices ? c->devices : "cpu", &t->devs));
     TD_CHECK(read_run(t, &dtype));
     TD_CHECK(td_model_describe(t->json, t->model_name, &mi, NULL, 0));
@@ -567,10 +539,12 @@ static td_status setup(td__trainer *t) {
         remove_stale_temporaries(c->checkpoint);
     if (c->metrics && t->root)
         TD_CHECK(open_metrics(t));
+    TD_CHECK(td__train_trace_begin(t));
     return TD_OK;
 }
 
 static void teardown(td__trainer *t) {
+    td__train_trace_close(t);
     if (t->metrics)
         fclose(t->metrics);
     td_loader_destroy(t->loader);
@@ -689,7 +663,9 @@ static td_status take_step(td__trainer *t, const td_batch *b, uint64_t s0, int64
     td_step_result r = {0, 0, 0};
     double dt, lr = td_strategy_lr(t->s);
     int rewound;
+    uint64_t tr = td__trace_begin();
     TD_CHECK(strategy_step(t, b, &r, &rewound));
+    td__train_trace_stepped(t, tr);
     if (rewound)
         return TD_OK;
     dt = (double)(td_clock_ns() - s0) * 1e-9;
@@ -758,7 +734,9 @@ static td_status train(td__trainer *t) {
         while (!t->stop && steps_remain(t, &epoch)) {
             /* Throughput counts gathering the batch as well as the step. */
             uint64_t s0 = td_clock_ns();
+            td__train_trace_loading(t);
             TD_CHECK(td_loader_next(t->loader, &b));
+            td__train_trace_loaded(t, &b);
             TD_CHECK(b.n == 0 ? end_epoch(t, epoch) : take_step(t, &b, s0, epoch));
         }
         steps_taken = t->state.step;
@@ -833,6 +811,7 @@ td_status td_train_run(const td_train_config *cfg, td_train_summary *out) {
         td_loader_position(t.loader, &first_epoch, NULL);
         if ((st = train(&t)) == TD_OK)
             finish(&t, first_epoch);
+        st = td__train_trace_end(&t, st);
     }
     teardown(&t);
     return st;

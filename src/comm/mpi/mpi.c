@@ -437,3 +437,98 @@ td_status td__mpi_run(td__member *m, const td__op *o) {
     }
     return td__error(TD_ERR_INVALID_ARG, "collective kind %d", (int)o->kind);
 }
+
+/* Per process, for the trace writer (comm/process.h) ------------------------- */
+
+#define CLOCK_ROUNDS 8
+#define CLOCK_TAG    0x7d01
+
+/* Each other process asks process 0 for its clock CLOCK_ROUNDS times and
+ * keeps the answer of the quickest round trip, taking it to have been read
+ * half way through: Cristian's method, within half that trip. On the control
+ * communicator, from the thread that creates groups, with no collective in
+ * flight. */
+td_status td__mpi_clock_sync(td_group *g, int64_t *offset_ns, uint64_t *base_ns) {
+    mpi_state *s = g->mpi;
+    uint64_t base = td_clock_ns(), best = UINT64_MAX;
+    int64_t offset = 0;
+    td_status st = TD_OK;
+    *offset_ns = 0;
+    *base_ns = base;
+    if (!s || s->comm == MPI_COMM_NULL || s->nprocs == 1)
+        return TD_OK;
+    if (s->process == 0) {
+        for (int p = 1; p < s->nprocs; p++)
+            for (int i = 0; i < CLOCK_ROUNDS; i++) {
+                uint64_t now;
+                MPI_TRY(MPI_Recv(NULL, 0, MPI_BYTE, p, CLOCK_TAG, s->ctl, MPI_STATUS_IGNORE));
+                now = td_clock_ns();
+                MPI_TRY(MPI_Send(&now, 1, MPI_UINT64_T, p, CLOCK_TAG, s->ctl));
+            }
+    } else {
+        for (int i = 0; i < CLOCK_ROUNDS; i++) {
+            uint64_t there, t1 = td_clock_ns(), t2;
+            MPI_TRY(MPI_Send(NULL, 0, MPI_BYTE, 0, CLOCK_TAG, s->ctl));
+            MPI_TRY(MPI_Recv(&there, 1, MPI_UINT64_T, 0, CLOCK_TAG, s->ctl, MPI_STATUS_IGNORE));
+            t2 = td_clock_ns();
+            if (t2 - t1 < best) {
+                best = t2 - t1;
+                offset = (int64_t)there - (int64_t)(t1 + (t2 - t1) / 2);
+            }
+        }
+    }
+    base = td_clock_ns();
+    MPI_TRY(MPI_Bcast(&base, 1, MPI_UINT64_T, 0, s->ctl));
+    *offset_ns = offset;
+    *base_ns = base;
+    return TD_OK;
+fail:
+    return st;
+}
+
+td_status td__mpi_gather_text(td_group *g, const char *text, size_t n, char **all, size_t *all_n) {
+    mpi_state *s = g->mpi;
+    long long mine = (long long)n, total = 0, *sizes = NULL;
+    int *counts = NULL, *displs = NULL, fits = 1;
+    char *buf = NULL;
+    td_status st = TD_OK;
+    *all = NULL;
+    *all_n = 0;
+    if (!s || s->comm == MPI_COMM_NULL)
+        return TD_OK;
+    if (s->process == 0) {
+        sizes = td__calloc(sizeof *sizes * (size_t)s->nprocs, "a trace's sizes");
+        counts = td__calloc(sizeof *counts * (size_t)s->nprocs, "a trace's sizes");
+        displs = td__calloc(sizeof *displs * (size_t)s->nprocs, "a trace's sizes");
+        fits = sizes && counts && displs;
+    }
+    /* Everyone takes part in each call, so that none waits on a process
+     * that gave up. */
+    MPI_TRY(MPI_Gather(&mine, 1, MPI_LONG_LONG, sizes, 1, MPI_LONG_LONG, 0, s->ctl));
+    for (int p = 0; fits && s->process == 0 && p < s->nprocs; p++) {
+        displs[p] = (int)total;
+        counts[p] = (int)sizes[p];
+        total += sizes[p];
+        fits = total < INT_MAX;
+    }
+    if (fits && s->process == 0)
+        fits = (buf = td__calloc((size_t)total + 1, "a trace's text")) != NULL;
+    MPI_TRY(MPI_Bcast(&fits, 1, MPI_INT, 0, s->ctl));
+    if (!fits) {
+        st = td__error(TD_ERR_OUT_OF_MEMORY, "the trace of %d processes: %lld bytes at process 0",
+                       s->nprocs, total);
+        goto fail;
+    }
+    MPI_TRY(MPI_Gatherv(text, (int)mine, MPI_CHAR, buf, counts, displs, MPI_CHAR, 0, s->ctl));
+    if (s->process == 0) {
+        *all = buf;
+        *all_n = (size_t)total;
+        buf = NULL;
+    }
+fail:
+    free(buf);
+    free(sizes);
+    free(counts);
+    free(displs);
+    return st;
+}
