@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "cli/cli.h"
 #include "tandem/tandem.h"
@@ -13,9 +12,14 @@ static void usage(FILE *out) {
     fprintf(out, "usage: tandem eval --checkpoint CKPT --data D [options]\n\n"
                  "Loads the model saved in CKPT (by tandem train --checkpoint) and reports its\n"
                  "mean loss and accuracy on D's test set: the MNIST test images for an MNIST\n"
-                 "folder, the held-out last 10%% for a text file.\n\n"
+                 "folder, the held-out last 10%% for a text file, the held-out samples (as\n"
+                 "tandem train holds them out) for a .csv, .safetensors or X.npy,Y.npy.\n\n"
                  "  --checkpoint PATH  a tandem checkpoint (safetensors)\n"
-                 "  --data PATH        MNIST folder or text file\n"
+                 "  --data PATH        IDX folder, text file, .csv, .safetensors or X.npy,Y.npy\n"
+                 "  --test-data PATH   the test set is all of PATH (as tandem train's option)\n"
+                 "  --holdout F        the fraction of --data held out (tandem train's --split;\n"
+                 "                     default 0.1)\n"
+                 "  --label-column NAME  the CSV column holding the labels (default label)\n"
                  "  --split NAME       test (default) or train\n"
                  "  --batch B          samples per forward pass (default 1000; 64 for text)\n"
                  "  --samples N        the first N samples only\n"
@@ -31,6 +35,9 @@ static void usage(FILE *out) {
 static const struct option options[] = {
     {"checkpoint", required_argument, NULL, 'c'},
     {"data", required_argument, NULL, 'd'},
+    {"test-data", required_argument, NULL, 't'},
+    {"holdout", required_argument, NULL, 'o'},
+    {"label-column", required_argument, NULL, 'l'},
     {"split", required_argument, NULL, 's'},
     {"batch", required_argument, NULL, 'b'},
     {"samples", required_argument, NULL, 'n'},
@@ -42,10 +49,12 @@ static const struct option options[] = {
 };
 
 /* The checkpoint's model under strategy `name` over every device, its
- * shares (if any) from a calibration on the first training samples. */
+ * shares (if any) from a calibration on the first training samples. The
+ * strategy's optimizer is the checkpoint's (saved), whose state it loads. */
 static td_status make_strategy(td_device_list *devs, const char *name, const char *ckpt,
-                               const char *json, td_dtype dtype, int64_t batch,
-                               const td_dataset *calib, td_group **group, td_strategy **s) {
+                               const char *json, td_dtype dtype, const td_train_state *saved,
+                               int64_t batch, const td_dataset *calib, td_group **group,
+                               td_strategy **s) {
     td_strategy_config cfg = TD_STRATEGY_CONFIG_INIT;
     td_loader *l = NULL;
     td_batch b;
@@ -53,6 +62,8 @@ static td_status make_strategy(td_device_list *devs, const char *name, const cha
     cfg.name = name;
     cfg.dtype = dtype;
     cfg.batch = batch;
+    cfg.opt = saved->opt;
+    cfg.seed = saved->seed;
     if ((st = td_group_create(devs, NULL, group)) != TD_OK ||
         (st = td_strategy_create(*group, json, ckpt, &cfg, s)) != TD_OK ||
         (st = td_strategy_load(*s, ckpt, NULL)) != TD_OK)
@@ -71,6 +82,18 @@ static int known_strategy(const char *name) {
         if (!strcmp(*n, name))
             return 1;
     return 0;
+}
+
+/* --holdout: a fraction strictly between 0 and 1. */
+static int parse_fraction(const char *s, double *out) {
+    char *end;
+    double v = strtod(s, &end);
+    if (!*s || *end || !(v > 0 && v < 1)) {
+        fprintf(stderr, "tandem eval: --holdout wants a fraction between 0 and 1, not '%s'\n", s);
+        return 0;
+    }
+    *out = v;
+    return 1;
 }
 
 static int parse_count(const char *flag, const char *s, long long *out) {
@@ -93,11 +116,12 @@ int td_cli_eval(int argc, char **argv) {
     td_device_list *devs = NULL;
     char *model_json = NULL;
     td_dtype dtype;
+    td_train_state saved;
     td_model_info info;
     td_dataset *train = NULL, *test = NULL;
     td_step_result r;
     td_status st;
-    struct stat sb;
+    td_data_options dopt = {0};
     uint64_t t0;
     double secs;
     int rc = 1;
@@ -107,6 +131,12 @@ int td_cli_eval(int argc, char **argv) {
         switch (c) {
         case 'c': ckpt = optarg; break;
         case 'd': data = optarg; break;
+        case 't': dopt.test_path = optarg; break;
+        case 'l': dopt.label_column = optarg; break;
+        case 'o':
+            if (!parse_fraction(optarg, &dopt.split))
+                return 2;
+            break;
         case 's': split = optarg; break;
         case 'D': devices = optarg; break;
         case 'S':
@@ -149,45 +179,19 @@ int td_cli_eval(int argc, char **argv) {
         fprintf(stderr, "tandem eval: --split is test or train, not '%s'\n", split);
         return 2;
     }
-    if ((st = td_checkpoint_read_meta(ckpt, &model_json, &dtype, NULL)) != TD_OK ||
+    if ((st = td_checkpoint_read_meta(ckpt, &model_json, &dtype, &saved)) != TD_OK ||
         (st = td_model_describe(model_json, ckpt, &info, NULL, 0)) != TD_OK) {
         rc = td_cli_fail("eval", st);
         goto done;
     }
-    if (stat(data, &sb) != 0) {
-        fprintf(stderr, "tandem eval: %s: no such file or folder (--data)\n", data);
-        goto done;
-    }
-    if (info.kind == TD_INPUT_TOKENS && S_ISDIR(sb.st_mode)) {
-        fprintf(stderr,
-                "tandem eval: %s: a folder; the model reads tokens, so --data must be a "
-                "text file\n",
-                data);
-        goto done;
-    }
-    if (info.kind != TD_INPUT_TOKENS && !S_ISDIR(sb.st_mode)) {
-        fprintf(stderr,
-                "tandem eval: %s: not a folder; the model reads images, so --data must "
-                "be a folder of MNIST IDX files\n",
-                data);
-        goto done;
-    }
-    if (info.kind == TD_INPUT_TOKENS) {
-        td_text_options o = TD_TEXT_OPTIONS_INIT;
-        o.context = info.in_shape[0];
-        o.vocab = info.classes >= 256 ? TD_TEXT_BYTES : TD_TEXT_CHARS;
-        st = td_text_open(data, &o, &train, &test);
-        if (!batch)
-            batch = 64;
-    } else {
-        st = td_mnist_open(data, &train, &test);
-        if (!batch)
-            batch = 1000;
-    }
+    st = td_data_open(data, &dopt, &info, &train, &test);
+    if (!batch)
+        batch = info.kind == TD_INPUT_TOKENS ? 64 : 1000;
     if (st == TD_OK)
         st = td_devices_open(devices, &devs);
     if (st == TD_OK)
-        st = make_strategy(devs, strategy, ckpt, model_json, dtype, batch, train, &group, &strat);
+        st = make_strategy(devs, strategy, ckpt, model_json, dtype, &saved, batch, train, &group,
+                           &strat);
     if (st != TD_OK) {
         rc = td_cli_fail("eval", st);
         goto done;

@@ -30,6 +30,10 @@ struct td_safetensors {
     st_meta *meta;
     size_t nmeta;
     int has_checksum;
+    /* Loaded by td__safetensors_load_any(): tensors of every dtype kept,
+     * their dtype names in file_dtype (parallel to tensors). */
+    int any_dtype;
+    const char **file_dtype;
 };
 
 /* Reading ------------------------------------------------------------------ */
@@ -44,6 +48,7 @@ void td_safetensors_destroy(td_safetensors *st) {
         free(st->meta[i].value);
     }
     free(st->tensors);
+    free(st->file_dtype);
     free(st->meta);
     free(st->bytes);
     free(st);
@@ -59,14 +64,26 @@ static int dtype_from_name(const char *s, td_dtype *dt) {
     return 1;
 }
 
+/* The format's dtype names and element sizes: the name as a string that
+ * lives as long as the program, and its size; NULL for an unknown name. */
+static const char *known_dtype_size(const char *s, size_t *size) {
+    static const struct {
+        const char *name;
+        size_t size;
+    } dtypes[] = {{"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1},
+                  {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
+                  {"U32", 4},  {"F32", 4}, {"F64", 8}, {"I64", 8},     {"U64", 8}};
+    for (size_t i = 0; i < sizeof dtypes / sizeof *dtypes; i++)
+        if (!strcmp(s, dtypes[i].name)) {
+            if (size)
+                *size = dtypes[i].size;
+            return dtypes[i].name;
+        }
+    return NULL;
+}
+
 static int known_dtype(const char *s) {
-    static const char *const names[] = {"BOOL", "U8",  "I8",  "F8_E5M2", "F8_E4M3",
-                                        "I16",  "U16", "F16", "BF16",    "I32",
-                                        "U32",  "F32", "F64", "I64",     "U64"};
-    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
-        if (!strcmp(s, names[i]))
-            return 1;
-    return 0;
+    return known_dtype_size(s, NULL) != NULL;
 }
 
 /* A JSON integer in [0, max], else -1. */
@@ -151,12 +168,16 @@ static td_status parse_tensor(td_safetensors *st, const char *key, json_t *v, co
                          "%s: tensor \"%s\": needs \"dtype\" (string), \"shape\" and "
                          "\"data_offsets\" (arrays)",
                          st->name, key);
-    if (!dtype_from_name(json_string_value(dtype), &t->dtype))
+    if (dtype_from_name(json_string_value(dtype), &t->dtype)) {
+        esize = td_dtype_size(t->dtype);
+    } else if (st->any_dtype && known_dtype_size(json_string_value(dtype), &esize)) {
+        t->dtype = TD_F32; /* not its dtype: td__safetensors_dtype() names that */
+    } else {
         return td__error(known_dtype(json_string_value(dtype)) ? TD_ERR_UNSUPPORTED
                                                                : TD_ERR_CORRUPT,
                          "%s: tensor \"%s\": dtype \"%.32s\"; tandem reads F32 and F64", st->name,
                          key, json_string_value(dtype));
-    esize = td_dtype_size(t->dtype);
+    }
     if (json_array_size(shape) > TD_ST_MAX_DIMS)
         return td__error(TD_ERR_UNSUPPORTED, "%s: tensor \"%s\": %zu dimensions; at most %d",
                          st->name, key, json_array_size(shape), TD_ST_MAX_DIMS);
@@ -202,10 +223,23 @@ static td_status parse_tensor(td_safetensors *st, const char *key, json_t *v, co
     return TD_OK;
 }
 
+/* The file's own dtype name of each tensor, in the tensors' (sorted) order;
+ * the header already passed parse_tensor(), so every name is known. */
+static td_status name_dtypes(td_safetensors *st, json_t *root) {
+    if (!(st->file_dtype = td__calloc((st->count + 1) * sizeof *st->file_dtype, "dtype names")))
+        return TD_ERR_OUT_OF_MEMORY;
+    for (size_t i = 0; i < st->count; i++) {
+        json_t *dt = json_object_get(json_object_get(root, st->tensors[i].name), "dtype");
+        st->file_dtype[i] = known_dtype_size(json_string_value(dt), NULL);
+    }
+    return TD_OK;
+}
+
 /* td_safetensors_parse() of bytes (n of them, malloc'ed), which the file
  * object takes over, freed with it or on failure: a file read from disk is
  * then held once, not twice. */
-static td_status parse_owned(uint8_t *bytes, size_t n, const char *name, td_safetensors **out) {
+static td_status parse_owned(uint8_t *bytes, size_t n, const char *name, int any_dtype,
+                             td_safetensors **out) {
     td_safetensors *st = NULL;
     json_t *root = NULL, *v;
     json_error_t jerr;
@@ -220,6 +254,7 @@ static td_status parse_owned(uint8_t *bytes, size_t n, const char *name, td_safe
         return TD_ERR_OUT_OF_MEMORY;
     }
     snprintf(st->name, sizeof st->name, "%s", name ? name : "<memory>");
+    st->any_dtype = any_dtype;
     st->bytes = bytes;
     st->n = n;
     if (n < 8) {
@@ -288,6 +323,8 @@ static td_status parse_owned(uint8_t *bytes, size_t n, const char *name, td_safe
                         st->name, pos, data_len);
         goto fail;
     }
+    if (any_dtype && (st_ = name_dtypes(st, root)) != TD_OK)
+        goto fail;
     {
         const char *want = td_safetensors_meta(st, TD_ST_CRC_KEY);
         if (want) {
@@ -326,10 +363,11 @@ td_status td_safetensors_parse(const void *bytes, size_t n, const char *name,
                          name ? name : "<memory>", n);
     if (n)
         memcpy(copy, bytes, n);
-    return parse_owned(copy, n, name, out);
+    return parse_owned(copy, n, name, 0, out);
 }
 
-td_status td_safetensors_load(const char *path, td_safetensors **out) {
+/* td_safetensors_load(), and td__safetensors_load_any() with any_dtype. */
+static td_status load_file(const char *path, int any_dtype, td_safetensors **out) {
     struct stat sb;
     FILE *f;
     uint8_t *buf = NULL;
@@ -358,7 +396,23 @@ td_status td_safetensors_load(const char *path, td_safetensors **out) {
         return td__error(TD_ERR_IO, "%s: read failed", path);
     }
     fclose(f);
-    return parse_owned(buf, (size_t)size, path, out);
+    return parse_owned(buf, (size_t)size, path, any_dtype, out);
+}
+
+td_status td_safetensors_load(const char *path, td_safetensors **out) {
+    return load_file(path, 0, out);
+}
+
+td_status td__safetensors_load_any(const char *path, td_safetensors **out) {
+    return load_file(path, 1, out);
+}
+
+const char *td__safetensors_dtype(const td_safetensors *st, const td_st_tensor *t) {
+    if (!st || !t || t < st->tensors || t >= st->tensors + st->count)
+        return NULL;
+    if (st->file_dtype)
+        return st->file_dtype[t - st->tensors];
+    return t->dtype == TD_F64 ? "F64" : "F32";
 }
 
 const char *td_safetensors_name(const td_safetensors *st) {

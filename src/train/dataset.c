@@ -1,5 +1,7 @@
-/* Data sets in host memory: images with labels (IDX) and byte-level text. */
+/* Data sets in host memory: images with labels (IDX), byte-level text, and
+ * arrays read from users' files (data-impl.h). */
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,11 +9,17 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "train/data-impl.h"
 #include "train/train-impl.h"
 
 /* MNIST's training-set pixel mean and standard deviation (of p / 255). */
 #define TD_MNIST_MEAN 0.1307
 #define TD_MNIST_STD  0.3081
+
+/* The key of the shuffle that picks a held-out part (td__dataset_split):
+ * fixed, so that a file splits the same way whatever the run's seed. */
+#define TD_SPLIT_KEY    0x5370646174617365ull /* "Spdatase" */
+#define TD_SPLIT_DOMAIN 0x53706c74u           /* "Splt" */
 
 /* A text file larger than this is refused (Tiny Shakespeare is 1.1 MB). */
 #define TD_TEXT_MAX_BYTES ((size_t)1 << 31)
@@ -30,6 +38,11 @@ struct td_dataset {
     int32_t token_of[256];
     uint8_t vocab[256];
     size_t vocab_len; /* 0 for TD_TEXT_BYTES */
+    /* Arrays (td__dataset_adopt): (size, features) floats or (size, T)
+     * tokens, and (size, labels_per_sample) labels. */
+    float *ax;
+    int32_t *atokens;
+    int32_t *alabels;
 };
 
 void td_dataset_destroy(td_dataset *ds) {
@@ -38,6 +51,9 @@ void td_dataset_destroy(td_dataset *ds) {
     free(ds->pixels);
     free(ds->labels);
     free(ds->text);
+    free(ds->ax);
+    free(ds->atokens);
+    free(ds->alabels);
     free(ds);
 }
 
@@ -58,6 +74,24 @@ const uint8_t *td_dataset_vocab(const td_dataset *ds, size_t *len) {
     return ds && ds->vocab_len ? ds->vocab : NULL;
 }
 
+/* td_dataset_get() of an array data set: copies of its rows. */
+static td_status array_get(const td_dataset *ds, int64_t index, float *x, int32_t *tokens,
+                           int32_t *labels) {
+    size_t f = (size_t)ds->info.features, lp = (size_t)ds->info.labels_per_sample;
+    if (ds->ax && !x)
+        return td__error(TD_ERR_INVALID_ARG, "td_dataset_get: %s holds features; x is NULL",
+                         ds->source);
+    if (ds->atokens && !tokens)
+        return td__error(TD_ERR_INVALID_ARG, "td_dataset_get: %s holds tokens; tokens is NULL",
+                         ds->source);
+    if (ds->ax)
+        memcpy(x, ds->ax + (size_t)index * f, f * sizeof *x);
+    else
+        memcpy(tokens, ds->atokens + (size_t)index * f, f * sizeof *tokens);
+    memcpy(labels, ds->alabels + (size_t)index * lp, lp * sizeof *labels);
+    return TD_OK;
+}
+
 td_status td_dataset_get(const td_dataset *ds, int64_t index, float *x, int32_t *tokens,
                          int32_t *labels) {
     if (!ds || !labels)
@@ -65,6 +99,8 @@ td_status td_dataset_get(const td_dataset *ds, int64_t index, float *x, int32_t 
     if (index < 0 || index >= ds->info.size)
         return td__error(TD_ERR_INVALID_ARG, "%s: sample %lld out of range [0, %lld)", ds->source,
                          (long long)index, (long long)ds->info.size);
+    if (ds->alabels)
+        return array_get(ds, index, x, tokens, labels);
     if (ds->info.kind == TD_INPUT_FEATURES) {
         const uint8_t *p = ds->pixels + (size_t)index * (size_t)ds->info.features;
         if (!x)
@@ -84,6 +120,12 @@ td_status td_dataset_get(const td_dataset *ds, int64_t index, float *x, int32_t 
         labels[i] = ds->token_of[t[i + 1]];
     }
     return TD_OK;
+}
+
+/* Pixel p becomes (p / 255 - mean) / std. */
+static void set_lut(td_dataset *ds, double mean, double std) {
+    for (int v = 0; v < 256; v++)
+        ds->lut[v] = (float)(((double)v / 255.0 - mean) / std);
 }
 
 static td_status dataset_alloc(const char *source, td_dataset **out) {
@@ -147,8 +189,7 @@ td_status td_dataset_open_idx(const char *images_path, const char *labels_path, 
             maxlab = lb.data[i];
     ds->info.num_classes = maxlab + 1;
     ds->info.labels_per_sample = 1;
-    for (int v = 0; v < 256; v++)
-        ds->lut[v] = (float)(((double)v / 255.0 - TD_MNIST_MEAN) / TD_MNIST_STD);
+    set_lut(ds, TD_MNIST_MEAN, TD_MNIST_STD);
     ds->pixels = im.data;
     ds->labels = lb.data;
     *out = ds;
@@ -158,6 +199,26 @@ fail:
     td_idx_deinit(&lb);
     td_dataset_destroy(ds);
     return st;
+}
+
+/* The mean and deviation of p / 255 over the images of ds, each rounded to
+ * 4 decimals as MNIST's are quoted: for MNIST the statistic is 0.130660...
+ * and 0.308108..., so its folder is normalised exactly as before. */
+static void pixel_stats(const td_dataset *ds, double *mean, double *std) {
+    size_t n = (size_t)ds->info.size * (size_t)ds->info.features, count[256] = {0};
+    double s = 0, s2 = 0, m, var;
+    for (size_t i = 0; i < n; i++)
+        count[ds->pixels[i]]++;
+    for (int v = 0; v < 256; v++) {
+        s += (double)count[v] * v / 255.0;
+        s2 += (double)count[v] * (v / 255.0) * (v / 255.0);
+    }
+    m = s / (double)n;
+    var = s2 / (double)n - m * m;
+    *mean = round(m * 1e4) / 1e4;
+    *std = round(sqrt(var > 0 ? var : 0) * 1e4) / 1e4;
+    if (*std <= 0) /* every pixel alike: centre only */
+        *std = 1;
 }
 
 /* dir/stem.gz when it exists, else dir/stem. */
@@ -189,6 +250,12 @@ td_status td_mnist_open(const char *dir, td_dataset **train, td_dataset **test) 
     find_file(dir, "t10k-images-idx3-ubyte", im, sizeof im);
     find_file(dir, "t10k-labels-idx1-ubyte", lb, sizeof lb);
     TD_TRY(td_dataset_open_idx(im, lb, test));
+    {
+        double mean, std;
+        pixel_stats(*train, &mean, &std);
+        set_lut(*train, mean, std);
+        set_lut(*test, mean, std);
+    }
     return TD_OK;
 fail:
     td_dataset_destroy(*train);
@@ -276,6 +343,102 @@ td_status td_text_open(const char *path, const td_text_options *opt, td_dataset 
     return TD_OK;
 fail:
     free(bytes);
+    td_dataset_destroy(*train);
+    *train = NULL;
+    return st;
+}
+
+td_status td__dataset_adopt(const char *source, const td_dataset_info *info, float *x,
+                            int32_t *tokens, int32_t *labels, td_dataset **out) {
+    td_dataset *ds = NULL;
+    td_status st;
+    *out = NULL;
+    if ((st = dataset_alloc(source, &ds)) != TD_OK) {
+        free(x);
+        free(tokens);
+        free(labels);
+        return st;
+    }
+    ds->info = *info;
+    ds->ax = x;
+    ds->atokens = tokens;
+    ds->alabels = labels;
+    *out = ds;
+    return TD_OK;
+}
+
+/* The samples of ds whose in_test flag is `want`, `size` of them, as a new
+ * data set. */
+static td_status take_rows(const td_dataset *ds, const uint8_t *in_test, int want, int64_t size,
+                           td_dataset **out) {
+    td_dataset_info info = ds->info;
+    size_t f = (size_t)info.features, lp = (size_t)info.labels_per_sample, k = 0;
+    float *x = NULL;
+    int32_t *tokens = NULL, *labels = NULL;
+    *out = NULL;
+    if ((ds->ax && !(x = td__calloc((size_t)size * f * sizeof *x, "a data set's features"))) ||
+        (ds->atokens &&
+         !(tokens = td__calloc((size_t)size * f * sizeof *tokens, "a data set's tokens"))) ||
+        !(labels = td__calloc((size_t)size * lp * sizeof *labels, "a data set's labels"))) {
+        free(x);
+        free(tokens);
+        return TD_ERR_OUT_OF_MEMORY;
+    }
+    for (int64_t i = 0; i < ds->info.size; i++) {
+        if (in_test[i] != want)
+            continue;
+        if (x)
+            memcpy(x + k * f, ds->ax + (size_t)i * f, f * sizeof *x);
+        if (tokens)
+            memcpy(tokens + k * f, ds->atokens + (size_t)i * f, f * sizeof *tokens);
+        memcpy(labels + k * lp, ds->alabels + (size_t)i * lp, lp * sizeof *labels);
+        k++;
+    }
+    info.size = size;
+    return td__dataset_adopt(ds->source, &info, x, tokens, labels, out);
+}
+
+td_status td__dataset_split(const td_dataset *ds, double fraction, td_dataset **train,
+                            td_dataset **test) {
+    int64_t n = ds->info.size, ntest = (int64_t)llround((double)n * fraction);
+    int64_t *order = NULL;
+    uint8_t *in_test = NULL;
+    td_status st;
+    *train = *test = NULL;
+    if (!ds->alabels)
+        return td__error(TD_ERR_INVALID_ARG, "%s: only array data sets split", ds->source);
+    if (ntest < 1 || ntest >= n)
+        return td__error(TD_ERR_INVALID_ARG,
+                         "%s: holding out %g of %lld samples leaves %s empty (--split)", ds->source,
+                         fraction, (long long)n, ntest < 1 ? "the test part" : "the training part");
+    if (!(order = td__calloc((size_t)n * sizeof *order, "a split's order")) ||
+        !(in_test = td__calloc((size_t)n, "a split's flags"))) {
+        st = TD_ERR_OUT_OF_MEMORY;
+        goto fail;
+    }
+    for (int64_t i = 0; i < n; i++)
+        order[i] = i;
+    /* The first ntest places of a Fisher-Yates shuffle: place i takes a
+     * sample uniform among those not yet taken. */
+    for (int64_t i = 0; i < ntest; i++) {
+        uint32_t ctr[4] = {(uint32_t)i, (uint32_t)((uint64_t)i >> 32), 0, TD_SPLIT_DOMAIN}, r[4];
+        uint64_t u = 0, span = (uint64_t)(n - i), j;
+        td_philox(ctr, TD_SPLIT_KEY, r);
+        u = (uint64_t)r[0] << 32 | r[1];
+        j = (uint64_t)i + (uint64_t)(((unsigned __int128)u * span) >> 64);
+        int64_t t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+        in_test[order[i]] = 1;
+    }
+    TD_TRY(take_rows(ds, in_test, 0, n - ntest, train));
+    TD_TRY(take_rows(ds, in_test, 1, ntest, test));
+    free(order);
+    free(in_test);
+    return TD_OK;
+fail:
+    free(order);
+    free(in_test);
     td_dataset_destroy(*train);
     *train = NULL;
     return st;

@@ -1,0 +1,195 @@
+/* Which reader a --data path goes to, and the checks every format shares:
+ * the held-out part, and the samples against the model's input and classes.
+ * The choice is by what the path is (a folder) or how it is spelled (its
+ * extension, or two .npy paths joined by a comma), never by guessing from
+ * the bytes, so that a file in the wrong format gets that format's precise
+ * complaint. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+
+#include "core/error.h"
+#include "train/data-impl.h"
+#include "train/train-impl.h"
+
+#define TD_DEFAULT_SPLIT 0.1
+
+typedef enum data_format {
+    DATA_IDX_FOLDER,
+    DATA_CSV,
+    DATA_TENSORS,
+    DATA_NPY_PAIR,
+    DATA_NPY_ALONE, /* one .npy: an error that says how to name the pair */
+    DATA_OTHER,     /* text for a token model */
+} data_format;
+
+static int ends_with(const char *s, size_t len, const char *suffix) {
+    size_t n = strlen(suffix);
+    return len >= n && !strncasecmp(s + len - n, suffix, n);
+}
+
+/* What path names; for a pair, *comma is where the second path starts. */
+static data_format format_of(const char *path, const char **comma) {
+    struct stat sb;
+    const char *c = strchr(path, ',');
+    size_t len = strlen(path);
+    *comma = NULL;
+    if (c && !strchr(c + 1, ',') && ends_with(path, (size_t)(c - path), ".npy") &&
+        ends_with(c + 1, strlen(c + 1), ".npy")) {
+        *comma = c + 1;
+        return DATA_NPY_PAIR;
+    }
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return DATA_IDX_FOLDER;
+    if (ends_with(path, len, ".csv"))
+        return DATA_CSV;
+    if (ends_with(path, len, ".safetensors"))
+        return DATA_TENSORS;
+    if (ends_with(path, len, ".npy"))
+        return DATA_NPY_ALONE;
+    return DATA_OTHER;
+}
+
+/* One file of the array formats (CSV, safetensors, a .npy pair). */
+static td_status open_arrays(const char *path, const char *flag, const td_data_options *o,
+                             const td_model_info *mi, td_dataset **out) {
+    const char *second;
+    char x_path[4096];
+    *out = NULL;
+    switch (format_of(path, &second)) {
+    case DATA_CSV:
+        if (mi->kind == TD_INPUT_TOKENS)
+            return td__error(TD_ERR_INVALID_ARG,
+                             "%s: a CSV table holds features; the model reads tokens (give a "
+                             ".safetensors or X.npy,Y.npy of token ids, or a text file) (%s)",
+                             path, flag);
+        return td__csv_open(path, o->label_column, mi, out);
+    case DATA_TENSORS: return td__tensors_open(path, mi, out);
+    case DATA_NPY_PAIR:
+        snprintf(x_path, sizeof x_path, "%.*s", (int)(second - 1 - path), path);
+        return td__npy_open(x_path, second, mi, out);
+    case DATA_NPY_ALONE:
+        return td__error(TD_ERR_INVALID_ARG,
+                         "%s: a .npy file holds one array; give the features and the labels as "
+                         "%s X.npy,Y.npy",
+                         path, flag);
+    default:
+        return td__error(
+            TD_ERR_INVALID_ARG,
+            "%s: not a folder of MNIST IDX files, a .csv, a .safetensors or X.npy,Y.npy "
+            "(%s)",
+            path, flag);
+    }
+}
+
+/* "(1, 28, 28) (784 values)". */
+static const char *shape_str(char *buf, size_t size, int ndim, const int64_t *shape,
+                             int64_t values) {
+    size_t used = (size_t)snprintf(buf, size, "(");
+    for (int d = 0; d < ndim && used < size; d++)
+        used +=
+            (size_t)snprintf(buf + used, size - used, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (used < size)
+        snprintf(buf + used, size - used, ") (%lld values)", (long long)values);
+    return buf;
+}
+
+/* ds's samples against what the model reads. */
+static td_status check_fits(const td_dataset *ds, const char *path, const td_model_info *mi) {
+    td_dataset_info di;
+    int64_t numel = 1;
+    char a[128], b[128];
+    td_dataset_get_info(ds, &di);
+    for (int d = 0; d < mi->in_ndim; d++)
+        numel *= mi->in_shape[d];
+    if (di.features != numel)
+        return td__error(TD_ERR_SHAPE, "%s: samples have shape %s; the model reads %s", path,
+                         shape_str(a, sizeof a, di.ndim, di.shape, di.features),
+                         shape_str(b, sizeof b, mi->in_ndim, mi->in_shape, numel));
+    if (di.num_classes > mi->classes)
+        return td__error(TD_ERR_SHAPE,
+                         "%s: %lld classes (or tokens) in the data; the model outputs %lld", path,
+                         (long long)di.num_classes, (long long)mi->classes);
+    return TD_OK;
+}
+
+/* A folder of IDX files or a text file: formats that bring their own
+ * held-out part. */
+static td_status open_own_split(const char *path, data_format f, const td_data_options *o,
+                                const td_model_info *mi, td_dataset **train, td_dataset **test) {
+    if (o->test_path)
+        return td__error(TD_ERR_INVALID_ARG,
+                         "%s: --test-data goes with .csv, .safetensors and .npy data; %s", path,
+                         f == DATA_IDX_FOLDER ? "an IDX folder has its own t10k test files"
+                                              : "a text file holds out its end");
+    if (f == DATA_IDX_FOLDER) {
+        if (mi->kind == TD_INPUT_TOKENS)
+            return td__error(TD_ERR_INVALID_ARG,
+                             "%s: a folder; the model reads tokens, so --data must be a text "
+                             "file, a .safetensors or X.npy,Y.npy",
+                             path);
+        if (o->split > 0)
+            return td__error(TD_ERR_INVALID_ARG,
+                             "%s: --split holds out part of one file; an IDX folder has its own "
+                             "t10k test files",
+                             path);
+        return td_mnist_open(path, train, test);
+    }
+    {
+        td_text_options t = TD_TEXT_OPTIONS_INIT;
+        t.context = mi->in_shape[0];
+        t.vocab = mi->classes >= 256 ? TD_TEXT_BYTES : TD_TEXT_CHARS;
+        if (o->split > 0)
+            t.val_fraction = o->split;
+        return td_text_open(path, &t, train, test);
+    }
+}
+
+td_status td_data_open(const char *path, const td_data_options *opt, const td_model_info *mi,
+                       td_dataset **train, td_dataset **test) {
+    td_data_options o = {0};
+    td_dataset *all = NULL;
+    const char *second;
+    data_format f;
+    td_status st;
+    struct stat sb;
+    if (!train || !test)
+        return td__error(TD_ERR_INVALID_ARG, "td_data_open: out is NULL");
+    *train = *test = NULL;
+    if (!path || !mi)
+        return td__error(TD_ERR_INVALID_ARG, "no data given (--data)");
+    if (opt)
+        o = *opt;
+    if (o.split < 0 || o.split >= 1)
+        return td__error(TD_ERR_INVALID_ARG, "split %g is outside (0, 1) (--split)", o.split);
+    f = format_of(path, &second);
+    if (f != DATA_NPY_PAIR && stat(path, &sb) != 0)
+        return td__error(TD_ERR_IO, "%s: no such file or folder (--data)", path);
+    if (f == DATA_IDX_FOLDER || (f == DATA_OTHER && mi->kind == TD_INPUT_TOKENS)) {
+        TD_TRY(open_own_split(path, f, &o, mi, train, test));
+    } else if (o.test_path) {
+        if (o.split > 0) {
+            st = td__error(TD_ERR_INVALID_ARG, "--split and --test-data both say what to "
+                                               "evaluate on; give one");
+            goto fail;
+        }
+        TD_TRY(open_arrays(path, "--data", &o, mi, train));
+        TD_TRY(open_arrays(o.test_path, "--test-data", &o, mi, test));
+    } else {
+        TD_TRY(open_arrays(path, "--data", &o, mi, &all));
+        TD_TRY(check_fits(all, path, mi)); /* the shape first: a split's complaint is moot */
+        TD_TRY(td__dataset_split(all, o.split > 0 ? o.split : TD_DEFAULT_SPLIT, train, test));
+    }
+    TD_TRY(check_fits(*train, path, mi));
+    TD_TRY(check_fits(*test, o.test_path ? o.test_path : path, mi));
+    td_dataset_destroy(all);
+    return TD_OK;
+fail:
+    td_dataset_destroy(all);
+    td_dataset_destroy(*train);
+    td_dataset_destroy(*test);
+    *train = *test = NULL;
+    return st;
+}
