@@ -1,13 +1,17 @@
-/* tandem bench: benchmarks. `tandem bench collectives` times the comm layer
+/* tandem bench: benchmarks. `tandem bench devices` measures each device
+ * (bench_devices.c); `tandem bench collectives` times the comm layer
  * (src/comm/bench.c). */
 #include <stdio.h>
 #include <string.h>
 
+#include "cli/bench_devices.h"
 #include "cli/cli.h"
 #include "comm/bench.h"
 
 static int bench_usage(FILE *f) {
-    fprintf(f, "usage: tandem bench collectives [options]   (--help for its options)\n");
+    fprintf(f, "usage: tandem bench devices [options]       GFLOP/s, GB/s, copies, launch cost\n"
+               "       tandem bench collectives [options]   the comm layer's collectives\n"
+               "(--help after either for its options)\n");
     return f == stdout ? 0 : 2;
 }
 
@@ -16,6 +20,8 @@ int td_cli_bench(int argc, char **argv) {
         return bench_usage(stderr);
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))
         return bench_usage(stdout);
+    if (!strcmp(argv[1], "devices"))
+        return td__cli_bench_devices(argc - 1, argv + 1);
     if (!strcmp(argv[1], "collectives"))
         return td__comm_bench(argc - 1, argv + 1, "bench collectives");
     fprintf(stderr, "tandem bench: unknown benchmark '%s'\n", argv[1]);

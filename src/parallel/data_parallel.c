@@ -11,6 +11,8 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/trace.h"
+#include "device/bench_cache.h"
 #include "parallel/dp-impl.h"
 #include "tensor/ops.h"
 #include "tensor/tensor-impl.h"
@@ -220,6 +222,28 @@ static int64_t product(const int64_t *shape, int n) {
     return p;
 }
 
+/* Until a calibration measures them, shares follow the f32 GFLOP/s that
+ * `tandem bench devices` cached for these devices, when it has a figure for
+ * every member (else they stay equal). Only where every member is local:
+ * each process must compute the same split. The fastest takes 1 sample/s,
+ * the unit equal shares use. */
+static void shares_from_bench_cache(td_dp *dp) {
+    td_device *devs[TD_DP_MAX_MEMBERS];
+    double gflops[TD_DP_MAX_MEMBERS], top = 0;
+    if (dp->nlocal != dp->size)
+        return;
+    for (int r = 0; r < dp->size; r++)
+        devs[r] = td_group_device(dp->g, r);
+    if (!td__bench_cache_gflops(devs, dp->size, gflops))
+        return;
+    for (int r = 0; r < dp->size; r++)
+        top = fmax(top, gflops[r]);
+    for (int r = 0; r < dp->size; r++)
+        gflops[r] /= top;
+    if (td_balancer_set_speeds(dp->balancer, gflops) == TD_OK)
+        TD_LOG_INFO("data parallel: first shares from the bench cache (tandem bench devices)");
+}
+
 td_status td_dp_create(td_group *g, const char *model_json, const char *name, td_dtype dtype,
                        uint64_t seed, const td_optimizer_config *opt, const td_dp_config *cfg,
                        td_dp **out) {
@@ -283,6 +307,7 @@ td_status td_dp_create(td_group *g, const char *model_json, const char *name, td
     if (dp->nlocal != dp->size)
         dp->cfg.balancer.park = 0;
     TD_TRY(td_balancer_create(dp->size, names, &dp->cfg.balancer, &dp->balancer));
+    shares_from_bench_cache(dp);
     memset(&w, 0, sizeof w);
     w.dp = dp;
     w.json = model_json;
@@ -448,6 +473,23 @@ static td_status step_member(td_group *g, td_device *dev, int run_rank, int size
     return td__dp_gather_stats(g, mb, w, v);
 }
 
+/* The step from tr (td__trace_begin's) on, as idle time on the tracks of
+ * the members that sat it out: their threads did nothing to record it. */
+static void trace_parked(const td_dp *dp, uint64_t tr) {
+    for (int r = 0; tr && r < dp->size; r++) {
+        td_device *dev = td_group_device(dp->g, r);
+        if (dev && td__dp_sits_out(dp, r)) {
+            td__trace_rec rec = {.t0 = tr,
+                                 .name = "parked",
+                                 .track = td_device_name(dev),
+                                 .bytes = -1,
+                                 .item = -1,
+                                 .cat = TD__TRACE_IDLE};
+            td__trace_add(&rec);
+        }
+    }
+}
+
 /* Whether member r is parked this step (deterministic mode never parks). */
 int td__dp_is_parked(const td_dp *dp, int r) {
     return !dp->cfg.deterministic && td_balancer_parked(dp->balancer, r);
@@ -528,7 +570,7 @@ td_status td_dp_step(td_dp *dp, const td_batch *batch, uint64_t step, td_step_re
     int64_t units, samples[TD_DP_MAX_MEMBERS];
     int ranks[TD_DP_MAX_MEMBERS], nrun;
     char report[512] = "";
-    uint64_t t0 = td_clock_ns();
+    uint64_t t0 = td_clock_ns(), tr = td__trace_begin();
     td_group *g;
     dp_work w;
     td_status st;
@@ -572,6 +614,7 @@ td_status td_dp_step(td_dp *dp, const td_batch *batch, uint64_t step, td_step_re
     memset(all, 0, sizeof *all * (size_t)dp->size * STAT_WORDS);
     for (int k = 0; k < nrun; k++)
         memcpy(&all[ranks[k] * STAT_WORDS], &rows[k * STAT_WORDS], sizeof *rows * STAT_WORDS);
+    trace_parked(dp, tr);
     for (int r = 0; r < dp->size; r++)
         if (td__dp_sits_out(dp, r))
             dp->stale[r] = 1;
