@@ -7,11 +7,13 @@
 #include "tandem/core.h"
 #include "tandem/device.h"
 #include "tandem/generate.h"
+#include "tandem/import.h"
 #include "tandem/nn.h"
 #include "tandem/parallel.h"
 #include "tandem/status.h"
 #include "tandem/strategy.h"
 #include "tandem/tensor.h"
+#include "tandem/tokenizer.h"
 #include "tandem/train.h"
 
 #endif

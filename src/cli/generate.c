@@ -1,5 +1,5 @@
-/* tandem generate: text from a byte-level token model's checkpoint, printed
- * as it is made. */
+/* tandem generate: text from a token model's checkpoint, printed as it is
+ * made: bytes as tokens, or GPT-2's BPE with --tokenizer. */
 #include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
@@ -24,10 +24,14 @@ static void usage(FILE *out) {
                  "each as soon as it is chosen. Each token costs one position's forward: every\n"
                  "attention layer keeps its keys and values. When the model's context is full,\n"
                  "its last half is run again from position 0 and generation goes on.\n\n"
+                 "With --tokenizer, the prompt is encoded and the tokens decoded with GPT-2's\n"
+                 "byte-level BPE instead (a checkpoint made by tandem convert, say).\n\n"
                  "  --checkpoint PATH   a tandem checkpoint (safetensors)\n"
+                 "  --tokenizer DIR     GPT-2's vocab.json and merges.txt in DIR (default: each\n"
+                 "                      byte a token)\n"
                  "  --prompt TEXT       the text to continue\n"
                  "  --prompt-file F     the text to continue, from a file\n"
-                 "  --tokens N          bytes to generate (default 200)\n"
+                 "  --tokens N          bytes (tokens) to generate (default 200)\n"
                  "  --temperature T     divides the logits; 0 is greedy (default 1)\n"
                  "  --top-k K           sample among the K likeliest bytes (default 0: all)\n"
                  "  --top-p P           then among the fewest whose probability reaches P\n"
@@ -48,6 +52,7 @@ enum {
     OPT_TOP_P,
     OPT_PRECISION,
     OPT_SUMMARY,
+    OPT_TOKENIZER,
 };
 
 static const struct option options[] = {
@@ -63,12 +68,13 @@ static const struct option options[] = {
     {"strategy", required_argument, NULL, 'S'},
     {"precision", required_argument, NULL, OPT_PRECISION},
     {"summary", no_argument, NULL, OPT_SUMMARY},
+    {"tokenizer", required_argument, NULL, OPT_TOKENIZER},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
 
 typedef struct gen_args {
-    const char *ckpt, *prompt, *prompt_file, *devices, *strategy;
+    const char *ckpt, *prompt, *prompt_file, *devices, *strategy, *tokenizer;
     int precision; /* -1: the checkpoint's */
     int summary, help;
     td_generate_config cfg;
@@ -109,6 +115,7 @@ static int take_option(int c, char **argv, gen_args *a) {
     case 'D': a->devices = optarg; return 1;
     case 'S': a->strategy = optarg; return 1;
     case OPT_SUMMARY: a->summary = 1; return 1;
+    case OPT_TOKENIZER: a->tokenizer = optarg; return 1;
     case 'h': a->help = 1; return 1;
     case 'n': return parse_int("tokens", optarg, 0, &v) ? (a->cfg.tokens = v, 1) : 0;
     case OPT_TOP_K: return parse_int("top-k", optarg, 0, &v) ? (a->cfg.top_k = v, 1) : 0;
@@ -213,9 +220,10 @@ static int read_prompt(const gen_args *a, unsigned char **out, size_t *n) {
     return 0;
 }
 
-/* A checkpoint generate can read bytes with: a token model of 256 tokens or
- * more. 0, or 1 after printing why not. */
-static int check_model_kind(const char *ckpt, const char *json) {
+/* A checkpoint generate can read tokens with: a token model of 256 tokens or
+ * more for bytes, of at least the tokenizer's for BPE (bpe not NULL). 0, or
+ * 1 after printing why not. */
+static int check_model_kind(const char *ckpt, const char *json, const td_bpe *bpe) {
     td_model_info info;
     td_status st = td_model_describe(json, ckpt, &info, NULL, 0);
     if (st != TD_OK)
@@ -227,7 +235,14 @@ static int check_model_kind(const char *ckpt, const char *json) {
                 ckpt);
         return 1;
     }
-    if (info.classes < BYTE_TOKENS) {
+    if (bpe && info.classes < td_bpe_vocab_size(bpe)) {
+        fprintf(stderr,
+                "tandem generate: %s: the model's vocabulary is %lld tokens; the tokenizer "
+                "(--tokenizer) has %lld, so they are not each other's\n",
+                ckpt, (long long)info.classes, (long long)td_bpe_vocab_size(bpe));
+        return 1;
+    }
+    if (!bpe && info.classes < BYTE_TOKENS) {
         fprintf(stderr,
                 "tandem generate: %s: the model's vocabulary is %lld characters of its "
                 "training text, not the 256 bytes generate reads and writes; train with a "
@@ -238,9 +253,35 @@ static int check_model_kind(const char *ckpt, const char *json) {
     return 0;
 }
 
-static int print_byte(void *arg, int32_t token) {
-    putchar(token);
+/* Prints a token's bytes: itself, or its BPE text when arg is a td_bpe. */
+static int print_token(void *arg, int32_t token) {
+    size_t n = 0;
+    const char *s = arg ? td_bpe_token_bytes(arg, token, &n) : NULL;
+    if (arg)
+        fwrite(s, 1, s ? n : 0, stdout);
+    else
+        putchar(token);
     fflush(stdout);
+    return 0;
+}
+
+/* The prompt's tokens (malloc'ed) into *out and *count: its bytes, or its
+ * BPE encoding. 0, or 1 after printing why not. */
+static int prompt_tokens(const td_bpe *bpe, const unsigned char *prompt, size_t n, int32_t **out,
+                         size_t *count) {
+    td_status st;
+    if (bpe) {
+        if ((st = td_bpe_encode(bpe, (const char *)prompt, n, out, count)) != TD_OK)
+            return td_cli_fail("generate", st);
+        return 0;
+    }
+    if (!(*out = malloc(n * sizeof **out))) {
+        fprintf(stderr, "tandem generate: out of memory for the prompt\n");
+        return 1;
+    }
+    for (size_t i = 0; i < n; i++)
+        (*out)[i] = prompt[i];
+    *count = n;
     return 0;
 }
 
@@ -270,14 +311,21 @@ static int run(const gen_args *a, const unsigned char *prompt, size_t n) {
     char *json = NULL;
     td_dtype saved, dtype;
     int32_t *tokens = NULL;
+    size_t ntok = 0;
+    td_generate_config cfg = a->cfg;
+    td_bpe *bpe = NULL;
     td_generate_stats s;
     td_status st;
     int rc = 1;
+    if (a->tokenizer && (st = td_bpe_load(a->tokenizer, &bpe)) != TD_OK) {
+        rc = td_cli_fail("generate", st);
+        goto done;
+    }
     if ((st = td_checkpoint_read_meta(a->ckpt, &json, &saved, NULL)) != TD_OK) {
         rc = td_cli_fail("generate", st);
         goto done;
     }
-    if ((rc = check_model_kind(a->ckpt, json)) != 0)
+    if ((rc = check_model_kind(a->ckpt, json, bpe)) != 0)
         goto done;
     rc = 1;
     if ((st = td_devices_open(a->devices, &devs)) != TD_OK) {
@@ -298,15 +346,19 @@ static int run(const gen_args *a, const unsigned char *prompt, size_t n) {
         rc = td_cli_fail("generate", st);
         goto done;
     }
-    if (!(tokens = malloc(n * sizeof *tokens))) {
-        fprintf(stderr, "tandem generate: out of memory for the prompt\n");
+    if ((rc = prompt_tokens(bpe, prompt, n, &tokens, &ntok)) != 0)
+        goto done;
+    rc = 1;
+    if (ntok == 0) {
+        fprintf(stderr, "tandem generate: the prompt has no tokens\n");
         goto done;
     }
-    for (size_t i = 0; i < n; i++)
-        tokens[i] = prompt[i];
+    /* sample only what the tokenizer can write (a padded vocabulary's tail is not) */
+    if (bpe)
+        cfg.token_limit = td_bpe_vocab_size(bpe) < td_decoder_vocab(d) ? td_bpe_vocab_size(bpe) : 0;
     fwrite(prompt, 1, n, stdout);
     fflush(stdout);
-    st = td_generate(d, tokens, (int64_t)n, &a->cfg, print_byte, NULL, &s);
+    st = td_generate(d, tokens, (int64_t)ntok, &cfg, print_token, bpe, &s);
     putchar('\n');
     if (st != TD_OK) {
         rc = td_cli_fail("generate", st);
@@ -320,6 +372,7 @@ done:
     td_decoder_destroy(d);
     td_model_destroy(m);
     free(json);
+    td_bpe_destroy(bpe);
     td_device_list_destroy(devs);
     return rc;
 }

@@ -16,8 +16,9 @@ static const command commands[] = {
     {"train", td_cli_train, "train a model (JSON) on a data set; checkpoints, resume, metrics"},
     {"eval", td_cli_eval, "a checkpoint's loss and accuracy on a data set"},
     {"generate", td_cli_generate, "text from a checkpoint of a byte-level GPT, streamed"},
-    {"bench", td_cli_bench, "benchmarks: 'tandem bench collectives' times the comm layer"},
+    {"bench", td_cli_bench, "benchmarks: 'bench devices' GFLOP/s and GB/s, 'bench collectives'"},
     {"plot", td_cli_plot, "draw a metrics file (tandem train --metrics) as an SVG"},
+    {"convert", td_cli_convert, "GPT-2 weights (Hugging Face, llm.c) into a tandem checkpoint"},
 };
 
 static void usage(FILE *out) {

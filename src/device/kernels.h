@@ -27,6 +27,9 @@ typedef enum td_act {
     TD_ACT_GELU = 1, /* x * Phi(x) with the exact erf, as torch.nn.GELU() */
     TD_ACT_TANH = 2,
     TD_ACT_SIGMOID = 3,
+    /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): GPT-2's "gelu_new", as
+     * torch.nn.GELU(approximate="tanh"); checkpoints trained with it need it */
+    TD_ACT_GELU_TANH = 4,
 } td_act;
 
 typedef enum td_pool_kind {

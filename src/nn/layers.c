@@ -192,9 +192,14 @@ static td_status embed_forward(td_layer *l, const td_tensor *x, td_nn_run *r) {
     return td__op_embed_fwd(r->tokens, l->param[0], l->positions ? l->param[1] : NULL, &l->out);
 }
 
+/* With a tied head, whose backward ran first, the table's gradient already
+ * holds the head's part: the rows are added to it, and only the positions'
+ * gradient starts afresh when not accumulating. */
 static td_status embed_backward(td_layer *l, const td_tensor *x, td_tensor *dx, td_nn_run *r) {
-    return td__op_embed_bwd(r->tokens, &l->dout, l->grad[0], l->positions ? l->grad[1] : NULL,
-                            r->acc);
+    td_tensor *dwpe = l->positions ? l->grad[1] : NULL;
+    if (l->tied && !r->acc && dwpe)
+        TD_CHECK(td__zero(dwpe));
+    return td__op_embed_bwd(r->tokens, &l->dout, l->grad[0], dwpe, r->acc || l->tied);
 }
 
 const td_layer_vt td__embedding_vt = {"embedding", linear_plan, embed_forward, embed_backward};

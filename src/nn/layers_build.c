@@ -75,6 +75,22 @@ static td_status get_bool(const build_ctx *b, const char *key, int def, int *out
     return TD_OK;
 }
 
+/* gelu's "approximate", as torch.nn.GELU's: "none" (erf, the default) or
+ * "tanh" (GPT-2's). */
+static td_status get_gelu_kind(const build_ctx *b, td_act *act) {
+    json_t *v = json_object_get(b->spec, "approximate");
+    const char *s = json_is_string(v) ? json_string_value(v) : NULL;
+    if (!v || (s && !strcmp(s, "none"))) {
+        *act = TD_ACT_GELU;
+        return TD_OK;
+    }
+    if (s && !strcmp(s, "tanh")) {
+        *act = TD_ACT_GELU_TANH;
+        return TD_OK;
+    }
+    return field_error(b, "approximate", "expected \"none\" or \"tanh\"");
+}
+
 /* Every key of the spec must be in the NULL-terminated list. */
 static td_status check_keys(const build_ctx *b, const char *const *allowed) {
     const char *key;
@@ -123,23 +139,61 @@ static int unfolded_fits(const td_conv_desc *d) {
     return td__nn_numel(cols, 5) >= 0;
 }
 
+/* A linear whose weight is the embedding's table (vocab, dim), as GPT-2's
+ * head: no weight of its own, so checkpoints and optimizers see the table
+ * once, and its gradient is added to the embedding's (layers.c). The
+ * embedding must come before it and lie in the same part. */
+static td_status build_tied(build_ctx *b, td_layer *l, int64_t in) {
+    td_model *m = b->m;
+    char msg[160];
+    if (!m->embed_vocab)
+        return field_error(b, "tied", "needs the model's embedding before this layer");
+    if (l->out_features != m->embed_vocab || in != m->embed_dim) {
+        snprintf(msg, sizeof msg,
+                 "a tied linear maps the embedding's %lld channels to its %lld tokens; here "
+                 "%lld to %lld",
+                 (long long)m->embed_dim, (long long)m->embed_vocab, (long long)in,
+                 (long long)l->out_features);
+        return field_error(b, "tied", msg);
+    }
+    l->tied = 1;
+    if (m->dry)
+        return TD_OK;
+    if (!m->embed)
+        return td__error(TD_ERR_UNSUPPORTED,
+                         "%s: %s.tied: the embedding whose table this layer uses lies in another "
+                         "part (pipeline stage); tied weights need both in one part",
+                         b->file, b->where);
+    m->embed->tied = 1;
+    l->param[0] = m->embed->param[0];
+    return TD_OK;
+}
+
 static td_status build_leaf(build_ctx *b, const char *type, td_layer *l, int in_ndim,
                             const int64_t *in) {
     td_model *m = b->m;
     memcpy(l->out_shape, in, sizeof(int64_t) * (size_t)in_ndim);
     l->out_ndim = in_ndim;
     if (!strcmp(type, "linear")) {
-        static const char *const keys[] = {"type", "out", "bias", NULL};
+        static const char *const keys[] = {"type", "out", "bias", "tied", NULL};
         int64_t w[2];
         const td__split *sp;
-        int wdim;
+        int wdim, tied;
         double bound;
         TD_CHECK(check_keys(b, keys));
         TD_CHECK(get_int(b, "out", 1, 0, 1, 1 << 24, &l->out_features));
         TD_CHECK(get_bool(b, "bias", 1, &l->has_bias));
+        TD_CHECK(get_bool(b, "tied", 0, &tied));
         if (in_ndim < 1)
             return shape_error(b, type, "at least one dimension of", in_ndim, in);
         l->vt = &td__linear_vt;
+        if (tied) {
+            TD_CHECK(build_tied(b, l, in[in_ndim - 1]));
+            l->out_shape[in_ndim - 1] = l->out_features;
+            return l->has_bias ? add_uniform_param(m, l, "bias", 1, &l->out_features,
+                                                   in[in_ndim - 1], &l->param[1])
+                               : TD_OK;
+        }
         /* A shard's pair: the first keeps rows (output features), the second
          * columns of the whole weight (out, in); its bias stays whole. */
         sp = &l->split;
@@ -160,13 +214,15 @@ static td_status build_leaf(build_ctx *b, const char *type, td_layer *l, int in_
     if (!strcmp(type, "relu") || !strcmp(type, "gelu") || !strcmp(type, "tanh") ||
         !strcmp(type, "sigmoid")) {
         static const char *const keys[] = {"type", NULL};
-        TD_CHECK(check_keys(b, keys));
+        static const char *const gelu_keys[] = {"type", "approximate", NULL};
+        int gelu = !strcmp(type, "gelu");
+        TD_CHECK(check_keys(b, gelu ? gelu_keys : keys));
         l->vt = &td__act_vt;
         l->act = !strcmp(type, "relu")   ? TD_ACT_RELU
-                 : !strcmp(type, "gelu") ? TD_ACT_GELU
+                 : gelu                  ? TD_ACT_GELU
                  : !strcmp(type, "tanh") ? TD_ACT_TANH
                                          : TD_ACT_SIGMOID;
-        return TD_OK;
+        return gelu ? get_gelu_kind(b, &l->act) : TD_OK;
     }
     if (!strcmp(type, "dropout")) {
         static const char *const keys[] = {"type", "p", NULL};
@@ -219,6 +275,10 @@ static td_status build_leaf(build_ctx *b, const char *type, td_layer *l, int in_
         TD_CHECK(td__model_add_param(m, l, "wte.weight", 2, s, &l->param[0]));
         if (l->param[0])
             TD_CHECK(td_tensor_rand_normal(l->param[0], init_stream(m), 0, 0.0, 1.0));
+        /* for a tied head further on */
+        m->embed_vocab = l->vocab;
+        m->embed_dim = dim;
+        m->embed = l->param[0] ? l : NULL;
         if (l->positions) {
             s[0] = in[0];
             TD_CHECK(td__model_add_param(m, l, "wpe.weight", 2, s, &l->param[1]));
@@ -397,6 +457,11 @@ td_status td__layer_build(td_model *m, const char *file, json_t *spec, const cha
     l->nparams = (int)(m->nparams - l->first_param);
     for (int i = 0; i < l->nparams; i++)
         l->grad[i] = m->grads[l->first_param + (size_t)i];
+    if (l->tied && l->param[0]) {
+        /* the weight is the embedding's (a parameter of that layer), the bias its own */
+        l->grad[1] = l->nparams ? l->grad[0] : NULL;
+        l->grad[0] = m->embed->grad[0];
+    }
     *out = l;
     return TD_OK;
 fail:

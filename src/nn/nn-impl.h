@@ -95,6 +95,9 @@ struct td_layer {
     int64_t heads, vocab;
     int fused; /* attention: the backend's fused kernels, chosen at planning */
     int positions;
+    /* linear: its weight is the embedding's table (param[0], grad[0] borrowed);
+     * embedding: such a linear adds its gradient to the table's first */
+    int tied;
     td__split split; /* in a shard: its slice (TD__SPLIT_NONE elsewhere) */
 
     /* Containers. */
@@ -136,6 +139,10 @@ struct td_model {
     int build_top;           /* the next sequential built is the root */
     size_t param_serial;     /* parameters made so far, dry ones included */
     size_t serial_weights;   /* their scalars */
+    /* The embedding built so far, for a tied linear (layers_build.c): its
+     * table's shape (0: none yet), and the layer when it is in the part. */
+    int64_t embed_vocab, embed_dim;
+    td_layer *embed;
 
     size_t nparams, cap_params;
     td_tensor **params, **grads;

@@ -181,11 +181,14 @@ static void find_units(finder *f, const td_layer *l) {
     for (int i = 0; i < l->nchildren; i++) {
         td_layer *a = l->children[i], *second = NULL;
         int mid = 0;
-        if (a->vt == &td__linear_vt && i + 2 < l->nchildren && is_act(l->children[i + 1])) {
+        /* a tied linear's weight is the embedding's, which shards replicate */
+        if (a->vt == &td__linear_vt && !a->tied && i + 2 < l->nchildren &&
+            is_act(l->children[i + 1])) {
             mid = 1;
             if (l->children[i + 2]->vt == &td__dropout_vt)
                 mid = 2;
-            if (i + mid + 1 < l->nchildren && l->children[i + mid + 1]->vt == &td__linear_vt)
+            if (i + mid + 1 < l->nchildren && l->children[i + mid + 1]->vt == &td__linear_vt &&
+                !l->children[i + mid + 1]->tied)
                 second = l->children[i + mid + 1];
         }
         if (!second) {

@@ -54,6 +54,16 @@ static const grad_case cases[] = {
      "\"layers\": [{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 16}, {\"type\": "
      "\"gelu\"}, {\"type\": \"linear\", \"out\": 8}]}, {\"type\": \"layernorm\"}, {\"type\": "
      "\"linear\", \"out\": 7}]}"},
+    /* GPT-2's: GELU's tanh approximation, and a head that is the embedding's
+     * table, whose gradient is the head's plus the embedding's */
+    {"gpt2_tied_gelu_tanh",
+     "{\"input\": {\"tokens\": 5, \"vocab\": 7}, \"layers\": [{\"type\": \"embedding\", "
+     "\"vocab\": 7, \"dim\": 8}, {\"type\": \"residual\", \"layers\": [{\"type\": "
+     "\"layernorm\"}, {\"type\": \"attention\", \"heads\": 2}]}, {\"type\": \"residual\", "
+     "\"layers\": [{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 16}, "
+     "{\"type\": \"gelu\", \"approximate\": \"tanh\"}, {\"type\": \"linear\", \"out\": 8}]}, "
+     "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 7, \"bias\": false, "
+     "\"tied\": true}]}"},
     {"embedding_no_positions",
      "{\"input\": {\"tokens\": 4, \"vocab\": 6}, \"layers\": [{\"type\": \"embedding\", "
      "\"vocab\": 6, \"dim\": 5, \"positions\": false}, {\"type\": \"tanh\"}, {\"type\": "

@@ -272,9 +272,10 @@ static td_status elem_run(side *s, const void *p) {
 
 void td_ops_elementwise_ops_match(void **state) {
     static const int outs[] = {1, 3, 4, 5, 6, -1};
-    static const td_act acts[] = {TD_ACT_RELU, TD_ACT_GELU, TD_ACT_TANH, TD_ACT_SIGMOID};
-    static const char *names[] = {"relu", "gelu", "tanh", "sigmoid"};
-    for (int i = 0; i < 4; i++)
+    static const td_act acts[] = {TD_ACT_RELU, TD_ACT_GELU, TD_ACT_TANH, TD_ACT_SIGMOID,
+                                  TD_ACT_GELU_TANH};
+    static const char *names[] = {"relu", "gelu", "tanh", "sigmoid", "gelu_tanh"};
+    for (int i = 0; i < 5; i++)
         td_ops_compare(names[i], elem_build, elem_run, &acts[i], outs);
 }
 

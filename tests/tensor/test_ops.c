@@ -212,6 +212,7 @@ static double act_ref(td_act act, double x) {
     case TD_ACT_RELU: return x > 0 ? x : 0;
     case TD_ACT_GELU: return 0.5 * x * erfc(-x / sqrt(2.0));
     case TD_ACT_TANH: return tanh(x);
+    case TD_ACT_GELU_TANH: return 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
     default: return 1 / (1 + exp(-x));
     }
 }
@@ -222,6 +223,9 @@ static double act_deriv_ref(td_act act, double x) {
     case TD_ACT_RELU: return x > 0 ? 1 : 0;
     case TD_ACT_GELU: return 0.5 * erfc(-x / sqrt(2.0)) + x * exp(-0.5 * x * x) / sqrt(2 * M_PI);
     case TD_ACT_TANH: return 1 - tanh(x) * tanh(x);
+    case TD_ACT_GELU_TANH:
+        s = tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x));
+        return 0.5 * (1 + s) + 0.5 * x * (1 - s * s) * sqrt(2 / M_PI) * (1 + 3 * 0.044715 * x * x);
     default: s = 1 / (1 + exp(-x)); return s * (1 - s);
     }
 }
@@ -257,7 +261,7 @@ static void activations_match_reference(void **state) {
     static const int64_t sizes[] = {1, 13, 1000 + 13, 100003};
     for (int dti = 0; dti < 2; dti++)
         for (size_t s = 0; s < 4; s++)
-            for (int act = 0; act < 4; act++) {
+            for (int act = 0; act <= TD_ACT_GELU_TANH; act++) {
                 td_dtype dt = dti ? TD_F64 : TD_F32;
                 int64_t n = sizes[s];
                 elem_case e;

@@ -165,6 +165,10 @@ td_status cuda_bias_grad(void *ctx, td_dtype dt, void *db, const void *dy, int64
 
 // Elementwise ---------------------------------------------------------------------
 
+// GELU's tanh approximation (GPT-2): sqrt(2/pi) and the cubic's coefficient.
+#define GELU_K ((T)0.79788456080286535588)
+#define GELU_C ((T)0.044715)
+
 template <typename T> __global__ void act_fwd_k(td_act act, size_t n, const T *x, T *y) {
     GRID_LOOP(i, n) {
         T v = x[i];
@@ -173,6 +177,9 @@ template <typename T> __global__ void act_fwd_k(td_act act, size_t n, const T *x
         case TD_ACT_GELU: y[i] = v * dcdf<T>(v); break;
         case TD_ACT_TANH: y[i] = tanh(v); break;
         case TD_ACT_SIGMOID: y[i] = (T)1 / ((T)1 + dexp<T>(-v)); break;
+        case TD_ACT_GELU_TANH:
+            y[i] = (T)0.5 * v * ((T)1 + tanh(GELU_K * (v + GELU_C * v * v * v)));
+            break;
         }
     }
 }
@@ -188,6 +195,12 @@ __global__ void act_bwd_k(td_act act, size_t n, const T *x, const T *y, const T 
             break;
         case TD_ACT_TANH: d = (T)1 - y[i] * y[i]; break;
         case TD_ACT_SIGMOID: d = y[i] * ((T)1 - y[i]); break;
+        case TD_ACT_GELU_TANH: {
+            T t = tanh(GELU_K * (v + GELU_C * v * v * v));
+            d = (T)0.5 * ((T)1 + t) +
+                (T)0.5 * v * ((T)1 - t * t) * GELU_K * ((T)1 + (T)3 * GELU_C * v * v);
+            break;
+        }
         }
         dx[i] = dy[i] * d;
     }

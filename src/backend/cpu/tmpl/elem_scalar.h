@@ -1,5 +1,10 @@
 /* The scalar elementwise kernels and optimizers, written once over the element type T and compiled
  * by kern_elem.c for each (T, SFX, EXP, CDF, TANH). Not a header to include elsewhere. */
+/* The tanh approximation of GELU: sqrt(2/pi) and the cubic's coefficient. */
+#ifndef GELU_K
+#define GELU_K ((T)0.79788456080286535588)
+#define GELU_C ((T)0.044715)
+#endif
 #ifndef TD_T_NAME
 #define TD_T_CAT2(a, b) a##_##b
 #define TD_T_CAT(a, b)  TD_T_CAT2(a, b)
@@ -14,6 +19,9 @@ static void TD_T_NAME(act_fwd)(td_act act, size_t n, const T *x, T *y) {
         case TD_ACT_GELU: y[i] = v * CDF(v); break;
         case TD_ACT_TANH: y[i] = TANH(v); break;
         case TD_ACT_SIGMOID: y[i] = (T)1 / ((T)1 + EXP(-v)); break;
+        case TD_ACT_GELU_TANH:
+            y[i] = (T)0.5 * v * ((T)1 + TANH(GELU_K * (v + GELU_C * v * v * v)));
+            break;
         }
     }
 }
@@ -25,6 +33,12 @@ static void TD_T_NAME(act_bwd)(td_act act, size_t n, const T *x, const T *y, con
         case TD_ACT_GELU: d = CDF(v) + v * EXP((T)-0.5 * v * v) * (T)0.39894228040143267794; break;
         case TD_ACT_TANH: d = (T)1 - y[i] * y[i]; break;
         case TD_ACT_SIGMOID: d = y[i] * ((T)1 - y[i]); break;
+        case TD_ACT_GELU_TANH: {
+            T t = TANH(GELU_K * (v + GELU_C * v * v * v));
+            d = (T)0.5 * ((T)1 + t) +
+                (T)0.5 * v * ((T)1 - t * t) * GELU_K * ((T)1 + (T)3 * GELU_C * v * v);
+            break;
+        }
         }
         dx[i] = dy[i] * d;
     }

@@ -1,0 +1,63 @@
+/* tandem: GPT-2's byte-level BPE tokenizer, read from the vocab.json and
+ * merges.txt that Hugging Face's GPT2Tokenizer reads.
+ *
+ * Encoding: the text (UTF-8 bytes) is cut at the special tokens (vocabulary
+ * entries written "<|...|>", such as "<|endoftext|>", which become their
+ * ids), each stretch between them is split as GPT-2's pre-tokenization
+ * regex splits it,
+ *     's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+ * each piece's bytes become GPT-2's printable byte characters, and pairs of
+ * symbols are merged lowest merge rank first until no merge applies; each
+ * symbol is then a token. Decoding maps tokens back to bytes.
+ *
+ * The split is written by hand: exact for ASCII and for whitespace (Unicode's
+ * White_Space); letters (\p{L}) and numbers (\p{N}) outside ASCII are
+ * recognised in Latin-1, Latin Extended, IPA, Greek, Cyrillic, Armenian,
+ * Hebrew, Arabic, CJK ideographs, kana, Hangul and the fullwidth forms; other
+ * scripts' letters count as "other" characters, so text in them may be split
+ * differently from GPT-2 (the bytes always survive: decode(encode(t)) = t).
+ * Bytes that are not valid UTF-8 count as "other" characters. */
+#ifndef TANDEM_TOKENIZER_H
+#define TANDEM_TOKENIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tandem/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct td_bpe td_bpe;
+
+/* Loads dir/vocab.json and dir/merges.txt. */
+TD_API td_status td_bpe_load(const char *dir, td_bpe **out);
+/* Loads the vocabulary (a JSON object from token to id, ids in [0, 2^24)
+ * and distinct, every one of the 256 byte characters present) and the merges
+ * (an optional "#version" line, then one "a b" pair a line, rank = order,
+ * with a, b and ab all in the vocabulary). Errors name the file, and the
+ * line or token: TD_ERR_IO, TD_ERR_PARSE. The caller destroys *out. */
+TD_API td_status td_bpe_load_files(const char *vocab_json, const char *merges_txt, td_bpe **out);
+/* NULL-safe. */
+TD_API void td_bpe_destroy(td_bpe *t);
+
+/* Ids are in [0, this): the largest id + 1. */
+TD_API int64_t td_bpe_vocab_size(const td_bpe *t);
+
+/* Encodes text[0..n) into *ids (malloc'ed, the caller frees it; NULL when
+ * *count is 0) and *count. */
+TD_API td_status td_bpe_encode(const td_bpe *t, const char *text, size_t n, int32_t **ids,
+                               size_t *count);
+/* The bytes of token id (*n of them), borrowed while t lives; NULL when no
+ * token has that id. */
+TD_API const char *td_bpe_token_bytes(const td_bpe *t, int32_t id, size_t *n);
+/* Decodes ids[0..n) into *text (malloc'ed and NUL-terminated, *len bytes
+ * before the NUL). An id without a token is TD_ERR_INVALID_ARG naming it. */
+TD_API td_status td_bpe_decode(const td_bpe *t, const int32_t *ids, size_t n, char **text,
+                               size_t *len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

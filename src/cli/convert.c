@@ -1,0 +1,158 @@
+/* tandem convert: GPT-2 weights from Hugging Face transformers or llm.c into
+ * a tandem checkpoint (the library's td_import_*, include/tandem/import.h). */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "tandem/tandem.h"
+
+static void usage(FILE *out) {
+    fprintf(out, "usage: tandem convert --from hf|llmc SOURCE --out CKPT [options]\n\n"
+                 "Converts a GPT-2 into a tandem checkpoint (f32) that tandem generate, tandem\n"
+                 "eval and tandem train --resume load; its model JSON is in the checkpoint. It\n"
+                 "is a run at step 0: the optimizer's state is a fresh one's (zeros), so that\n"
+                 "train --resume fine-tunes from the weights (with --lr and the like).\n\n"
+                 "  --from hf DIR      a folder as transformers' save_pretrained writes it:\n"
+                 "                     config.json and model.safetensors (GPT2LMHeadModel)\n"
+                 "  --from llmc FILE   llm.c's checkpoint (gpt2_124M.bin: version 3, f32)\n"
+                 "  --out PATH         the checkpoint to write (safetensors)\n"
+                 "  --optimizer NAME   adamw (default), sgd, or none: the weights only (a third\n"
+                 "                     of the size with adamw; generate reads it, eval and\n"
+                 "                     train --resume do not)\n"
+                 "  --batch B          the batch a resumed run trains with (default 8)\n"
+                 "  --seed S           its seed: data order and dropout (default 1)\n"
+                 "  --help             show this help\n\n"
+                 "Then: tandem generate --checkpoint CKPT --tokenizer DIR --prompt TEXT, with\n"
+                 "DIR holding GPT-2's vocab.json and merges.txt.\n");
+}
+
+static const struct option options[] = {
+    {"from", required_argument, NULL, 'f'},
+    {"out", required_argument, NULL, 'o'},
+    {"optimizer", required_argument, NULL, 'p'},
+    {"batch", required_argument, NULL, 'b'},
+    {"seed", required_argument, NULL, 's'},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
+typedef struct convert_args {
+    const char *from, *source, *out;
+    int help, weights_only;
+    td_train_state state;
+} convert_args;
+
+/* An integer option in [lo, hi] into *out; 0 after printing why not. */
+static int parse_int(const char *flag, const char *s, long long lo, long long hi, long long *out) {
+    char *end;
+    errno = 0;
+    *out = strtoll(s, &end, 10);
+    if (*s && !*end && !errno && *out >= lo && *out <= hi)
+        return 1;
+    fprintf(stderr, "tandem convert: --%s wants an integer from %lld to %lld, not '%s'\n", flag, lo,
+            hi, s);
+    return 0;
+}
+
+/* --optimizer: the kind and the defaults tandem train gives it. */
+static int parse_optimizer(const char *s, convert_args *a) {
+    td_optimizer_config init = TD_OPTIMIZER_CONFIG_INIT;
+    a->state.opt = init;
+    a->weights_only = !strcmp(s, "none");
+    if (!strcmp(s, "adamw")) {
+        a->state.opt.kind = TD_OPT_ADAMW;
+        a->state.opt.lr = 0.001;
+    } else if (strcmp(s, "sgd") != 0 && !a->weights_only) {
+        fprintf(stderr, "tandem convert: --optimizer is adamw, sgd or none, not '%s'\n", s);
+        return 0;
+    }
+    return 1;
+}
+
+/* Returns 0, or 2 after printing a usage error. */
+static int parse_args(int argc, char **argv, convert_args *a) {
+    int c;
+    long long v;
+    memset(a, 0, sizeof *a);
+    parse_optimizer("adamw", a);
+    a->state.batch = 8;
+    a->state.seed = 1;
+    opterr = 0;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, ":h", options, NULL)) != -1) {
+        switch (c) {
+        case 'f': a->from = optarg; break;
+        case 'o': a->out = optarg; break;
+        case 'p':
+            if (!parse_optimizer(optarg, a))
+                return 2;
+            break;
+        case 'b':
+            if (!parse_int("batch", optarg, 1, 1 << 24, &v))
+                return 2;
+            a->state.batch = v;
+            break;
+        case 's':
+            if (!parse_int("seed", optarg, 0, 1LL << 53, &v))
+                return 2;
+            a->state.seed = (uint64_t)v;
+            break;
+        case 'h': a->help = 1; break;
+        case ':': fprintf(stderr, "tandem convert: %s needs a value\n", argv[optind - 1]); return 2;
+        default:
+            fprintf(stderr, "tandem convert: unknown option '%s' (see tandem convert --help)\n",
+                    argv[optind - 1]);
+            return 2;
+        }
+    }
+    if (a->help)
+        return 0;
+    if (optind < argc)
+        a->source = argv[optind++];
+    if (optind < argc) {
+        fprintf(stderr, "tandem convert: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (!a->from || (strcmp(a->from, "hf") != 0 && strcmp(a->from, "llmc") != 0)) {
+        fprintf(stderr, "tandem convert: --from is hf or llmc%s%s%s\n", a->from ? ", not '" : "",
+                a->from ? a->from : "", a->from ? "'" : "");
+        return 2;
+    }
+    if (!a->source) {
+        fprintf(stderr, "tandem convert: --from %s needs the %s to convert\n", a->from,
+                !strcmp(a->from, "hf") ? "folder" : "file");
+        return 2;
+    }
+    if (!a->out) {
+        fprintf(stderr, "tandem convert: --out is required\n");
+        return 2;
+    }
+    return 0;
+}
+
+int td_cli_convert(int argc, char **argv) {
+    convert_args a;
+    td_gpt2_info g;
+    const td_train_state *state;
+    td_status st;
+    int rc = parse_args(argc, argv, &a);
+    if (rc != 0 || a.help) {
+        if (a.help)
+            usage(stdout);
+        return rc;
+    }
+    state = a.weights_only ? NULL : &a.state;
+    st = !strcmp(a.from, "hf") ? td_import_hf_gpt2(a.source, a.out, state, &g)
+                               : td_import_llmc_gpt2(a.source, a.out, state, &g);
+    if (st != TD_OK)
+        return td_cli_fail("convert", st);
+    printf("%s: GPT-2, %lld blocks, %lld heads, %lld channels, context %lld, vocabulary %lld, "
+           "%zu weights%s%s -> %s\n",
+           a.source, (long long)g.layers, (long long)g.heads, (long long)g.channels,
+           (long long)g.context, (long long)g.vocab, g.weights, g.tied ? " (head tied to wte)" : "",
+           a.weights_only ? ", weights only" : "", a.out);
+    return 0;
+}
