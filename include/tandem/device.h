@@ -22,6 +22,34 @@ typedef struct td_device_list td_device_list;
 typedef struct td_buffer td_buffer;
 typedef struct td_event td_event;
 
+/* What a device can do, as flags in td_device_caps() and td_device_info.caps.
+ * Layers above the device layer ask these, never the backend's name. Every
+ * device of one backend has the same flags. */
+typedef enum td_device_cap {
+    /* Its memory is host memory this process addresses directly: collectives
+     * and copies may read and write its buffers without staging (CPU devices). */
+    TD_DEVICE_CAP_HOST_MEMORY = 1u << 0,
+    /* It is a set of this process's logical CPUs: its compute units are
+     * cores, it has a SIMD ISA and its threads can be pinned (CPU devices). */
+    TD_DEVICE_CAP_HOST_CORES = 1u << 1,
+    /* Something other than the cores that compute moves its bytes (copy
+     * engines, a device queue), so copies and reductions can overlap
+     * compute (GPUs, OpenCL devices). */
+    TD_DEVICE_CAP_ASYNC_COPY = 1u << 2,
+    /* Direct copies to and from other devices of its backend, without host
+     * staging (where the two can reach each other). */
+    TD_DEVICE_CAP_PEER_COPY = 1u << 3,
+    /* Records the work its host thread queues and replays it (CUDA graphs). */
+    TD_DEVICE_CAP_GRAPHS = 1u << 4,
+    /* Named by platform and device, "opencl:P.D". */
+    TD_DEVICE_CAP_SUB_DEVICES = 1u << 5,
+    /* `auto` takes every device of its backend before falling back to the
+     * CPU (GPUs that only one backend lists: CUDA). */
+    TD_DEVICE_CAP_AUTO = 1u << 6,
+    /* Groups of such devices alone may run collectives through NCCL. */
+    TD_DEVICE_CAP_NCCL = 1u << 7,
+} td_device_cap;
+
 /* What `tandem devices` shows about one device. Strings are "" and numbers 0
  * (or -1 for indexes) where the backend does not know. */
 typedef struct td_device_info {
@@ -46,6 +74,8 @@ typedef struct td_device_info {
     uint64_t local_mem;     /* OpenCL local or CUDA shared memory per block */
     int max_work_group;     /* OpenCL max work-group or CUDA max threads per block */
     double slowdown;        /* >1 when the device was slowed on purpose */
+    unsigned caps;          /* td_device_cap flags */
+    char pci_bus_id[32];    /* GPUs: "0000:3B:00.0" (NVML finds it by this); "" when unknown */
 } td_device_info;
 
 /* Opens the devices a spec names. The grammar, items separated by commas:
@@ -78,6 +108,8 @@ TD_API const char *td_device_name(const td_device *dev);
 TD_API td_status td_device_get_info(td_device *dev, td_device_info *out);
 /* 1 when f64 arithmetic is supported. */
 TD_API int td_device_supports_f64(const td_device *dev);
+/* The device's td_device_cap flags; 0 for NULL. Safe from any thread. */
+TD_API unsigned td_device_caps(const td_device *dev);
 
 /* Runs fn(dev, arg) on the device's host thread and waits for it; runs it
  * directly when called from that thread. Returns what fn returned, and fn's

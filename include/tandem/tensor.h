@@ -31,6 +31,10 @@ TD_API int td_tensor_ndim(const td_tensor *t);
 TD_API int64_t td_tensor_dim(const td_tensor *t, int i);
 TD_API size_t td_tensor_numel(const td_tensor *t);
 TD_API size_t td_tensor_nbytes(const td_tensor *t);
+/* The buffer that holds t's elements (a view's base's), and in *byte_offset
+ * (when not NULL) where element 0 lies in it: for collectives and copies over
+ * tensors. Borrowed: valid while t's memory lives. NULL (and offset 0) for NULL. */
+TD_API td_buffer *td_tensor_buffer(const td_tensor *t, size_t *byte_offset);
 
 /* Host data in the tensor's own type; nbytes must equal td_tensor_nbytes. */
 TD_API td_status td_tensor_write(td_tensor *t, const void *host, size_t nbytes);

@@ -39,7 +39,7 @@ static void print_text(const td_device_info *d) {
         printf("  %-16s %s\n", "vendor", d->vendor);
     if (*d->driver)
         printf("  %-16s %s\n", "driver", d->driver);
-    printf("  %-16s %d\n", !strcmp(d->backend, "cpu") ? "cores" : "compute units",
+    printf("  %-16s %d\n", (d->caps & TD_DEVICE_CAP_HOST_CORES) ? "cores" : "compute units",
            d->compute_units);
     if (*d->cores)
         printf("  %-16s %s%s\n", "logical CPUs", d->cores,
@@ -58,7 +58,7 @@ static void print_text(const td_device_info *d) {
         printf("  %-16s %s\n", "SIMD", d->isa);
     if (d->cc_major)
         printf("  %-16s %d.%d\n", "compute capab.", d->cc_major, d->cc_minor);
-    if (strcmp(d->backend, "cpu") != 0)
+    if (!(d->caps & TD_DEVICE_CAP_HOST_CORES))
         printf("  %-16s %s\n", "peers", *d->peers ? d->peers : "none");
     if (d->max_work_group)
         printf("  %-16s %d\n", "max work-group", d->max_work_group);
@@ -89,7 +89,7 @@ static json_t *info_json(const td_device_info *d) {
     json_object_set_new(o, "fp64_rate", d->fp64_rate > 0 ? json_real(d->fp64_rate) : json_null());
     json_object_set_new(o, "numa_node",
                         d->numa_node >= 0 ? json_integer(d->numa_node) : json_null());
-    if (!strcmp(d->backend, "cpu")) {
+    if (d->caps & TD_DEVICE_CAP_HOST_CORES) {
         json_t *isa = json_array();
         char buf[sizeof d->isa];
         snprintf(buf, sizeof buf, "%s", d->isa);

@@ -23,6 +23,7 @@
 #include "comm/comm-impl.h"
 #include "core/alloc.h"
 #include "core/error.h"
+#include "device/spec.h"
 
 #define MAX_SIZES 32
 

@@ -23,7 +23,6 @@
 #include "core/fpmode.h"
 #include "core/log.h"
 #include "core/trace.h"
-#include "tensor/tensor-impl.h"
 
 struct td_comm_request {
     td__member *m;
@@ -142,9 +141,9 @@ static td_status find_member(td_group *g, const char *what, td__member **out) {
 static void resolve(const td__member *m, const td_collective *c, const void **in, void **out) {
     const td_group *g = m->g;
     size_t es = td_dtype_size(c->dtype);
-    *out = c->recv ? (char *)c->recv->ptr + c->recv_offset : NULL;
+    *out = c->recv ? (char *)td__buffer_ptr(c->recv) + c->recv_offset : NULL;
     if (c->send)
-        *in = (const char *)c->send->ptr + c->send_offset;
+        *in = (const char *)td__buffer_ptr(c->send) + c->send_offset;
     else if (c->kind == TD_COLL_ALLGATHER)
         *in = *out ? (char *)*out + (size_t)(m->rank) * c->count * es : NULL;
     else
@@ -522,20 +521,18 @@ td_status td_reduce_scatter(td_group *g, const td_buffer *send, size_t send_offs
     return td_collective_run(g, &c);
 }
 
-static size_t tensor_offset(const td_tensor *t) {
-    return (size_t)((const char *)t->data - (const char *)t->buf->ptr);
-}
-
 td_status td_allreduce_tensor(td_group *g, td_tensor *t, td_reduce_op op) {
+    size_t off;
+    td_buffer *buf = td_tensor_buffer(t, &off);
     if (!t)
         return td__error(TD_ERR_INVALID_ARG, "td_allreduce_tensor: tensor is NULL");
-    return td_allreduce(g, t->buf, tensor_offset(t), t->buf, tensor_offset(t), t->numel, t->dtype,
-                        op);
+    return td_allreduce(g, buf, off, buf, off, td_tensor_numel(t), td_tensor_dtype(t), op);
 }
 
 td_status td_broadcast_tensor(td_group *g, td_tensor *t, int root) {
+    size_t off;
+    td_buffer *buf = td_tensor_buffer(t, &off);
     if (!t)
         return td__error(TD_ERR_INVALID_ARG, "td_broadcast_tensor: tensor is NULL");
-    return td_broadcast(g, t->buf, tensor_offset(t), t->buf, tensor_offset(t), t->numel, t->dtype,
-                        root);
+    return td_broadcast(g, buf, off, buf, off, td_tensor_numel(t), td_tensor_dtype(t), root);
 }

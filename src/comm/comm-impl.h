@@ -8,7 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "device/device-impl.h"
+#include "device/internal.h"
 #include "tandem/comm.h"
 
 #define TD_CACHE_LINE     64

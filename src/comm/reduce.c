@@ -10,7 +10,7 @@
 #include <emmintrin.h>
 #endif
 
-#include "backend/cpu/cpu-impl.h"
+#include "backend/cpu/simd.h"
 #include "comm/comm-impl.h"
 
 #define BLOCK 16

@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
+#include "device/internal.h"
 #include "device/kernels.h"
 #include "device/spec.h"
 #include "tandem/device.h"
@@ -20,7 +21,13 @@ typedef struct td_device_sink td_device_sink;
  * Slots marked optional may be NULL; the device layer supplies the default. */
 typedef struct td_backend_ops {
     uint32_t api_version; /* TD_BACKEND_API_VERSION */
-    const char *name;     /* "cpu", "cuda", "opencl" */
+    const char *name;     /* "cpu", "cuda", "opencl": for listings and messages only */
+    /* td_device_cap flags true of every device of the backend. The device
+     * layer adds TD_DEVICE_CAP_PEER_COPY where copy_peer is set and
+     * TD_DEVICE_CAP_GRAPHS where graph_begin is (td_device_caps). `auto`
+     * opens the TD_DEVICE_CAP_AUTO backends, and falls back to the
+     * TD_DEVICE_CAP_HOST_CORES one when they have no device. */
+    unsigned caps;
 
     /* Lists the devices that exist, one name a line ("cpu:0 (1 core)\n"), or
      * says why there are none. Used for listings and error messages. */
@@ -73,9 +80,6 @@ typedef struct td_backend_ops {
 
 typedef struct td_task td_task;
 
-/* Whether two devices' host threads are bound to a common logical CPU. */
-int td__device_cpus_overlap(const td_device *a, const td_device *b);
-
 struct td_device {
     char name[32];
     const td_backend_ops *ops;
@@ -114,23 +118,12 @@ struct td_buffer {
 td_status td__device_sink_add(td_device_sink *sink, const td_backend_ops *ops, const char *name,
                               void *ctx, const td_device_options *opts);
 
-/* The {slowdown=F} and {latency=MS} options made real: called on the
- * device's thread after a pass that began at start_ns (td_clock_ns; the nn
- * layer calls it at the end of every forward and backward pass), it spins
- * (F - 1) times that pass's length plus MS milliseconds, so the device takes
- * F times as long plus a fixed cost per pass (as a driver's launch overhead
- * adds). Does nothing when F is 1 and MS 0. */
-void td__device_throttle(td_device *dev, uint64_t start_ns);
-/* The same for one stretch of a pass that waits for other devices between
- * its stretches (a tensor-parallel step's reductions): the slowdown applies
- * to each stretch, the fixed latency (with_latency) once per pass. */
-void td__device_throttle_part(td_device *dev, uint64_t start_ns, int with_latency);
-double td__device_slowdown(const td_device *dev);
-
-/* A group left the device's host thread behind in a task it gave up
- * waiting for (td_group_run). If the thread is still in a task when the
- * device is closed, the close leaves it running rather than wait for ever. */
-void td__device_left_behind(td_device *dev);
+/* Inside the device layer, across its files: the body of each device's host
+ * thread (queue.c), started by td_devices_open (device.c); and freeing the
+ * buffers td_buffer_free kept while the thread was left behind, now that it
+ * is back (buffer.c), called when the device closes. */
+void *td__device_thread_main(void *dev);
+void td__device_free_kept(td_device *dev);
 
 /* The backends built in, in listing order (cpu first), NULL-terminated, and
  * one line for each backend left out at configure time ("cuda: not built in

@@ -12,7 +12,25 @@
 
 #define MAX_ITEMS 256
 
-static const char *const known_backends[] = {"cpu", "cuda", "opencl", "auto", "all"};
+/* The names a spec item may start with, built in or not (a spec names a
+ * backend this build lacks, and is told so when it is opened), and what each
+ * takes after the name. This parser must know the grammar of backends that
+ * are not built in, so it keeps it here rather than asking the backend
+ * tables; TD_DEVICE_CAP_SUB_DEVICES says the same of the ones built in. */
+enum {
+    SPEC_SUB_INDEX = 1 << 0, /* "opencl:P.D" */
+    SPEC_NO_INDEX = 1 << 1,  /* neither an index nor a count: "auto", "all" */
+};
+static const struct {
+    const char *name;
+    unsigned flags;
+} known_backends[] = {
+    {"cpu", 0},
+    {"cuda", 0},
+    {"opencl", SPEC_SUB_INDEX},
+    {"auto", SPEC_NO_INDEX},
+    {"all", SPEC_NO_INDEX},
+};
 
 /* A cursor over one item's text; every failure quotes the whole spec. */
 typedef struct cursor {
@@ -201,6 +219,7 @@ static td_status parse_item(cursor *c, td_spec_item *it) {
     td_status st;
     size_t len = (size_t)(c->end - c->p);
     int known = 0;
+    unsigned flags = 0;
 
     memset(it, 0, sizeof *it);
     it->count = 1;
@@ -215,8 +234,12 @@ static td_status parse_item(cursor *c, td_spec_item *it) {
         it->backend[n++] = (char)tolower((unsigned char)*c->p++);
     if (n == 0)
         return fail_at(c, "expected a backend name (cpu, cuda, opencl, auto, all)");
-    for (size_t i = 0; i < sizeof known_backends / sizeof *known_backends; i++)
-        known |= !strcmp(it->backend, known_backends[i]);
+    for (size_t i = 0; i < sizeof known_backends / sizeof *known_backends; i++) {
+        if (!strcmp(it->backend, known_backends[i].name)) {
+            known = 1;
+            flags = known_backends[i].flags;
+        }
+    }
     if (!known)
         return td__error(
             TD_ERR_NO_DEVICE,
@@ -255,12 +278,11 @@ static td_status parse_item(cursor *c, td_spec_item *it) {
     }
     if (c->p != c->end)
         return fail_at(c, "unexpected character");
-    if (it->sub_index >= 0 && strcmp(it->backend, "opencl") != 0)
+    if (it->sub_index >= 0 && !(flags & SPEC_SUB_INDEX))
         return td__error(TD_ERR_PARSE,
                          "device spec '%s': '%s' has a P.D index, which only opencl devices take",
                          c->spec, it->text);
-    if ((!strcmp(it->backend, "auto") || !strcmp(it->backend, "all")) &&
-        (it->index_kind != TD_SPEC_INDEX_NONE || it->count != 1))
+    if ((flags & SPEC_NO_INDEX) && (it->index_kind != TD_SPEC_INDEX_NONE || it->count != 1))
         return td__error(TD_ERR_PARSE, "device spec '%s': '%s' takes no index or count", c->spec,
                          it->backend);
     return TD_OK;

@@ -292,11 +292,7 @@ td_status td_dp_create(td_group *g, const char *model_json, const char *name, td
             dp->stat_dtype = TD_F32;
         dp->members[dp->nlocal].dev = dev;
         dp->members[dp->nlocal].rank = r;
-        {
-            td_device_info info;
-            dp->members[dp->nlocal].cpu =
-                td_device_get_info(dev, &info) == TD_OK && !strcmp(info.backend, "cpu");
-        }
+        dp->members[dp->nlocal].cpu = !(td_device_caps(dev) & TD_DEVICE_CAP_ASYNC_COPY);
         dp->members[dp->nlocal].dp = dp;
         dp->members[dp->nlocal].g = g;
         dp->nlocal++;

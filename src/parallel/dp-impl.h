@@ -27,7 +27,7 @@ typedef struct bucket {
 typedef struct dp_member {
     td_device *dev;
     int rank;
-    int cpu; /* a CPU device: reduces with the cores it computes on */
+    int cpu; /* no TD_DEVICE_CAP_ASYNC_COPY (a CPU device): reduces with the cores it computes on */
     td_model *model;
     td_optimizer *opt;
     td_tensor *stats_send; /* (STAT_WORDS) f64 */

@@ -4,6 +4,8 @@
 #ifndef TD_PIPELINE_IMPL_H
 #define TD_PIPELINE_IMPL_H
 
+#include <pthread.h>
+
 #include "tandem/strategy.h"
 
 #define TD_PP_MAX_STAGES TD_DP_MAX_MEMBERS
@@ -41,5 +43,74 @@ td_status td__pp_plan(td_group *g, const td_pp_need *need, td_pp_plan *out);
 /* Activation slots member k of plan needs: one per micro-batch it can hold
  * between forward and backward under 1F1B. */
 int td__pp_slots(const td_pp_plan *plan, int k, int64_t micro_batches);
+
+/* The running pipeline, shared by pipeline.c (the strategy) and
+ * pipeline_run.c (a step on the stages). ------------------------------- */
+
+/* Per member and step, gathered: compute, transfer, update and idle
+ * seconds, loss sum, correct, count. */
+#define STAT_WORDS 7
+/* Micro-batches a step may be cut into. */
+#define MAX_MICRO 4096
+
+typedef struct channel {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    const td_buffer *buf[TD_PP_MAX_STAGES]; /* message j at [j % TD_PP_MAX_STAGES] */
+    int64_t posted, consumed;               /* messages 0..posted-1 posted; consumed likewise */
+} channel;
+
+typedef struct pipeline pipeline;
+
+typedef struct stage {
+    pipeline *p;
+    td_group *group;
+    td_device *dev;
+    int rank, slots;
+    td_model *part; /* NULL: an empty member, which holds no layer */
+    td_optimizer *opt;
+    td_buffer *recv; /* what this stage copies its neighbours' messages into */
+    size_t recv_bytes;
+    td_buffer *stats_send, *stats_all; /* (STAT_WORDS), (size, STAT_WORDS) f64 */
+    size_t term_first;                 /* this stage's first term of the model's norm */
+    td_buffer *terms;                  /* (nterms) f64: the norm's terms, gathered */
+    double *terms_host;
+    double compute_s, comm_s, update_s, wait_s;
+    td_step_result res;
+} stage;
+
+struct pipeline {
+    td_strategy *s;
+    td_group *g;
+    int size;
+    td_model_info info;
+    td_layer_info *layers;
+    td_pp_plan plan;
+    int64_t micro_batches;
+    size_t nterms; /* the gradient norm's terms: two per parameter of the model */
+    stage st[TD_PP_MAX_STAGES];
+    int prev[TD_PP_MAX_STAGES], next[TD_PP_MAX_STAGES]; /* neighbours with layers, or -1 */
+    channel fwd[TD_PP_MAX_STAGES];                      /* k to next[k]: activations */
+    channel bwd[TD_PP_MAX_STAGES];                      /* k to prev[k]: their gradients */
+    int abort; /* a member failed: the others stop (atomic) */
+
+    /* The step or evaluation under way. */
+    const td_batch *batch;                     /* training: the whole batch */
+    td_batch *evals;                           /* evaluation: the batches cut into micro-batches */
+    size_t *eval_of;                           /* the batch each came from */
+    td_step_result *eval_res;                  /* per batch */
+    int64_t m, off[MAX_MICRO], cnt[MAX_MICRO]; /* micro-batches: first sample, samples */
+    int train;
+    uint64_t step;
+    double grad_scale;
+};
+
+/* Splits a batch of n samples into p->m micro-batches as even as can be. */
+void td__pp_split(pipeline *p, int64_t n);
+/* Runs the step or evaluation set up in p on every member (td_group_run);
+ * a member that fails stops the others. */
+td_status td__pp_run(pipeline *p);
+/* The optimizer's sum-of-squares reduction over the stages (arg: a stage). */
+td_status td__pp_sum_over_stages(void *arg, const double *terms, size_t n, double *sumsq);
 
 #endif

@@ -95,6 +95,11 @@ int64_t td_tensor_dim(const td_tensor *t, int i) {
 size_t td_tensor_numel(const td_tensor *t) {
     return t ? t->numel : 0;
 }
+td_buffer *td_tensor_buffer(const td_tensor *t, size_t *byte_offset) {
+    if (byte_offset)
+        *byte_offset = t ? (size_t)((const char *)t->data - (const char *)t->buf->ptr) : 0;
+    return t ? t->buf : NULL;
+}
 size_t td_tensor_nbytes(const td_tensor *t) {
     return t ? t->numel * td_dtype_size(t->dtype) : 0;
 }

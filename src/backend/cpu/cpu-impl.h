@@ -6,16 +6,10 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "backend/cpu/simd.h" /* td_cpu_simd, td__cpu_simd() */
 #include "device/device-impl.h"
 
 #define TD_CPU_MAX_PUS 256
-
-/* SIMD levels the kernels may use, best last. */
-typedef enum td_cpu_simd {
-    TD_SIMD_SCALAR = 0,
-    TD_SIMD_AVX2 = 1,   /* AVX2 + FMA */
-    TD_SIMD_AVX512 = 2, /* AVX-512F */
-} td_cpu_simd;
 
 typedef struct cpu_pool cpu_pool;
 
@@ -31,10 +25,6 @@ typedef struct cpu_device {
      * thread and each helper on itself when they start. */
     int denormals;
 } cpu_device;
-
-/* The best SIMD level this CPU and OS support (TANDEM_SIMD=scalar|avx2|avx512
- * lowers it, for testing each path). */
-td_cpu_simd td__cpu_simd(void);
 
 /* "SSE4.2 AVX AVX2 FMA AVX-512F ..." of this CPU, into buf. */
 void td__cpu_isa_string(char *buf, size_t n);

@@ -272,6 +272,7 @@ static td_status cpu_copy_peer(void *dst_ctx, void *dst, void *src_ctx, const vo
 const td_backend_ops td__cpu_backend = {
     .api_version = TD_BACKEND_API_VERSION,
     .name = "cpu",
+    .caps = TD_DEVICE_CAP_HOST_MEMORY | TD_DEVICE_CAP_HOST_CORES,
     .describe = cpu_describe,
     .count = cpu_count,
     .open = cpu_open,

@@ -6,6 +6,7 @@
 
 #include "backend/backends.h"
 #include "backend/cuda/cuda-impl.h"
+#include "backend/cuda/cuda.h"
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -284,6 +285,8 @@ static td_status cuda_info(void *ctx, td_device_info *out) {
     out->cc_major = prop.major;
     out->cc_minor = prop.minor;
     out->numa_node = pci_numa_node(cd->ordinal);
+    if (cudaDeviceGetPCIBusId(out->pci_bus_id, sizeof out->pci_bus_id, cd->ordinal) != cudaSuccess)
+        out->pci_bus_id[0] = '\0';
     out->local_mem = prop.sharedMemPerBlock;
     out->max_work_group = prop.maxThreadsPerBlock;
     cudaGetDeviceCount(&count);
@@ -509,9 +512,45 @@ static td_status cuda_sync(void *ctx) {
     return TD_OK;
 }
 
+/* For the layers above (cuda.h) ------------------------------------------- */
+
+static cuda_device *cuda_of(const td_device *dev) {
+    return dev && dev->ops == &td__cuda_backend ? dev->ctx : NULL;
+}
+
+int td__cuda_ordinal(const td_device *dev) {
+    const cuda_device *cd = cuda_of(dev);
+    return cd ? cd->ordinal : -1;
+}
+
+void *td__cuda_stream(const td_device *dev) {
+    const cuda_device *cd = cuda_of(dev);
+    return cd ? (void *)cd->stream : NULL;
+}
+
+td_status td__cuda_select(const td_device *dev) {
+    const cuda_device *cd = cuda_of(dev);
+    if (!cd)
+        return td__error(TD_ERR_INVALID_ARG, "%s is not a CUDA device", td_device_name(dev));
+    TD_CUDA_CHECK(cudaSetDevice(cd->ordinal), cd);
+    return TD_OK;
+}
+
+td_status td__cuda_stream_query(const td_device *dev) {
+    const cuda_device *cd = cuda_of(dev);
+    cudaError_t err;
+    if (!cd)
+        return td__error(TD_ERR_INVALID_ARG, "%s is not a CUDA device", td_device_name(dev));
+    err = cudaStreamQuery(cd->stream);
+    if (err == cudaErrorNotReady)
+        return TD_IN_PROGRESS;
+    return td__cuda_status(err, "cudaStreamQuery", cd);
+}
+
 const td_backend_ops td__cuda_backend = {
     .api_version = TD_BACKEND_API_VERSION,
     .name = "cuda",
+    .caps = TD_DEVICE_CAP_ASYNC_COPY | TD_DEVICE_CAP_AUTO | TD_DEVICE_CAP_NCCL,
     .describe = cuda_describe,
     .count = cuda_count,
     .open = cuda_open,

@@ -408,6 +408,7 @@ static td_status ocl_sync(void *ctx) {
 const td_backend_ops td__opencl_backend = {
     .api_version = TD_BACKEND_API_VERSION,
     .name = "opencl",
+    .caps = TD_DEVICE_CAP_ASYNC_COPY | TD_DEVICE_CAP_SUB_DEVICES,
     .describe = ocl_describe,
     .count = ocl_count,
     .open = ocl_open,

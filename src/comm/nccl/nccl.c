@@ -16,7 +16,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend/cuda/cuda-impl.h"
+#include "backend/cuda/cuda.h"
 #include "comm/comm-impl.h"
 #include "core/alloc.h"
 #include "core/error.h"
@@ -59,14 +59,14 @@ td_status td__nccl_group_init(td_group *g) {
     td_status st = TD_OK;
     for (int i = 0; i < g->nlocal; i++)
         for (int j = 0; j < i; j++) {
-            const cuda_device *a = g->members[i].dev->ctx, *b = g->members[j].dev->ctx;
-            if (a->ordinal == b->ordinal) {
+            int a = td__cuda_ordinal(g->members[i].dev), b = td__cuda_ordinal(g->members[j].dev);
+            if (a == b) {
                 /* NCCL refuses one GPU twice: the local transport over host
                  * staging serves such a group. */
                 TD_LOG_INFO("%s and %s share GPU %d: NCCL refuses that, so this group uses the "
                             "local transport through host memory",
                             td_device_name(g->members[i].dev), td_device_name(g->members[j].dev),
-                            a->ordinal);
+                            a);
                 g->transport = TD_TRANSPORT_LOCAL;
                 return TD_OK;
             }
@@ -133,17 +133,16 @@ static ncclRedOp_t nccl_op(td_reduce_op op) {
 
 /* Polls the stream until the collective is done, NCCL reports an error, the
  * group fails, or the timeout passes (then the communicator is aborted). */
-static td_status nccl_wait(td__member *m, ncclComm_t comm, cuda_device *cd, const td__op *o) {
+static td_status nccl_wait(td__member *m, ncclComm_t comm, const td__op *o) {
     td_group *g = m->g;
     uint64_t start = td_clock_ns(), limit = (uint64_t)g->timeout_ms * 1000000u;
     unsigned rounds = 0;
     for (;;) {
         ncclResult_t async = ncclSuccess;
-        cudaError_t err = cudaStreamQuery(cd->stream);
-        if (err == cudaSuccess)
+        td_status done = td__cuda_stream_query(m->dev);
+        if (done == TD_OK)
             return TD_OK;
-        if (err != cudaErrorNotReady) {
-            td__cuda_status(err, "cudaStreamQuery", cd);
+        if (done != TD_IN_PROGRESS) {
             return td__group_fail(g, m->rank, "collective #%llu: %s", (unsigned long long)o->seq,
                                   td_last_error());
         }
@@ -180,35 +179,35 @@ static td_status nccl_wait(td__member *m, ncclComm_t comm, cuda_device *cd, cons
 
 td_status td__nccl_run(td__member *m, const td__op *o) {
     nccl_state *s = m->g->nccl;
-    cuda_device *cd = m->dev->ctx;
+    cudaStream_t stream = td__cuda_stream(m->dev);
     ncclComm_t comm = s->comms[m->local];
     ncclResult_t r = ncclSuccess;
     const char *call = "";
     /* The engine thread runs asynchronous collectives: select the GPU there too. */
-    TD_CUDA_CHECK(cudaSetDevice(cd->ordinal), cd);
+    TD_CHECK(td__cuda_select(m->dev));
     switch (o->kind) {
     case TD_COLL_ALLREDUCE:
         call = "ncclAllReduce";
         r = ncclAllReduce(o->in, o->out, o->count, nccl_type(o->dtype), nccl_op(o->op), comm,
-                          cd->stream);
+                          stream);
         break;
     case TD_COLL_BROADCAST:
         call = "ncclBroadcast";
-        r = ncclBroadcast(o->in, o->out, o->count, nccl_type(o->dtype), o->root, comm, cd->stream);
+        r = ncclBroadcast(o->in, o->out, o->count, nccl_type(o->dtype), o->root, comm, stream);
         break;
     case TD_COLL_REDUCE:
         call = "ncclReduce";
         r = ncclReduce(o->in, o->out, o->count, nccl_type(o->dtype), nccl_op(o->op), o->root, comm,
-                       cd->stream);
+                       stream);
         break;
     case TD_COLL_ALLGATHER:
         call = "ncclAllGather";
-        r = ncclAllGather(o->in, o->out, o->count, nccl_type(o->dtype), comm, cd->stream);
+        r = ncclAllGather(o->in, o->out, o->count, nccl_type(o->dtype), comm, stream);
         break;
     case TD_COLL_REDUCE_SCATTER:
         call = "ncclReduceScatter";
         r = ncclReduceScatter(o->in, o->out, o->count, nccl_type(o->dtype), nccl_op(o->op), comm,
-                              cd->stream);
+                              stream);
         break;
     }
     if (r != ncclSuccess) {
@@ -216,5 +215,5 @@ td_status td__nccl_run(td__member *m, const td__op *o) {
         return td__group_fail(m->g, m->rank, "collective #%llu: %s", (unsigned long long)o->seq,
                               td_last_error());
     }
-    return nccl_wait(m, comm, cd, o);
+    return nccl_wait(m, comm, o);
 }

@@ -1,0 +1,316 @@
+/* One step of the `pipeline` strategy on its stages: the channels between
+ * neighbouring stages, the 1F1B schedule each member runs on its own host
+ * thread, the gradient norm summed over the stages, and the gathering of
+ * each stage's numbers (see pipeline.c for the whole design). */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "core/trace.h"
+#include "parallel/pipeline-impl.h"
+#include "parallel/strategy-impl.h"
+
+/* Channels ---------------------------------------------------------------- */
+
+static void chan_reset(channel *c) {
+    pthread_mutex_lock(&c->mu);
+    c->posted = c->consumed = 0;
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Waits until pred(c, j) holds, the pipeline aborts, or the group's timeout
+ * passes; `what` names what is awaited, `who` from whom. */
+static td_status chan_wait(pipeline *p, channel *c, int64_t j, int for_consumed, const char *what,
+                           int who) {
+    struct timespec now, until;
+    uint64_t deadline = td_clock_ns() + (uint64_t)td_group_timeout_ms(p->g) * 1000000u;
+    td_status st = TD_OK;
+    pthread_mutex_lock(&c->mu);
+    while ((for_consumed ? c->consumed <= j : c->posted <= j) && st == TD_OK) {
+        if (__atomic_load_n(&p->abort, __ATOMIC_ACQUIRE))
+            st = td__error(TD_ERR_DEVICE_LOST, "pipeline: stopped, another stage failed");
+        else if (td_clock_ns() > deadline)
+            st = td__error(TD_ERR_DEVICE_LOST,
+                           "pipeline: %s (%s) did not %s micro-batch %lld within %d ms",
+                           td_device_name(p->st[who].dev), what, for_consumed ? "take" : "send",
+                           (long long)j, td_group_timeout_ms(p->g));
+        else {
+            clock_gettime(CLOCK_REALTIME, &now);
+            until = now;
+            until.tv_nsec += 20000000; /* wake to look at the group and the deadline */
+            if (until.tv_nsec >= 1000000000) {
+                until.tv_sec++;
+                until.tv_nsec -= 1000000000;
+            }
+            pthread_cond_timedwait(&c->cv, &c->mu, &until);
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    return st;
+}
+
+static void chan_post(channel *c, int64_t j, const td_buffer *buf) {
+    pthread_mutex_lock(&c->mu);
+    c->buf[j % TD_PP_MAX_STAGES] = buf;
+    c->posted = j + 1;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void chan_consumed(channel *c, int64_t j) {
+    pthread_mutex_lock(&c->mu);
+    c->consumed = j + 1;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void abort_all(pipeline *p) {
+    __atomic_store_n(&p->abort, 1, __ATOMIC_RELEASE);
+    for (int k = 0; k < p->size; k++) {
+        pthread_mutex_lock(&p->fwd[k].mu);
+        pthread_cond_broadcast(&p->fwd[k].cv);
+        pthread_mutex_unlock(&p->fwd[k].mu);
+        pthread_mutex_lock(&p->bwd[k].mu);
+        pthread_cond_broadcast(&p->bwd[k].cv);
+        pthread_mutex_unlock(&p->bwd[k].mu);
+    }
+}
+
+/* Grows the stage's receive buffer to at least `bytes` (on its own thread). */
+static td_status ensure_recv(stage *s, size_t bytes) {
+    if (s->recv_bytes >= bytes)
+        return TD_OK;
+    td_buffer_free(s->recv);
+    s->recv = NULL;
+    s->recv_bytes = 0;
+    TD_CHECK(td_buffer_alloc(s->dev, bytes, &s->recv));
+    s->recv_bytes = bytes;
+    return TD_OK;
+}
+
+/* The span from t0 (td__trace_begin's) to now, of micro-batch j. */
+static void trace_micro(uint64_t t0, td__trace_cat cat, const char *name, int64_t j) {
+    if (t0) {
+        td__trace_rec r = {.t0 = t0, .name = name, .bytes = -1, .item = (int32_t)j, .cat = cat};
+        td__trace_add(&r);
+    }
+}
+
+/* Takes message j of c (from member `from`) into the stage's receive buffer. */
+static td_status receive(pipeline *p, stage *s, channel *c, int64_t j, int from, size_t bytes) {
+    uint64_t t0 = td_clock_ns(), t1, tr = td__trace_begin();
+    td_status st = chan_wait(p, c, j, 0, "the stage before or after", from);
+    const td_buffer *src;
+    t1 = td_clock_ns();
+    trace_micro(tr, TD__TRACE_WAIT, "wait for neighbour", j);
+    if (st == TD_OK)
+        st = ensure_recv(s, bytes);
+    s->wait_s += (double)(t1 - t0) * 1e-9;
+    if (st != TD_OK)
+        return st;
+    pthread_mutex_lock(&c->mu);
+    src = c->buf[j % TD_PP_MAX_STAGES];
+    pthread_mutex_unlock(&c->mu);
+    st = td_buffer_copy(s->recv, 0, src, 0, bytes);
+    s->comm_s += (double)(td_clock_ns() - t1) * 1e-9;
+    if (st == TD_OK)
+        chan_consumed(c, j);
+    return st;
+}
+
+/* Before a stage overwrites the buffer it posted for micro-batch j - slots
+ * (the same slot), the neighbour must have taken it. */
+static td_status wait_taken(pipeline *p, stage *s, channel *c, int64_t j, int to) {
+    uint64_t t0 = td_clock_ns(), tr;
+    td_status st = TD_OK;
+    if (j < s->slots)
+        return TD_OK;
+    tr = td__trace_begin();
+    st = chan_wait(p, c, j - s->slots, 1, "the next stage", to);
+    trace_micro(tr, TD__TRACE_WAIT, "wait for neighbour to take", j - s->slots);
+    s->wait_s += (double)(td_clock_ns() - t0) * 1e-9;
+    return st;
+}
+
+/* The schedule ------------------------------------------------------------ */
+
+static size_t act_bytes(const pipeline *p, int layer, int64_t n) {
+    const td_layer_info *li = &p->layers[layer];
+    size_t e = (size_t)n;
+    for (int d = 0; d < li->out_ndim; d++)
+        e *= (size_t)li->out_shape[d];
+    return e * (p->s->cfg.dtype == TD_F64 ? 8 : 4);
+}
+
+/* Micro-batch j of the step, a view into the batch (evaluation's are views
+ * already). */
+static td_batch micro(const pipeline *p, int64_t j) {
+    int64_t lps = p->info.kind == TD_INPUT_TOKENS ? p->info.in_shape[0] : 1, feats = 1;
+    const td_batch *b = p->batch;
+    td_batch mb;
+    if (p->evals)
+        return p->evals[j];
+    for (int d = 0; d < p->info.in_ndim; d++)
+        feats *= p->info.in_shape[d];
+    mb.n = p->cnt[j];
+    mb.x = b->x ? b->x + p->off[j] * feats : NULL;
+    mb.tokens = b->tokens ? b->tokens + p->off[j] * feats : NULL;
+    mb.labels = b->labels ? b->labels + p->off[j] * lps : NULL;
+    return mb;
+}
+
+static td_status forward(pipeline *p, stage *s, int k, int64_t j) {
+    td_batch mb = micro(p, j);
+    int slot = (int)(j % s->slots), first, end;
+    const td_buffer *in = NULL;
+    td_step_result r;
+    uint64_t t0, tr;
+    td_status st;
+    td_model_part_range(s->part, &first, &end, NULL);
+    if (p->prev[k] >= 0) {
+        TD_CHECK(receive(p, s, &p->fwd[p->prev[k]], j, p->prev[k], act_bytes(p, first - 1, mb.n)));
+        in = s->recv;
+    }
+    if (p->next[k] >= 0)
+        TD_CHECK(wait_taken(p, s, &p->fwd[k], j, p->next[k]));
+    t0 = td_clock_ns();
+    tr = td__trace_begin();
+    st = td_model_part_forward(s->part, slot, &mb, p->evals ? 0 : p->off[j], in, p->train, p->step,
+                               p->grad_scale, &r);
+    trace_micro(tr, TD__TRACE_COMPUTE, "forward", j);
+    s->compute_s += (double)(td_clock_ns() - t0) * 1e-9;
+    if (st != TD_OK)
+        return st;
+    if (p->next[k] >= 0)
+        chan_post(&p->fwd[k], j, td_model_part_output(s->part, slot));
+    else if (p->evals) { /* micro-batches end in order: each batch's sum in one order */
+        td_step_result *e = &p->eval_res[p->eval_of[j]];
+        e->loss_sum += r.loss_sum;
+        e->correct += r.correct;
+        e->count += r.count;
+    } else {
+        s->res.loss_sum += r.loss_sum;
+        s->res.correct += r.correct;
+        s->res.count += r.count;
+    }
+    return TD_OK;
+}
+
+static td_status backward(pipeline *p, stage *s, int k, int64_t j) {
+    int slot = (int)(j % s->slots), first, end;
+    const td_buffer *dout = NULL;
+    uint64_t t0, tr;
+    td_status st;
+    td_model_part_range(s->part, &first, &end, NULL);
+    if (p->next[k] >= 0) {
+        TD_CHECK(
+            receive(p, s, &p->bwd[p->next[k]], j, p->next[k], act_bytes(p, end - 1, p->cnt[j])));
+        dout = s->recv;
+    }
+    if (p->prev[k] >= 0)
+        TD_CHECK(wait_taken(p, s, &p->bwd[k], j, p->prev[k]));
+    t0 = td_clock_ns();
+    tr = td__trace_begin();
+    st = td_model_part_backward(s->part, slot, dout, j > 0);
+    trace_micro(tr, TD__TRACE_COMPUTE, "backward", j);
+    s->compute_s += (double)(td_clock_ns() - t0) * 1e-9;
+    if (st == TD_OK && p->prev[k] >= 0)
+        chan_post(&p->bwd[k], j, td_model_part_input_grad(s->part, slot));
+    return st;
+}
+
+/* Stage k's share of a step: 1F1B, then its optimizer step. */
+static td_status run_schedule(pipeline *p, stage *s, int k) {
+    int64_t m = p->m, warm = s->slots - 1 < m ? s->slots - 1 : m;
+    uint64_t t0;
+    if (!p->train) {
+        for (int64_t j = 0; j < m; j++)
+            TD_CHECK(forward(p, s, k, j));
+        return TD_OK;
+    }
+    for (int64_t j = 0; j < warm; j++)
+        TD_CHECK(forward(p, s, k, j));
+    for (int64_t j = 0; j < m; j++) {
+        if (j + warm < m)
+            TD_CHECK(forward(p, s, k, j + warm));
+        TD_CHECK(backward(p, s, k, j));
+    }
+    t0 = td_clock_ns();
+    TD_CHECK(td_optimizer_step(s->opt, NULL));
+    s->update_s += (double)(td_clock_ns() - t0) * 1e-9;
+    return TD_OK;
+}
+
+/* The squared norm of every stage's gradients, for clipping (each stage's
+ * optimizer calls it from its step). Each stage's terms go into its own
+ * places of a model-long vector that is summed over the stages: only one
+ * stage's term is not zero in each place, so the sum is exact, and the terms
+ * then add up in the model's order: the norm is one device's, bitwise,
+ * wherever the cuts fall. */
+td_status td__pp_sum_over_stages(void *arg, const double *terms, size_t n, double *sumsq) {
+    stage *s = arg;
+    pipeline *p = s->p;
+    double sum = 0;
+    memset(s->terms_host, 0, sizeof(double) * p->nterms);
+    if (n)
+        memcpy(s->terms_host + s->term_first, terms, sizeof(double) * n);
+    TD_CHECK(td_buffer_write(s->terms, 0, s->terms_host, sizeof(double) * p->nterms));
+    TD_CHECK(td_allreduce(s->group, s->terms, 0, s->terms, 0, p->nterms, TD_F64, TD_REDUCE_SUM));
+    TD_CHECK(td_buffer_read(s->terms, 0, s->terms_host, sizeof(double) * p->nterms));
+    for (size_t i = 0; i < p->nterms; i++)
+        sum += s->terms_host[i];
+    *sumsq = sum;
+    return TD_OK;
+}
+
+static td_status gather_stats(td_group *g, stage *s) {
+    double v[STAT_WORDS] = {s->compute_s,        s->comm_s,       s->update_s,
+                            s->wait_s,           s->res.loss_sum, (double)s->res.correct,
+                            (double)s->res.count};
+    TD_CHECK(td_buffer_write(s->stats_send, 0, v, sizeof v));
+    return td_allgather(g, s->stats_send, 0, s->stats_all, 0, STAT_WORDS, TD_F64);
+}
+
+static td_status member_run(td_group *g, td_device *dev, int rank, int size, void *arg) {
+    pipeline *p = arg;
+    stage *s = &p->st[rank];
+    td_status st = TD_OK;
+    (void)dev, (void)size;
+    s->compute_s = s->comm_s = s->update_s = s->wait_s = 0;
+    memset(&s->res, 0, sizeof s->res);
+    if (s->part)
+        st = run_schedule(p, s, rank);
+    else if (p->train && p->s->cfg.opt.clip_norm > 0) { /* the others' norm waits for ours */
+        double zero = 0;
+        st = td__pp_sum_over_stages(s, NULL, 0, &zero);
+    }
+    if (st != TD_OK) {
+        abort_all(p);
+        return st;
+    }
+    return p->evals ? TD_OK : gather_stats(g, s);
+}
+
+/* Splits a batch of n samples into p->m micro-batches as even as can be. */
+void td__pp_split(pipeline *p, int64_t n) {
+    int64_t off = 0;
+    p->m = p->micro_batches < n ? p->micro_batches : n;
+    for (int64_t j = 0; j < p->m; j++) {
+        p->cnt[j] = n / p->m + (j < n % p->m);
+        p->off[j] = off;
+        off += p->cnt[j];
+    }
+}
+
+td_status td__pp_run(pipeline *p) {
+    __atomic_store_n(&p->abort, 0, __ATOMIC_RELEASE);
+    for (int k = 0; k < p->size; k++) {
+        chan_reset(&p->fwd[k]);
+        chan_reset(&p->bwd[k]);
+    }
+    return td_group_run(p->g, member_run, p);
+}
