@@ -140,8 +140,9 @@ static int keep_if_in_use(td_group *g) {
     if (nkept < (int)(sizeof kept / sizeof *kept))
         kept[nkept++] = g;
     pthread_mutex_unlock(&kept_lock);
+    /* Its devices too (when the group opened them): the stuck thread still
+     * reads its member's device, so closing it would free that under it. */
     TD_LOG_WARN("a group whose member never came back stays allocated while its thread may use it");
-    td_device_list_destroy(g->owned_list);
     return 1;
 }
 
