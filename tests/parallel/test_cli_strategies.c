@@ -250,7 +250,8 @@ static void training_goes_on_when_a_device_is_lost(void **state) {
 }
 
 /* A run that cannot go on says why and exits 1 soon after the collective
- * timeout (0.5 s here), whatever state its devices are in: its only device
+ * timeout (2 s here: a sanitizer build on a busy machine can take 0.5 s to
+ * reach a peer's collective), whatever state its devices are in: its only device
  * stuck for good in a collective, with no peer to time out on it; and, under
  * ZeRO-1 before any checkpoint, a device stuck for good whose replica the
  * run must free without its host thread. `timeout` turns a hang into exit
@@ -267,7 +268,7 @@ static void a_run_that_cannot_go_on_ends_within_its_timeout(void **state) {
         uint64_t t0 = td_clock_ns();
         int rc;
         snprintf(cmd, sizeof cmd,
-                 "TANDEM_COMM_TIMEOUT_MS=500 TANDEM_FAULT=%s timeout 30 %s train --model "
+                 "TANDEM_COMM_TIMEOUT_MS=2000 TANDEM_FAULT=%s timeout 30 %s train --model "
                  "%s/examples/mnist_mlp.json --data %s/data/mnist --steps 60 --quiet --devices %s "
                  "--strategy data",
                  cases[k].fault, TD_TANDEM_EXE, TD_SOURCE_DIR, TD_SOURCE_DIR, cases[k].devices);
