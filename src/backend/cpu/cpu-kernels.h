@@ -26,6 +26,10 @@ static inline void *td__cpu_scratch(size_t n) {
 int td__cpu_sgemm512(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                      int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 
+/* 1 when td__cpu_gemm_serial computes an (m, n, k) product of type dt with
+ * tandem's own kernel, 0 when it calls OpenBLAS (kern_gemm.c). */
+int td__cpu_gemm_own(td_dtype dt, int64_t m, int64_t n, int64_t k);
+
 /* im2col of one image for a stride-1 convolution in AVX-512 (kern_conv512.c):
  * col (c*kh*kw, oh*ow), rows ld apart. 0 when it could not run (another
  * stride, rows too long, or not built for this CPU): the caller's loop does. */
@@ -35,6 +39,12 @@ int td__cpu_im2col512(const td_conv_desc *d, const float *x, float *col, int64_t
 void td__cpu_gemm_serial(td_dtype dt, int ta, int tb, int64_t m, int64_t n, int64_t k, double alpha,
                          const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
                          void *c, int64_t ldc);
+
+/* kern_gemv.c: the table's gemm. Products with one row of A stream B once,
+ * split over the device's cores; others go on to td__cpu_gemm. */
+td_status td__cpu_gemm_any(void *ctx, td_dtype dt, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                           double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
+                           double beta, void *c, int64_t ldc);
 
 /* kern_gemm.c */
 td_status td__cpu_gemm(void *ctx, td_dtype dt, int ta, int tb, int64_t m, int64_t n, int64_t k,

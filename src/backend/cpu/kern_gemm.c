@@ -60,6 +60,19 @@ void *td__cpu_scratch_slot(int slot, size_t n) {
 
 /* GEMM ---------------------------------------------------------------------- */
 
+/* f32 on AVX-512 goes to tandem's own kernel (kern_sgemm.c) except when C
+ * has fewer than 16 columns (a classifier's 10 outputs), where the kernel's
+ * 32-column tiles are mostly padding. The choice does not depend on which
+ * kernels OpenBLAS picked (OPENBLAS_CORETYPE): `bench_gemm shapes
+ * --coretype-both` measured every product of the example models both ways,
+ * and for each the path chosen is the faster under Haswell kernels and the
+ * better worst case of the two (docs/benchmarks.md). f64 stays with
+ * OpenBLAS: there is no own f64 kernel. */
+int td__cpu_gemm_own(td_dtype dt, int64_t m, int64_t n, int64_t k) {
+    (void)m, (void)k;
+    return dt == TD_F32 && n >= 16 && td__cpu_simd() == TD_SIMD_AVX512;
+}
+
 void td__cpu_gemm_serial(td_dtype dt, int ta, int tb, int64_t m, int64_t n, int64_t k, double alpha,
                          const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
                          void *c, int64_t ldc) {
@@ -79,9 +92,7 @@ void td__cpu_gemm_serial(td_dtype dt, int ta, int tb, int64_t m, int64_t n, int6
             }
         return;
     }
-    /* OpenBLAS is held to its AVX2 kernels (OPENBLAS_CORETYPE=Haswell); on
-     * AVX-512 CPUs tandem's own kernel is faster for all but tiny products. */
-    if (dt == TD_F32 && m >= 32 && n >= 16 && k >= 16 && td__cpu_simd() == TD_SIMD_AVX512 &&
+    if (td__cpu_gemm_own(dt, m, n, k) &&
         td__cpu_sgemm512(ta, tb, m, n, k, (float)alpha, a, lda, b, ldb, (float)beta, c, ldc))
         return;
     if (dt == TD_F32)

@@ -1,12 +1,15 @@
-/* An AVX-512 SGEMM for one core, for CPUs whose OpenBLAS build is held to
- * its AVX2 (Haswell) kernels: C (m, n) = alpha op(A) op(B) + beta C, row-major.
+/* An AVX-512 SGEMM for one core, so that f32 speed does not hang on which
+ * kernels OpenBLAS picked (OPENBLAS_CORETYPE=Haswell holds it to AVX2): C (m,
+ * n) = alpha op(A) op(B) + beta C, row-major.
  *
  * B is packed in strips of 32 columns (two vectors) by KC rows; the
- * micro-kernel keeps a 12 x 32 tile of C in 24 registers and streams B's
- * strip while broadcasting 12 rows of A, read in place (A's strip, 12 x 384
- * floats, stays in L1 while the kernel walks the packed B block, 384 x 384, in
- * L2). The last strip of fewer than 12 rows is packed with zero rows; columns
- * past n are zeros in the packed B and masked when storing. */
+ * micro-kernel keeps an mrv x 32 tile of C in 2 mrv registers (mrv 12, 8, 6
+ * or 4, whichever pads m least) and streams B's strip while broadcasting mrv
+ * rows of A from a packed strip (mrv x 384 floats, in L1 while the kernel
+ * walks the packed B block, 384 x 384, in L2). A strip past m is zero rows;
+ * columns past n are never read and are masked when storing. When A is one
+ * strip, a plain B is read in place instead of packed; long, few dot
+ * products (A B^T with k >= 8 max(m, n)) take dot_nt. */
 #include <string.h>
 
 #include "backend/cpu/cpu-kernels.h"
@@ -100,43 +103,54 @@ static void pack_b(int tb, const float *b, int64_t ldb, int64_t pc, int64_t jc, 
     }
 }
 
-/* Ap (kc, 12) from op(A)[ir:ir+mr, pc:pc+kc], rows past mr zero. */
-static void pack_a(int ta, const float *a, int64_t lda, int64_t ir, int64_t pc, int64_t kc,
-                   int64_t mr, float *ap) {
+/* Ap from op(A)[ir:ir+mr, pc:pc+kc], rows past mr zero, for a kernel of
+ * mrv rows. A transposed A (a weight gradient's dY^T, rows of A 2-8 KiB
+ * apart) becomes columns: ap[p * mrv + i], one masked load and store per p.
+ * Read in place, those rows thrashed a few sets of L1 and the product ran at
+ * 110-150 GFLOP/s where packed it runs near the FMA peak. A plain A becomes
+ * rows: ap[i * ldp + p], each a copy of a row of A; ldp = kc + 16 keeps the
+ * rows off each other's sets. Returns ldp (0 for the column layout). */
+static int64_t pack_a(int ta, const float *a, int64_t lda, int64_t ir, int64_t pc, int64_t kc,
+                      int64_t mr, int mrv, float *ap) {
     if (ta) {
-        for (int64_t p = 0; p < kc; p++) {
-            const float *src = a + (pc + p) * lda + ir;
-            int64_t i = 0;
-            for (; i < mr; i++)
-                ap[p * MR + i] = src[i];
-            for (; i < MR; i++)
-                ap[p * MR + i] = 0;
-        }
-        return;
+        __mmask16 m = (__mmask16)((1u << mr) - 1), all = (__mmask16)((1u << mrv) - 1);
+        const float *src = a + pc * lda + ir;
+        for (int64_t p = 0; p < kc; p++)
+            _mm512_mask_storeu_ps(ap + p * mrv, all, _mm512_maskz_loadu_ps(m, src + p * lda));
+        return 0;
     }
-    for (int64_t i = 0; i < MR; i++) {
-        if (i < mr) {
-            const float *src = a + (ir + i) * lda + pc;
-            for (int64_t p = 0; p < kc; p++)
-                ap[p * MR + i] = src[p];
-        } else {
-            for (int64_t p = 0; p < kc; p++)
-                ap[p * MR + i] = 0;
+    int64_t ldp = kc + 16;
+    for (int64_t i = 0; i < mrv; i++) {
+        float *dst = ap + i * ldp;
+        const float *src = a + (ir + i) * lda + pc;
+        int64_t p = 0;
+        if (i >= mr) {
+            memset(dst, 0, sizeof(float) * (size_t)kc);
+            continue;
+        }
+        for (; p + 16 <= kc; p += 16)
+            _mm512_storeu_ps(dst + p, _mm512_loadu_ps(src + p));
+        if (p < kc) {
+            __mmask16 m = (__mmask16)((1u << (kc - p)) - 1);
+            _mm512_mask_storeu_ps(dst + p, m, _mm512_maskz_loadu_ps(m, src + p));
         }
     }
+    return ldp;
 }
 
 /* Stores rows [0, mr) of the tile: C = alpha acc + beta C, columns masked. */
-static inline void store_tile(__m512 *c0, __m512 *c1, float *c, int64_t ldc, int64_t mr, int64_t nr,
-                              float alpha, float beta) {
-    __mmask16 m0 = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1);
-    __mmask16 m1 = nr >= 32  ? (__mmask16)0xFFFF
-                   : nr > 16 ? (__mmask16)((1u << (nr - 16)) - 1)
-                             : (__mmask16)0;
+static inline __attribute__((always_inline)) void store_tile(const int mrv, __m512 *c0, __m512 *c1,
+                                                             float *c, int64_t ldc, int64_t mr,
+                                                             __mmask16 m0, __mmask16 m1,
+                                                             float alpha, float beta) {
     __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-    for (int i = 0; i < mr; i++) {
+    /* Over the constant mrv, so the accumulators stay in registers. */
+#pragma GCC unroll 12
+    for (int i = 0; i < mrv; i++) {
         float *row = c + i * ldc;
         __m512 r0 = _mm512_mul_ps(va, c0[i]), r1 = _mm512_mul_ps(va, c1[i]);
+        if (i >= mr)
+            break;
         if (beta != 0.0f) {
             r0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, row), r0);
             r1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, row + 16), r1);
@@ -146,49 +160,92 @@ static inline void store_tile(__m512 *c0, __m512 *c1, float *c, int64_t ldc, int
     }
 }
 
-/* C[0:mr, 0:nr] = alpha (A Bp) + beta C where A(i, p) = a[i + p * cs]: a
- * packed strip (cs = MR) or a transposed A read in place (cs = lda). */
-static void kernel_cols(int64_t kc, const float *a, int64_t cs, const float *bp, float *c,
-                        int64_t ldc, int64_t mr, int64_t nr, float alpha, float beta) {
+/* C[0:mr, 0:nr] = alpha (Ap Bp) + beta C for a packed A of mrv rows: in
+ * columns, A(i, p) = ap[p * mrv + i] (ldp 0), or in rows, ap[i * ldp + p].
+ * B(p, j) = bp[p * bs + j]: a packed strip (bs = NR) or B's rows in place;
+ * columns past nr are never read.
+ * Inlined with mrv and the layout constant, once per kernel below. */
+static inline __attribute__((always_inline)) void
+kernel_body(const int mrv, const int rows, int64_t kc, const float *ap, int64_t ldp,
+            const float *bp, int64_t bs, float *c, int64_t ldc, int64_t mr, int64_t nr, float alpha,
+            float beta) {
     __m512 c0[MR], c1[MR];
 #pragma GCC unroll 12
-    for (int i = 0; i < MR; i++) {
+    for (int i = 0; i < mrv; i++) {
         c0[i] = _mm512_setzero_ps();
         c1[i] = _mm512_setzero_ps();
     }
+    __mmask16 m0 = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1);
+    __mmask16 m1 = nr >= 32  ? (__mmask16)0xFFFF
+                   : nr > 16 ? (__mmask16)((1u << (nr - 16)) - 1)
+                             : (__mmask16)0;
     for (int64_t p = 0; p < kc; p++) {
-        __m512 b0 = _mm512_loadu_ps(bp + p * NR), b1 = _mm512_loadu_ps(bp + p * NR + 16);
-        const float *arow = a + p * cs;
+        __m512 b0 = _mm512_maskz_loadu_ps(m0, bp + p * bs),
+               b1 = _mm512_maskz_loadu_ps(m1, bp + p * bs + 16);
 #pragma GCC unroll 12
-        for (int i = 0; i < MR; i++) {
-            __m512 av = _mm512_set1_ps(arow[i]);
+        for (int i = 0; i < mrv; i++) {
+            __m512 av = _mm512_set1_ps(rows ? ap[i * ldp + p] : ap[p * mrv + i]);
             c0[i] = _mm512_fmadd_ps(av, b0, c0[i]);
             c1[i] = _mm512_fmadd_ps(av, b1, c1[i]);
         }
     }
-    store_tile(c0, c1, c, ldc, mr, nr, alpha, beta);
+    store_tile(mrv, c0, c1, c, ldc, mr, m0, m1, alpha, beta);
 }
 
-/* The same with A(i, p) = a[i * lda + p]: A's rows read in place. */
-static void kernel_rows(int64_t kc, const float *a, int64_t lda, const float *bp, float *c,
-                        int64_t ldc, int64_t nr, float alpha, float beta) {
-    __m512 c0[MR], c1[MR];
+/* C = alpha A B^T + beta C as dot products, for a plain A and a transposed B
+ * whose rows are long and few: a convolution's weight gradient, dW (oc, ckk)
+ * = dY (oc, n ohw) col^T, LeNet's first is (6, 25, 1568). Packing B for so few
+ * rows of A cost more than the product, and a 12 x 32 tile of a 6 x 25 C was
+ * mostly padding. Tiles of 3 x 4 dot products, 16 lanes each, over k; a
+ * tile's rows and columns past the edge repeat the last one and are not
+ * stored. */
+static void dot_nt(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                   const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    for (int64_t i0 = 0; i0 < m; i0 += 3)
+        for (int64_t j0 = 0; j0 < n; j0 += 4) {
+            const float *ar[3], *br[4];
+            __m512 acc[3][4];
+            for (int r = 0; r < 3; r++)
+                ar[r] = a + (i0 + r < m ? i0 + r : m - 1) * lda;
+            for (int q = 0; q < 4; q++)
+                br[q] = b + (j0 + q < n ? j0 + q : n - 1) * ldb;
 #pragma GCC unroll 12
-    for (int i = 0; i < MR; i++) {
-        c0[i] = _mm512_setzero_ps();
-        c1[i] = _mm512_setzero_ps();
-    }
-    for (int64_t p = 0; p < kc; p++) {
-        __m512 b0 = _mm512_loadu_ps(bp + p * NR), b1 = _mm512_loadu_ps(bp + p * NR + 16);
+            for (int x = 0; x < 12; x++)
+                acc[x / 4][x % 4] = _mm512_setzero_ps();
+            for (int64_t p = 0; p < k; p += 16) {
+                __mmask16 mk = k - p >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (k - p)) - 1);
+                __m512 av[3], bv[4];
+#pragma GCC unroll 3
+                for (int r = 0; r < 3; r++)
+                    av[r] = _mm512_maskz_loadu_ps(mk, ar[r] + p);
+#pragma GCC unroll 4
+                for (int q = 0; q < 4; q++)
+                    bv[q] = _mm512_maskz_loadu_ps(mk, br[q] + p);
 #pragma GCC unroll 12
-        for (int i = 0; i < MR; i++) {
-            __m512 av = _mm512_set1_ps(a[i * lda + p]);
-            c0[i] = _mm512_fmadd_ps(av, b0, c0[i]);
-            c1[i] = _mm512_fmadd_ps(av, b1, c1[i]);
+                for (int x = 0; x < 12; x++)
+                    acc[x / 4][x % 4] = _mm512_fmadd_ps(av[x / 4], bv[x % 4], acc[x / 4][x % 4]);
+            }
+            for (int r = 0; r < 3 && i0 + r < m; r++)
+                for (int q = 0; q < 4 && j0 + q < n; q++) {
+                    float *o = c + (i0 + r) * ldc + j0 + q;
+                    float v = alpha * _mm512_reduce_add_ps(acc[r][q]);
+                    *o = beta != 0.0f ? v + beta * *o : v;
+                }
         }
-    }
-    store_tile(c0, c1, c, ldc, MR, nr, alpha, beta);
 }
+
+#define KERNELS(X) X(12) X(8) X(6) X(4)
+#define KERNEL_DEF(R)                                                                              \
+    static void kernel_cols##R(int64_t kc, const float *ap, const float *bp, int64_t bs, float *c, \
+                               int64_t ldc, int64_t mr, int64_t nr, float alpha, float beta) {     \
+        kernel_body(R, 0, kc, ap, 0, bp, bs, c, ldc, mr, nr, alpha, beta);                         \
+    }                                                                                              \
+    static void kernel_rows##R(int64_t kc, const float *ap, int64_t ldp, const float *bp,          \
+                               int64_t bs, float *c, int64_t ldc, int64_t mr, int64_t nr,          \
+                               float alpha, float beta) {                                          \
+        kernel_body(R, 1, kc, ap, ldp, bp, bs, c, ldc, mr, nr, alpha, beta);                       \
+    }
+KERNELS(KERNEL_DEF)
 
 // clang-format off
 #if defined(__clang__)
@@ -198,11 +255,33 @@ static void kernel_rows(int64_t kc, const float *a, int64_t lda, const float *bp
 #endif
 // clang-format on
 
+/* Rows per strip for m rows: the fewest strips, then the tallest kernel
+ * (LeNet's convolutions have 6 and 16 output channels: 6 and 8 waste
+ * nothing where 12 wasted half and a third). */
+static int strip_rows(int64_t m) {
+    static const int opts[] = {12, 8, 6, 4};
+    int best = 12;
+    int64_t best_pad = (m + 11) / 12 * 12 - m;
+    for (int i = 1; i < 4; i++) {
+        int64_t pad = (m + opts[i] - 1) / opts[i] * opts[i] - m;
+        if (pad < best_pad) {
+            best = opts[i];
+            best_pad = pad;
+        }
+    }
+    return best;
+}
+
 int td__cpu_sgemm512(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                      int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
-    /* packed B block (KC x NC) and one packed A strip (KC x MR) */
-    float *bp = td__cpu_scratch_slot(1, sizeof(float) * (KC * NC + KC * MR));
+    /* packed B block (KC x NC) and one packed A strip (MR rows of KC + 16) */
+    float *bp = td__cpu_scratch_slot(1, sizeof(float) * (KC * NC + MR * (KC + 16)));
     float *ap;
+    int mrv = strip_rows(m);
+    if (!ta && tb && k >= 8 * (m > n ? m : n)) {
+        dot_nt(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return 1;
+    }
     if (!bp)
         return 0;
     ap = bp + KC * NC;
@@ -211,23 +290,28 @@ int td__cpu_sgemm512(int ta, int tb, int64_t m, int64_t n, int64_t k, float alph
         for (int64_t pc = 0; pc < k; pc += KC) {
             int64_t kc = k - pc < KC ? k - pc : KC;
             float bet = pc == 0 ? beta : 1.0f;
-            pack_b(tb, b, ldb, pc, jc, kc, nc, bp);
-            for (int64_t ir = 0; ir < m; ir += MR) {
-                int64_t mr = m - ir < MR ? m - ir : MR;
-                /* Whole strips read A in place; the last, short one is packed
-                 * with zero rows so the kernel never reads past A. */
-                if (mr < MR)
-                    pack_a(ta, a, lda, ir, pc, kc, mr, ap);
+            /* One strip of A uses each packed B once: a plain B is read in
+             * place then (LeNet's convolutions: 6 and 16 rows). */
+            int in_place = !tb && m <= mrv;
+            int64_t bs = in_place ? ldb : NR;
+            if (!in_place)
+                pack_b(tb, b, ldb, pc, jc, kc, nc, bp);
+            for (int64_t ir = 0; ir < m; ir += mrv) {
+                int64_t mr = m - ir < mrv ? m - ir : mrv;
+                int64_t ldp = pack_a(ta, a, lda, ir, pc, kc, mr, mrv, ap);
                 for (int64_t jr = 0; jr < nc; jr += NR) {
                     int64_t nr = nc - jr < NR ? nc - jr : NR;
                     float *ct = c + ir * ldc + jc + jr;
-                    const float *bt = bp + jr * kc;
-                    if (mr < MR)
-                        kernel_cols(kc, ap, MR, bt, ct, ldc, mr, nr, alpha, bet);
-                    else if (ta)
-                        kernel_cols(kc, a + pc * lda + ir, lda, bt, ct, ldc, MR, nr, alpha, bet);
-                    else
-                        kernel_rows(kc, a + ir * lda + pc, lda, bt, ct, ldc, nr, alpha, bet);
+                    const float *bt = in_place ? b + pc * ldb + jc + jr : bp + jr * kc;
+#define KERNEL_CALL(R)                                                                             \
+    case R:                                                                                        \
+        if (ldp)                                                                                   \
+            kernel_rows##R(kc, ap, ldp, bt, bs, ct, ldc, mr, nr, alpha, bet);                      \
+        else                                                                                       \
+            kernel_cols##R(kc, ap, bt, bs, ct, ldc, mr, nr, alpha, bet);                           \
+        break;
+                    switch (mrv) { KERNELS(KERNEL_CALL) }
+#undef KERNEL_CALL
                 }
             }
         }
