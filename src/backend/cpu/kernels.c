@@ -64,7 +64,7 @@ static td_status cpu_rng(void *ctx, void *x, td_dtype dt, size_t n, td_rng_kind 
 const td_kernels td__cpu_kernels = {
     .fill = cpu_fill,
     .rng = cpu_rng,
-    .gemm = td__cpu_gemm,
+    .gemm = td__cpu_gemm_any,
     .gemm_batched = td__cpu_gemm_batched,
     .bias_add = td__cpu_bias_add,
     .bias_grad = td__cpu_bias_grad,

@@ -1,0 +1,454 @@
+"""bench/generate's engine: batch-1 generation with tandem and its peers.
+
+Run through bench/generate (which sets up the venv). Makes the model, converts
+and exports it once under --workdir, measures the machine's read bandwidth,
+then runs every engine in a child process per round (the engines in a rotated
+order each round) and prints the medians, the memory-floor ratios and the
+floors. --peer NAME runs one peer once and prints 'result PREFILL_MS
+DECODE_MS_PER_TOKEN' or 'notrun: REASON' (the parent's protocol).
+
+    generate.py --tandem PATH [--rounds N] [--quick] [--json FILE] [--workdir DIR]
+"""
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+FULL = dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024)
+QUICK = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=64)
+THREADS = 2
+
+# A reader of `size` bytes on `threads` threads (each its own half), timed;
+# prints the best GB/s of `reps` passes after one that faults the pages in.
+READER_C = r"""
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+typedef struct { const uint64_t *p; size_t n; uint64_t sum; pthread_t t; } part;
+static void *run(void *a) {
+    part *q = a; uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (size_t i = 0; i + 4 <= q->n; i += 4) { s0 += q->p[i]; s1 += q->p[i + 1]; s2 += q->p[i + 2]; s3 += q->p[i + 3]; }
+    q->sum = s0 ^ s1 ^ s2 ^ s3; return NULL;
+}
+static double now(void) { struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); return ts.tv_sec + 1e-9 * ts.tv_nsec; }
+int main(int argc, char **argv) {
+    size_t size = (size_t)atoll(argv[1]); int threads = atoi(argv[2]), reps = atoi(argv[3]);
+    size_t n = size / 8; uint64_t *buf = aligned_alloc(64, n * 8), chk = 0; double best = 0;
+    part ps[64];
+    if (!buf || threads < 1 || threads > 64) return 1;
+    memset(buf, 1, n * 8);
+    for (int r = 0; r <= reps; r++) {
+        double t0 = now();
+        for (int i = 0; i < threads; i++) {
+            ps[i].p = buf + n * i / threads; ps[i].n = n * (i + 1) / threads - n * i / threads;
+            pthread_create(&ps[i].t, NULL, run, &ps[i]);
+        }
+        for (int i = 0; i < threads; i++) { pthread_join(ps[i].t, NULL); chk ^= ps[i].sum; }
+        double gbs = (double)n * 8 / (now() - t0) / 1e9;
+        if (r > 0 && gbs > best) best = gbs;
+    }
+    printf("%.3f %llu\n", best, (unsigned long long)chk);
+    return 0;
+}
+"""
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def weight_bytes_per_token(c):
+    """f32 bytes of the weights one decode step reads: every block, the final
+    layer norm and the (tied) head; of the embeddings one row each."""
+    e, layers, v = c["n_embd"], c["n_layer"], c["vocab_size"]
+    block = 2 * 2 * e + (3 * e * e + 3 * e) + (e * e + e) + (4 * e * e + 4 * e) + (4 * e * e + e)
+    return 4 * (layers * block + 2 * e + v * e + 2 * e)
+
+
+def measure_bandwidth(workdir, threads, size):
+    exe = os.path.join(workdir, "read_bw")
+    src = exe + ".c"
+    if not os.path.exists(exe):
+        with open(src, "w") as f:
+            f.write(READER_C)
+        cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+        if not cc:
+            return None
+        subprocess.run([cc, "-O3", "-march=native", "-pthread", "-o", exe, src], check=True)
+    out = subprocess.run([exe, str(size), str(threads), "5"], check=True, capture_output=True,
+                         text=True).stdout
+    return float(out.split()[0])
+
+
+# Models ---------------------------------------------------------------------------
+
+
+def write_tiny_hf(cfg, path):
+    """A GPT-2 as save_pretrained writes it (config.json, model.safetensors),
+    random weights, with the standard library only: the --quick model."""
+    os.makedirs(path, exist_ok=True)
+    e, v, t = cfg["n_embd"], cfg["vocab_size"], cfg["n_positions"]
+    rng = random.Random(1)
+    shapes = {"transformer.wte.weight": (v, e), "transformer.wpe.weight": (t, e),
+              "transformer.ln_f.weight": (e,), "transformer.ln_f.bias": (e,)}
+    for i in range(cfg["n_layer"]):
+        p = f"transformer.h.{i}."
+        shapes.update({p + "ln_1.weight": (e,), p + "ln_1.bias": (e,),
+                       p + "attn.c_attn.weight": (e, 3 * e), p + "attn.c_attn.bias": (3 * e,),
+                       p + "attn.c_proj.weight": (e, e), p + "attn.c_proj.bias": (e,),
+                       p + "ln_2.weight": (e,), p + "ln_2.bias": (e,),
+                       p + "mlp.c_fc.weight": (e, 4 * e), p + "mlp.c_fc.bias": (4 * e,),
+                       p + "mlp.c_proj.weight": (4 * e, e), p + "mlp.c_proj.bias": (e,)})
+    header, blobs, off = {}, [], 0
+    for name, shape in shapes.items():
+        n = 1
+        for s in shape:
+            n *= s
+        if name.endswith("ln_1.weight") or name.endswith("ln_2.weight") or name.endswith(
+                "ln_f.weight"):
+            vals = [1.0] * n
+        else:
+            vals = [rng.gauss(0.0, 0.02) for _ in range(n)]
+        blob = struct.pack(f"<{n}f", *vals)
+        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [off, off + len(blob)]}
+        blobs.append(blob)
+        off += len(blob)
+    hj = json.dumps(header).encode()
+    hj += b" " * (-len(hj) % 8)
+    with open(os.path.join(path, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(hj)) + hj + b"".join(blobs))
+    conf = dict(model_type="gpt2", architectures=["GPT2LMHeadModel"], n_ctx=t,
+                layer_norm_epsilon=1e-5, activation_function="gelu_new",
+                tie_word_embeddings=True, **cfg)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(conf, f)
+
+
+def write_hf(cfg, path):
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(**cfg)).eval().save_pretrained(path)
+
+
+def write_gguf(hfdir, cfg, path):
+    """The same weights as an f32 GGUF for llama.cpp's gpt2 architecture, as
+    llama.cpp's convert_hf_to_gguf.py lays them out (Conv1D weights
+    transposed to (out, in); the head written out as output.weight)."""
+    import gguf
+    import numpy as np
+    from safetensors.numpy import load_file
+    st = load_file(os.path.join(hfdir, "model.safetensors"))
+    pre = "transformer." if "transformer.wte.weight" in st else ""
+    w = gguf.GGUFWriter(path, "gpt2")
+    w.add_context_length(cfg["n_positions"])
+    w.add_embedding_length(cfg["n_embd"])
+    w.add_feed_forward_length(4 * cfg["n_embd"])
+    w.add_block_count(cfg["n_layer"])
+    w.add_head_count(cfg["n_head"])
+    w.add_layer_norm_eps(1e-5)
+    w.add_file_type(0)  # all f32
+    # llama.cpp takes its vocabulary size from the tokenizer ("none" gives
+    # 0): a SentencePiece-style list of placeholder pieces; ids go in as they are
+    v = cfg["vocab_size"]
+    w.add_tokenizer_model("llama")
+    w.add_token_list([b"<unk>", b"<s>", b"</s>"] + [f"<t{i}>".encode() for i in range(3, v)])
+    w.add_token_scores([0.0] * v)
+    w.add_token_types([2, 3, 3] + [1] * (v - 3))
+
+    def add(name, arr):
+        w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
+
+    add("token_embd.weight", st[pre + "wte.weight"])
+    add("position_embd.weight", st[pre + "wpe.weight"])
+    for i in range(cfg["n_layer"]):
+        p, b = f"{pre}h.{i}.", f"blk.{i}."
+        add(b + "attn_norm.weight", st[p + "ln_1.weight"])
+        add(b + "attn_norm.bias", st[p + "ln_1.bias"])
+        add(b + "attn_qkv.weight", st[p + "attn.c_attn.weight"].T)
+        add(b + "attn_qkv.bias", st[p + "attn.c_attn.bias"])
+        add(b + "attn_output.weight", st[p + "attn.c_proj.weight"].T)
+        add(b + "attn_output.bias", st[p + "attn.c_proj.bias"])
+        add(b + "ffn_norm.weight", st[p + "ln_2.weight"])
+        add(b + "ffn_norm.bias", st[p + "ln_2.bias"])
+        add(b + "ffn_up.weight", st[p + "mlp.c_fc.weight"].T)
+        add(b + "ffn_up.bias", st[p + "mlp.c_fc.bias"])
+        add(b + "ffn_down.weight", st[p + "mlp.c_proj.weight"].T)
+        add(b + "ffn_down.bias", st[p + "mlp.c_proj.bias"])
+    add("output_norm.weight", st[pre + "ln_f.weight"])
+    add("output_norm.bias", st[pre + "ln_f.bias"])
+    add("output.weight", st[pre + "wte.weight"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def export_onnx(hfdir, path):
+    from optimum.onnxruntime import ORTModelForCausalLM
+    m = ORTModelForCausalLM.from_pretrained(hfdir, export=True, use_cache=True)
+    m.save_pretrained(path)
+
+
+# Peers (each in its own process) ----------------------------------------------------
+
+
+def time_generate(gen, ids, n):
+    """Prefill ms (a generate of 1 token) and decode ms/token ((a generate of n
+    minus that) / (n - 1)), after a warm-up of 2 tokens."""
+    gen(ids, 2)
+    t0 = time.perf_counter()
+    gen(ids, 1)
+    t1 = time.perf_counter()
+    gen(ids, n)
+    t2 = time.perf_counter()
+    return 1e3 * (t1 - t0), 1e3 * ((t2 - t1) - (t1 - t0)) / (n - 1)
+
+
+def peer_torch(a, ids):
+    import torch
+    from transformers import GPT2LMHeadModel
+    torch.set_num_threads(THREADS)
+    m = GPT2LMHeadModel.from_pretrained(a.model).eval()
+    x = torch.tensor([ids])
+
+    def gen(ids_, n):
+        with torch.inference_mode():
+            m.generate(x, max_new_tokens=n, min_new_tokens=n, do_sample=False, use_cache=True,
+                       pad_token_id=0, attention_mask=torch.ones_like(x))
+    return time_generate(gen, ids, a.new_tokens)
+
+
+def peer_ort(a, ids):
+    import onnxruntime as ort
+    import torch
+    from optimum.onnxruntime import ORTModelForCausalLM
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = THREADS
+    so.inter_op_num_threads = 1
+    m = ORTModelForCausalLM.from_pretrained(a.onnx, session_options=so, use_cache=True)
+    x = torch.tensor([ids])
+
+    def gen(ids_, n):
+        m.generate(x, max_new_tokens=n, min_new_tokens=n, do_sample=False, use_cache=True,
+                   pad_token_id=0, attention_mask=torch.ones_like(x))
+    return time_generate(gen, ids, a.new_tokens)
+
+
+def peer_llama(a, ids):
+    import llama_cpp
+    import numpy as np
+    llm = llama_cpp.Llama(model_path=a.gguf, n_ctx=2 * len(ids) + a.new_tokens, n_batch=512,
+                          n_threads=THREADS, n_threads_batch=THREADS, logits_all=False,
+                          verbose=False)
+    vocab = a.vocab
+
+    def run(n):
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(ids)
+        t1 = time.perf_counter()
+        for _ in range(n):
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1),
+                                           shape=(vocab,))
+            llm.eval([int(np.argmax(logits))])
+        t2 = time.perf_counter()
+        return 1e3 * (t1 - t0), 1e3 * (t2 - t1) / max(n, 1)
+    run(2)
+    return run(a.new_tokens)
+
+
+def peer_main(a):
+    ids = list(open(a.prompt, "rb").read())
+    fn = {"torch": peer_torch, "ort": peer_ort, "llama": peer_llama}[a.peer]
+    try:
+        pre, dec = fn(a, ids)
+    except Exception as e:  # the parent prints the reason in the peer's row
+        print(f"notrun: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        return 0
+    print(f"result {pre:.3f} {dec:.4f}")
+    return 0
+
+
+# tandem -------------------------------------------------------------------------------
+
+
+def run_tandem(a, ckpt, prompt, devices, strategy):
+    cmd = [a.tandem, "generate", "--checkpoint", ckpt, "--prompt-file", prompt, "--tokens",
+           str(a.new_tokens), "--temperature", "0", "--summary", "--devices", devices]
+    if strategy:
+        cmd += ["--strategy", strategy]
+    p = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
+    for line in p.stdout.splitlines():
+        if line.startswith("summary: "):
+            s = json.loads(line[len("summary: "):])
+            return s["prefill_ms"], s["decode_ms_per_token"], None
+    err = (p.stderr.strip().splitlines() or ["no summary line"])[-1]
+    return None, None, err
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tandem", default="build/tandem")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json")
+    ap.add_argument("--workdir", default="bench/out/generate")
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    # a peer child's arguments
+    ap.add_argument("--peer")
+    ap.add_argument("--model")
+    ap.add_argument("--onnx")
+    ap.add_argument("--gguf")
+    ap.add_argument("--prompt")
+    ap.add_argument("--vocab", type=int)
+    a = ap.parse_args()
+    if a.peer:
+        return peer_main(a)
+    cfg = QUICK if a.quick else FULL
+    if a.quick:
+        a.prompt_tokens, a.new_tokens, a.rounds = 16, 16, min(a.rounds, 1)
+    if a.rounds < 1 or a.new_tokens < 2 or not 1 <= a.prompt_tokens <= cfg["n_positions"] // 2:
+        sys.exit("generate: --rounds >= 1, --new-tokens >= 2, --prompt-tokens up to half the context")
+    work = tempfile.mkdtemp(prefix="generate-") if a.quick else a.workdir
+    os.makedirs(work, exist_ok=True)
+    cpu = "unknown"
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        cpu = next(l.split(":", 1)[1].strip() for l in out.splitlines() if l.startswith("Model name"))
+    except (OSError, StopIteration):
+        pass
+    log(f"CPU: {cpu} ({os.cpu_count()} cores available); {THREADS} threads per engine")
+    tag = "quick" if a.quick else "gpt2-124m"
+    hfdir = os.path.join(work, f"{tag}-hf")
+    ckpt = os.path.join(work, f"{tag}.safetensors")
+    onnxdir = os.path.join(work, f"{tag}-onnx")
+    ggufp = os.path.join(work, f"{tag}-f32.gguf")
+    prompt = os.path.join(work, "prompt.txt")
+    # bytes as tokens: tandem reads the prompt so, the peers get the same ids
+    text = ("The quick brown fox jumps over the lazy dog. " * 64).encode()[:a.prompt_tokens]
+    with open(prompt, "wb") as f:
+        f.write(text)
+    log("model: {n_layer} layers, {n_embd} channels, {n_head} heads, vocabulary {vocab_size}, "
+        "context {n_positions}, f32, random weights".format(**cfg))
+    if not os.path.exists(os.path.join(hfdir, "model.safetensors")):
+        (write_tiny_hf if a.quick else write_hf)(cfg, hfdir)
+    if not os.path.exists(ckpt):
+        subprocess.run([a.tandem, "convert", "--from", "hf", hfdir, "--out", ckpt, "--optimizer",
+                        "none"], check=True, stdout=subprocess.DEVNULL)
+    notes = {}
+    if not a.quick:
+        if not os.path.exists(os.path.join(onnxdir, "model.onnx")):
+            try:
+                log("exporting to ONNX with the KV cache (optimum) ...")
+                export_onnx(hfdir, onnxdir)
+            except Exception as e:
+                notes["ort"] = f"ONNX export failed: {type(e).__name__}: {e}".splitlines()[0]
+        if not os.path.exists(ggufp):
+            try:
+                write_gguf(hfdir, cfg, ggufp)
+            except Exception as e:
+                notes["llama"] = f"GGUF not written: {type(e).__name__}: {e}".splitlines()[0]
+
+    wbytes = weight_bytes_per_token(cfg)
+    bw_size = (64 if a.quick else 1024) << 20
+    bw2 = measure_bandwidth(work, THREADS, bw_size)
+    bw1 = measure_bandwidth(work, 1, bw_size)
+    floor2 = 1e3 * wbytes / (bw2 * 1e9) if bw2 else None
+    floor1 = 1e3 * wbytes / (bw1 * 1e9) if bw1 else None
+    log(f"weights read per token: {wbytes / 1e6:.1f} MB; read bandwidth {bw2:.1f} GB/s on "
+        f"{THREADS} threads, {bw1:.1f} on 1 (best of 5 passes over {bw_size >> 20} MiB)")
+    log(f"memory floor: {floor2:.2f} ms/token on {THREADS} threads, {floor1:.2f} on 1")
+
+    engines = [("tandem cpu (2 cores)", "t", "cpu", None, floor2),
+               ("tandem cpu:0 (1 core)", "t", "cpu:0", None, floor1),
+               ("tandem cpu*2 --strategy tensor", "t", "cpu*2", "tensor", floor2)]
+    if not a.quick:
+        engines += [("transformers generate (PyTorch)", "torch", None, None, floor2),
+                    ("ONNX Runtime (optimum, KV cache)", "ort", None, None, floor2),
+                    ("llama.cpp (llama-cpp-python)", "llama", None, None, floor2)]
+    res = {e[0]: [] for e in engines}
+    why = {}
+    for r in range(a.rounds):
+        order = engines[r % len(engines):] + engines[:r % len(engines)]
+        for name, kind, dev, strat, _ in order:
+            if name in why:
+                continue
+            if kind == "t":
+                pre, dec, err = run_tandem(a, ckpt, prompt, dev, strat)
+                if err:
+                    why[name] = ("not built: " if strat else "failed: ") + err
+                    continue
+            else:
+                if kind in notes:
+                    why[name] = notes[kind]
+                    continue
+                p = subprocess.run([sys.executable, __file__, "--peer", kind, "--model", hfdir,
+                                    "--onnx", onnxdir, "--gguf", ggufp, "--prompt", prompt,
+                                    "--new-tokens", str(a.new_tokens), "--vocab",
+                                    str(cfg["vocab_size"])], capture_output=True, text=True)
+                line = next((l for l in p.stdout.splitlines()
+                             if l.startswith(("result ", "notrun: "))), None)
+                if not line or line.startswith("notrun: "):
+                    why[name] = line[len("notrun: "):] if line else (
+                        "failed: " + ((p.stderr.strip().splitlines() or ["no output"])[-1]))
+                    continue
+                pre, dec = (float(v) for v in line.split()[1:3])
+            res[name].append((pre, dec))
+            log(f"round {r + 1}: {name}: prefill {pre:.1f} ms, decode {dec:.2f} ms/token")
+
+    log(f"\n{a.prompt_tokens}-token prompt, {a.new_tokens} generated tokens, greedy; medians of "
+        f"{a.rounds} rounds")
+    log(f"{'engine':34} {'prefill ms':>11} {'decode ms/tok':>14} {'x floor':>8}")
+    med = {}
+    for name, _, _, _, fl in engines:
+        if name in why or not res[name]:
+            log(f"{name:34} {why.get(name, 'no result')}")
+            continue
+        pre = statistics.median(v[0] for v in res[name])
+        dec = statistics.median(v[1] for v in res[name])
+        med[name] = (pre, dec)
+        log(f"{name:34} {pre:11.1f} {dec:14.2f} {dec / fl:7.2f}x")
+    t2 = med.get(engines[0][0])
+    verdicts = []
+    if a.quick:
+        log("FLOORS: not judged (--quick)")
+    elif t2:
+        for peer in ("llama.cpp (llama-cpp-python)", "ONNX Runtime (optimum, KV cache)"):
+            label = f"FLOOR tandem cpu decode <= 1.0x {peer.split(' (')[0]}'s ms/token"
+            if peer in med:
+                ok = t2[1] <= med[peer][1]
+                verdicts.append(ok)
+                log(f"{label}: {t2[1] / med[peer][1]:.2f}x: {'PASS' if ok else 'FAIL'}")
+            else:
+                log(f"{label}: not judged ({why.get(peer, 'no result')})")
+        ok = t2[1] <= 1.5 * floor2
+        verdicts.append(ok)
+        log(f"FLOOR tandem cpu decode <= 1.5x the memory floor: {t2[1] / floor2:.2f}x: "
+            f"{'PASS' if ok else 'FAIL'}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"cpu": cpu, "bandwidth_gbs": {"2": bw2, "1": bw1},
+                       "weight_bytes_per_token": wbytes,
+                       "rows": {k: {"prefill_ms": v[0], "decode_ms_per_token": v[1]}
+                                for k, v in med.items()},
+                       "not_run": why}, f, indent=1)
+    if a.quick:
+        shutil.rmtree(work, ignore_errors=True)
+        return 0 if engines[0][0] in med and engines[1][0] in med else 1
+    return 0 if all(verdicts) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
