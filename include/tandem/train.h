@@ -190,6 +190,13 @@ typedef struct td_train_event {
     double eval_loss;     /* EPOCH/DONE: test (or validation) mean loss; NAN when not run */
     double eval_accuracy; /* EPOCH/DONE: test (or validation) accuracy */
     double elapsed_s;     /* since the run (this process) began */
+    /* STEP: the step's timings per member (member r is the group's rank r),
+     * and the group that took it (td_group_device() gives a member's device,
+     * NULL for one in another process); both borrowed for the callback's
+     * duration. NULL in other events, and stats NULL for a step that a lost
+     * device's recovery took. */
+    const td_step_stats *stats;
+    const td_group *group;
 } td_train_event;
 
 /* The settings a caller chose (td_train_config.given, or'ed). When resuming,

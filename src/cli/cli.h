@@ -21,6 +21,7 @@ typedef struct td_cli_train_args {
     td_train_config cfg; /* its strings point into the argv parsed */
     int summary;         /* --summary */
     int quiet;           /* --quiet */
+    int monitor;         /* --monitor: the devices' live view (monitor.h) */
     int help;            /* --help: print td_cli_train_usage() and run nothing */
     int epochs_given;    /* --epochs (else --steps alone decides) */
     int extend_given;    /* --extend (which needs --resume) */

@@ -1,7 +1,9 @@
 /* tandem plot: a metrics file of tandem train (--metrics, JSON lines) drawn
  * as one SVG: loss, accuracy and learning rate over the steps and, when the
  * file has "devices" lines (the data strategy), each device's share of the
- * batch and how busy it was.
+ * batch and how busy it was. A trace of tandem train --trace is drawn as a
+ * timeline instead (plot_timeline.c): the file's first JSON value says
+ * which it is.
  *
  * Lines are read in the file's order, so a resumed run's appended lines
  * continue its curves. Events other than step, eval, epoch, done and
@@ -21,13 +23,18 @@
 #include "cli/plot.h"
 
 static void usage(FILE *out) {
-    fprintf(out, "usage: tandem plot METRICS.jsonl -o OUT.svg\n\n"
+    fprintf(out, "usage: tandem plot METRICS.jsonl -o OUT.svg\n"
+                 "       tandem plot TRACE.json -o OUT.svg\n\n"
                  "Draws a metrics file of 'tandem train --metrics' as one SVG, a panel per\n"
                  "quantity over the steps: the loss (training batches, and the test set where\n"
                  "the file has it; a log axis when it spans more than two decades), the\n"
                  "accuracy, the learning rate and, when several devices trained with the data\n"
                  "strategy, each device's share of the batch and its busy fraction (compute\n"
                  "time over the step's time).\n\n"
+                 "A trace of 'tandem train --trace' is drawn as a timeline: a row per track\n"
+                 "(each device, its collective engine, the trainer), each span a box coloured\n"
+                 "by what it did (compute, comm, copy, wait, idle, update, step), over a time\n"
+                 "axis in ms.\n\n"
                  "  -o, --output FILE  the SVG to write (required)\n"
                  "  -h, --help         show this help\n");
 }
@@ -296,6 +303,39 @@ static int write_svg(plot_data *d, const char *out_path) {
     return 0;
 }
 
+/* The file's first JSON value when the file is a trace (an object with
+ * "traceEvents", or a list whose first item is an event with "ph"), in
+ * *trace; else *trace is NULL: a metrics file, whose first line is its
+ * first value, or a file that read_metrics finds fault with line by line.
+ * Returns 0, or 1 after saying that a trace does not parse. */
+static int read_trace(const char *path, json_t **trace) {
+    json_error_t e;
+    json_t *root = json_load_file(path, JSON_DISABLE_EOF_CHECK, &e), *first;
+    char head[256] = "";
+    FILE *f;
+    *trace = NULL;
+    if (root) {
+        first = json_array_get(root, 0);
+        if ((json_is_object(root) && json_object_get(root, "traceEvents")) ||
+            (json_is_object(first) && json_object_get(first, "ph")))
+            *trace = root;
+        else
+            json_decref(root);
+        return 0;
+    }
+    /* A trace cut short (a run killed while writing it) says so at its head. */
+    if ((f = fopen(path, "r"))) {
+        size_t n = fread(head, 1, sizeof head - 1, f);
+        head[n] = '\0';
+        fclose(f);
+    }
+    if (!strstr(head, "\"traceEvents\"") && !strstr(head, "\"displayTimeUnit\""))
+        return 0;
+    fprintf(stderr, "tandem plot: %s:%d: a trace that is not whole JSON: %s (column %d)\n", path,
+            e.line, e.text, e.column);
+    return 1;
+}
+
 int td_cli_plot(int argc, char **argv) {
     const char *out_path = NULL;
     plot_data d;
@@ -320,6 +360,14 @@ int td_cli_plot(int argc, char **argv) {
                                   : "which metrics file? (tandem train --metrics FILE)");
         usage(stderr);
         return 2;
+    }
+    json_t *trace;
+    if (read_trace(argv[optind], &trace) != 0)
+        return 1;
+    if (trace) {
+        rc = td_cli_plot_trace(argv[optind], trace, out_path);
+        json_decref(trace);
+        return rc;
     }
     plot_data_init(&d, argv[optind]);
     rc = read_metrics(&d);

@@ -46,4 +46,54 @@ void td_cli_plot_panel_deinit(td_plot_panel *p);
 int td_cli_plot_svg(FILE *out, const char *title, const char *xlabel, const td_plot_panel *panels,
                     int npanels);
 
+/* A timeline: a trace of tandem train --trace (plot_timeline.c reads it) ---- */
+
+/* What a span did; each has its colour and a legend entry. */
+typedef enum td_plot_cat {
+    TD_PLOT_COMPUTE = 0, /* forward, backward */
+    TD_PLOT_COMM,        /* a collective */
+    TD_PLOT_COPY,        /* host and device copies */
+    TD_PLOT_WAIT,        /* waiting for a collective or another member */
+    TD_PLOT_IDLE,        /* a step sat out (parked) */
+    TD_PLOT_UPDATE,      /* the optimizer step */
+    TD_PLOT_STEP,        /* the trainer's: loading a batch, the whole step */
+    TD_PLOT_OTHER,       /* a category tandem does not write */
+    TD_PLOT_CATS,
+} td_plot_cat;
+
+/* The category a trace names "compute", "comm", ...; TD_PLOT_OTHER for any
+ * other name or NULL. */
+td_plot_cat td_cli_plot_cat(const char *name);
+
+/* One span of a track. */
+typedef struct td_plot_span {
+    double t0, t1;    /* ms from the timeline's start; t0 <= t1 */
+    int cat;          /* td_plot_cat */
+    int depth;        /* spans of its track that hold it; it is drawn inside them */
+    const char *name; /* borrowed (from the parsed trace) */
+} td_plot_span;
+
+/* One row: a thread of the run (a device's, its collective engine's, the
+ * trainer's), its spans sorted by start, the longer first where two start
+ * together. */
+typedef struct td_plot_track {
+    char name[64];
+    td_plot_span *spans; /* (n,), malloc'ed, cap allocated */
+    size_t n, cap;
+} td_plot_track;
+
+/* Writes one SVG document to out: the title, a legend of the categories
+ * that occur, a row per track (id "row-<index>", its name in a <title> and
+ * at its left; a <rect> per span, coloured by category, nested spans drawn
+ * inside those that hold them) and a time axis in ms with round ticks.
+ * Returns the number of spans drawn (0: none, and nothing written). */
+long td_cli_plot_timeline_svg(FILE *out, const char *title, const td_plot_track *tracks,
+                              int ntracks);
+
+/* tandem plot of a trace: root is the parsed file (its traceEvents, or the
+ * bare array of events Chrome's format also allows), path its name for
+ * messages. Writes out_path; returns 0, or 1 after saying why not. */
+struct json_t;
+int td_cli_plot_trace(const char *path, struct json_t *root, const char *out_path);
+
 #endif

@@ -359,3 +359,124 @@ int td_cli_plot_svg(FILE *out, const char *title, const char *xlabel, const td_p
     fputs("</text>\n</svg>\n", out);
     return drawn;
 }
+
+/* The timeline ---------------------------------------------------------------
+ *
+ * A row per track under one time axis; a span is a box from its start to its
+ * end, in its category's colour, inset by 3 pixels a side for each span that
+ * holds it, so that a copy inside a forward shows within it. A span narrower
+ * than half a pixel is drawn half a pixel wide: it is there. */
+
+enum {
+    TL_LEFT = 120, /* room for the tracks' names */
+    TL_W = PAGE_W - TL_LEFT - MARGIN_R,
+    TL_LEGEND_H = 24,
+    TL_ROW_H = 22,
+    TL_ROW_GAP = 6,
+    TL_INSET = 3,
+};
+
+static const struct {
+    const char *name, *colour;
+} cats[TD_PLOT_CATS] = {
+    [TD_PLOT_COMPUTE] = {"compute", "#1f77b4"}, [TD_PLOT_COMM] = {"comm", "#ff7f0e"},
+    [TD_PLOT_COPY] = {"copy", "#2ca02c"},       [TD_PLOT_WAIT] = {"wait", "#b0b0b0"},
+    [TD_PLOT_IDLE] = {"idle", "#e2e2e2"},       [TD_PLOT_UPDATE] = {"update", "#9467bd"},
+    [TD_PLOT_STEP] = {"step", "#c49c94"},       [TD_PLOT_OTHER] = {"other", "#7f7f7f"},
+};
+
+td_plot_cat td_cli_plot_cat(const char *name) {
+    for (int c = 0; name && c < TD_PLOT_OTHER; c++)
+        if (!strcmp(name, cats[c].name))
+            return (td_plot_cat)c;
+    return TD_PLOT_OTHER;
+}
+
+/* A box and a coloured name for each category that occurs. */
+static void put_timeline_legend(FILE *out, const int *seen, int top) {
+    int lx = TL_LEFT;
+    for (int c = 0; c < TD_PLOT_CATS; c++) {
+        if (!seen[c])
+            continue;
+        fprintf(out,
+                "<rect x=\"%d\" y=\"%d\" width=\"14\" height=\"12\" fill=\"%s\" stroke=\"#666\" "
+                "stroke-width=\"0.5\"/><text x=\"%d\" y=\"%d\">%s</text>\n",
+                lx, top + 4, cats[c].colour, lx + 19, top + 14, cats[c].name);
+        lx += 19 + 7 * (int)strlen(cats[c].name) + 18;
+    }
+}
+
+/* Row i's boxes (and its band and name) with its top at y = top. */
+static void put_row(FILE *out, const td_plot_track *t, int i, const axis *x, int top) {
+    /* A hairline of white parts boxes that touch (one step after another). */
+    fprintf(out, "<g id=\"row-%d\" stroke=\"#fff\" stroke-width=\"0.4\"><title>", i);
+    put_text(out, t->name);
+    fprintf(out,
+            "</title>\n<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"%s\" "
+            "stroke=\"none\"/><text x=\"%d\" y=\"%d\" text-anchor=\"end\" stroke=\"none\">",
+            TL_LEFT, top, TL_W, TL_ROW_H, i % 2 ? "#f4f4f4" : "#fafafa", TL_LEFT - 8,
+            top + TL_ROW_H / 2 + 4);
+    put_text(out, t->name);
+    fputs("</text>\n", out);
+    for (size_t k = 0; k < t->n; k++) {
+        const td_plot_span *s = &t->spans[k];
+        double x0 = TL_LEFT + axis_pos(x, s->t0, TL_W),
+               w = axis_pos(x, s->t1, TL_W) - axis_pos(x, s->t0, TL_W);
+        int inset = s->depth * TL_INSET < TL_ROW_H / 2 - 2 ? s->depth * TL_INSET : TL_ROW_H / 2 - 2;
+        fprintf(out, "<rect x=\"%.2f\" y=\"%d\" width=\"%.2f\" height=\"%d\" fill=\"%s\"><title>",
+                x0, top + inset, w > 0.5 ? w : 0.5, TL_ROW_H - 2 * inset, cats[s->cat].colour);
+        put_text(out, s->name ? s->name : "");
+        fprintf(out, ": %.3f ms</title></rect>\n", s->t1 - s->t0);
+    }
+    fputs("</g>\n", out);
+}
+
+long td_cli_plot_timeline_svg(FILE *out, const char *title, const td_plot_track *tracks,
+                              int ntracks) {
+    int seen[TD_PLOT_CATS] = {0}, top, height, plot_h = ntracks * (TL_ROW_H + TL_ROW_GAP);
+    double end = 0, v[64];
+    char label[32];
+    long spans = 0;
+    axis x;
+    for (int i = 0; i < ntracks; i++)
+        for (size_t k = 0; k < tracks[i].n; k++) {
+            seen[tracks[i].spans[k].cat] = 1;
+            end = fmax(end, tracks[i].spans[k].t1);
+            spans++;
+        }
+    if (spans == 0)
+        return 0;
+    x = linear_axis(0, end, 9);
+    top = TITLE_H + TL_LEGEND_H;
+    height = top + plot_h + FOOT_H + XLABEL_H;
+    fprintf(out,
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"%d\" height=\"%d\" "
+            "viewBox=\"0 0 %d %d\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\" "
+            "font-size=\"12\" fill=\"#222\">\n"
+            "<rect width=\"100%%\" height=\"100%%\" fill=\"#fff\"/>\n"
+            "<text x=\"%d\" y=\"26\" font-size=\"16\" font-weight=\"bold\">",
+            PAGE_W, height, PAGE_W, height, TL_LEFT);
+    put_text(out, title);
+    fputs("</text>\n", out);
+    put_timeline_legend(out, seen, TITLE_H);
+    for (int i = 0; i < ntracks; i++)
+        put_row(out, &tracks[i], i, &x, top + i * (TL_ROW_H + TL_ROW_GAP));
+    /* The time axis: gridlines over the rows, ticks and labels under them. */
+    for (int i = 0, n = axis_ticks(&x, v, 64); i < n; i++) {
+        double px = TL_LEFT + axis_pos(&x, v[i], TL_W);
+        tick_label(&x, v[i], label, sizeof label);
+        fprintf(out,
+                "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#999\" "
+                "stroke-opacity=\"0.35\"/><line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" "
+                "stroke=\"#333\"/><text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%s</text>\n",
+                px, top, px, top + plot_h, px, top + plot_h, px, top + plot_h + 5, px,
+                top + plot_h + 18, label);
+    }
+    fprintf(out,
+            "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#333\"/>\n"
+            "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">time (ms)</text>\n</svg>\n",
+            TL_LEFT, top + plot_h, TL_LEFT + TL_W, top + plot_h, TL_LEFT + TL_W / 2,
+            top + plot_h + FOOT_H + 6);
+    return spans;
+}

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/monitor.h"
 #include "tandem/tandem.h"
 
 /* The table of the members of a run over several devices: each one's share
@@ -68,9 +69,11 @@ typedef struct progress {
     int tty, quiet;
     uint64_t last_draw;
     int64_t epochs;
+    td_cli_monitor *monitor; /* --monitor; NULL: none */
 } progress;
 
-static void draw_bar(progress *p, const td_train_event *ev) {
+/* The progress line: the epoch, a bar of its batches, loss, throughput. */
+static void format_bar(const progress *p, const td_train_event *ev, char *buf, size_t n) {
     char bar[31];
     int64_t total = ev->batches_per_epoch > 0 ? ev->batches_per_epoch : 1;
     int filled = (int)(30 * ev->batch_in_epoch / total);
@@ -80,25 +83,44 @@ static void draw_bar(progress *p, const td_train_event *ev) {
     char of[32] = "";
     if (p->epochs > 0)
         snprintf(of, sizeof of, "/%lld", (long long)p->epochs);
-    fprintf(stderr, "\r\033[Kepoch %lld%s [%s] %lld/%lld  loss %.4f  %.0f samples/s",
-            (long long)ev->epoch + 1, of, bar, (long long)ev->batch_in_epoch, (long long)total,
-            ev->loss, ev->samples_per_s);
+    snprintf(buf, n, "epoch %lld%s [%s] %lld/%lld  loss %.4f  %.0f samples/s",
+             (long long)ev->epoch + 1, of, bar, (long long)ev->batch_in_epoch, (long long)total,
+             ev->loss, ev->samples_per_s);
+}
+
+static void draw_bar(progress *p, const td_train_event *ev) {
+    char line[160];
+    format_bar(p, ev, line, sizeof line);
+    fprintf(stderr, "\r\033[K%s", line);
     fflush(stderr);
+}
+
+/* Erases what the progress display drew on the terminal, before a line. */
+static void clear_progress(progress *p) {
+    if (p->monitor)
+        td_cli_monitor_clear(p->monitor);
+    else if (p->tty)
+        fprintf(stderr, "\r\033[K");
 }
 
 static int on_event(void *arg, const td_train_event *ev) {
     progress *p = arg;
     if (interrupted == 1) {
         interrupted = 2;
-        fprintf(stderr, "%sinterrupted: stopping after this step (Ctrl-C again to quit now)\n",
-                p->tty ? "\r\033[K" : "");
+        clear_progress(p);
+        fprintf(stderr, "interrupted: stopping after this step (Ctrl-C again to quit now)\n");
         return 1;
     }
     if (p->quiet || !ev->root) /* under mpirun, rank 0's process reports */
         return 0;
     if (ev->kind == TD_TRAIN_EVENT_STEP) {
         uint64_t now = td_clock_ns();
-        if (p->tty && now - p->last_draw > 100000000ull) {
+        if (p->monitor) { /* it draws the progress line too, on a terminal */
+            char head[160];
+            format_bar(p, ev, head, sizeof head);
+            td_cli_monitor_step(p->monitor, ev, head);
+        }
+        if (p->tty && !p->monitor && now - p->last_draw > 100000000ull) {
             draw_bar(p, ev);
             p->last_draw = now;
         } else if (!p->tty && ev->batches_per_epoch >= 10 &&
@@ -112,8 +134,7 @@ static int on_event(void *arg, const td_train_event *ev) {
         }
         return 0;
     }
-    if (p->tty)
-        fprintf(stderr, "\r\033[K");
+    clear_progress(p);
     if (ev->kind == TD_TRAIN_EVENT_EVAL) {
         printf("step %lld: test loss %.4f  accuracy %.2f%%  (%.1f s)\n", (long long)ev->step,
                ev->eval_loss, 100 * ev->eval_accuracy, ev->elapsed_s);
@@ -174,10 +195,16 @@ int td_cli_train(int argc, char **argv) {
     prog.quiet = a.quiet;
     prog.tty = isatty(STDERR_FILENO);
     prog.epochs = a.cfg.epochs;
+    if (a.monitor && !(prog.monitor = td_cli_monitor_create(stderr, prog.tty))) {
+        fprintf(stderr, "tandem train: out of memory for --monitor\n");
+        return 1;
+    }
     a.cfg.callback = on_event;
     a.cfg.callback_arg = &prog;
     signal(SIGINT, on_sigint);
-    if ((st = td_train_run(&a.cfg, &sum)) != TD_OK) {
+    st = td_train_run(&a.cfg, &sum);
+    td_cli_monitor_destroy(prog.monitor);
+    if (st != TD_OK) {
         rc = td_cli_fail("train", st);
         return sum.bad_setting ? 2 : rc;
     }

@@ -73,6 +73,10 @@ void td_cli_train_usage(FILE *out) {
             "  --eval-every N      also evaluate every N steps (a line and a metrics record)\n"
             "  --no-epoch-eval     evaluate at the end only\n"
             "  --summary           print a last line 'summary: {json}' for scripts\n"
+            "  --monitor           show each device while it trains: busy fraction (NVML's\n"
+            "                      utilisation for CUDA GPUs), memory in use, share of the\n"
+            "                      batch, time in the step; redrawn in place on a terminal,\n"
+            "                      else a plain line on stderr every 10 s\n"
             "  --quiet             no progress output\n"
             "  --help              show this help\n");
 }
@@ -117,6 +121,7 @@ enum {
     OPT_NO_EPOCH_EVAL,
     OPT_SUMMARY,
     OPT_QUIET,
+    OPT_MONITOR,
     OPT_HELP,
 };
 
@@ -178,6 +183,7 @@ static const struct option options[] = {
     {"no-epoch-eval", no_argument, NULL, OPT_NO_EPOCH_EVAL},
     {"summary", no_argument, NULL, OPT_SUMMARY},
     {"quiet", no_argument, NULL, OPT_QUIET},
+    {"monitor", no_argument, NULL, OPT_MONITOR},
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
 };
@@ -425,6 +431,7 @@ static int parse_option(FILE *err, int c, const char *arg, td_cli_train_args *a)
     case OPT_NO_EPOCH_EVAL: cfg->eval_each_epoch = 0; return 1;
     case OPT_SUMMARY: a->summary = 1; return 1;
     case OPT_QUIET: a->quiet = 1; return 1;
+    case OPT_MONITOR: a->monitor = 1; return 1;
     case 'h':
     case OPT_HELP: a->help = 1; return 1;
     case OPT_LR:
@@ -472,6 +479,11 @@ static int check_together(FILE *err, td_cli_train_args *a) {
     if ((cfg->trace_first || cfg->trace_last) && !cfg->trace_path) {
         fprintf(err, "tandem train: --trace-steps says which steps --trace records; there is no "
                      "--trace\n");
+        return 0;
+    }
+    if (a->monitor && a->quiet) {
+        fprintf(err, "tandem train: --monitor shows the devices while --quiet shows nothing; "
+                     "give one\n");
         return 0;
     }
     if (a->extend_given && !cfg->resume) {

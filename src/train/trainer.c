@@ -633,12 +633,12 @@ static td_status end_epoch(td__trainer *t, int64_t epoch) {
 /* The strategy's step on b; a device lost in it goes to recovery, after
  * which the survivors take the step again, or it was taken, or the run
  * went back to its checkpoint (*rewound). */
-static td_status strategy_step(td__trainer *t, const td_batch *b, td_step_result *r, int *rewound) {
-    td_step_stats ds;
+static td_status strategy_step(td__trainer *t, const td_batch *b, td_step_result *r, int *rewound,
+                               td_step_stats *ds, int *have_stats) {
     int64_t before = td_strategy_steps(t->s);
     td__after_loss after = TD__STEP_TO_REDO;
-    td_status st = td_strategy_step(t->s, b, (uint64_t)t->state.step, r, &ds);
-    *rewound = 0;
+    td_status st = td_strategy_step(t->s, b, (uint64_t)t->state.step, r, ds);
+    *rewound = *have_stats = 0;
     while (st == TD_ERR_DEVICE_LOST) { /* a retake can lose a device too */
         TD_CHECK(td__train_carry_on(t, st, before, &after));
         if (after == TD__STEPS_REWOUND) {
@@ -647,11 +647,13 @@ static td_status strategy_step(td__trainer *t, const td_batch *b, td_step_result
         }
         memset(r, 0, sizeof *r); /* its numbers went with the device */
         st = after == TD__STEP_TAKEN ? TD_OK
-                                     : td_strategy_step(t->s, b, (uint64_t)t->state.step, r, &ds);
+                                     : td_strategy_step(t->s, b, (uint64_t)t->state.step, r, ds);
     }
     TD_CHECK(st);
-    if (after != TD__STEP_TAKEN)
-        add_member_stats(t, &ds, b->n);
+    if (after != TD__STEP_TAKEN) {
+        add_member_stats(t, ds, b->n);
+        *have_stats = 1;
+    }
     return TD_OK;
 }
 
@@ -661,10 +663,11 @@ static td_status take_step(td__trainer *t, const td_batch *b, uint64_t s0, int64
     const td_train_config *cfg = t->cfg;
     td_train_event ev;
     td_step_result r = {0, 0, 0};
+    td_step_stats ds;
     double dt, lr = td_strategy_lr(t->s);
-    int rewound;
+    int rewound, have_stats;
     uint64_t tr = td__trace_begin();
-    TD_CHECK(strategy_step(t, b, &r, &rewound));
+    TD_CHECK(strategy_step(t, b, &r, &rewound, &ds, &have_stats));
     td__train_trace_stepped(t, tr);
     if (rewound)
         return TD_OK;
@@ -691,9 +694,13 @@ static td_status take_step(td__trainer *t, const td_batch *b, uint64_t s0, int64
     ev.samples_per_s = t->ep_seconds > 0 ? (double)t->ep_samples / t->ep_seconds : 0;
     ev.eval_loss = ev.eval_accuracy = NAN;
     ev.elapsed_s = now_s(t);
+    ev.stats = have_stats ? &ds : NULL;
+    ev.group = t->group;
     metrics_line(t, "step", &ev);
     if (cfg->callback && cfg->callback(cfg->callback_arg, &ev))
         t->stop = 1;
+    ev.stats = NULL; /* the EVAL event below is not the step's */
+    ev.group = NULL;
     if (cfg->max_seconds > 0 && t->train_seconds >= cfg->max_seconds)
         t->stop = 1;
     if (t->stop)

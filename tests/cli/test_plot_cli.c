@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <zlib.h>
 
+#include "support/png.h"
 #include "support/support.h"
 
 #define EXE   TD_TANDEM_EXE
@@ -181,90 +181,6 @@ static void svg_is_xml_with_a_point_per_step(void **state) {
     free(svg);
 }
 
-/* An image decoded from PNG: (h, w, 4) bytes, RGBA. */
-typedef struct image {
-    int w, h;
-    unsigned char *px;
-} image;
-
-static unsigned be32(const unsigned char *p) {
-    return (unsigned)p[0] << 24 | (unsigned)p[1] << 16 | (unsigned)p[2] << 8 | p[3];
-}
-
-static int paeth(int a, int b, int c) {
-    int p = a + b - c, pa = abs(p - a), pb = abs(p - b), pc = abs(p - c);
-    return pa <= pb && pa <= pc ? a : pb <= pc ? b : c;
-}
-
-/* Decodes a PNG of 8-bit RGB or RGBA, not interlaced (what rsvg-convert
- * writes), with zlib: enough of the format to look at the pixels. */
-static image read_png(const char *path) {
-    size_t n, idat_n = 0, off = 8;
-    unsigned char *f = td_test_read_file(path, &n), *idat = malloc(n), *raw;
-    int channels = 0;
-    uLongf raw_n;
-    image im = {0};
-    assert_non_null(idat);
-    if (n < 8 || memcmp(f, "\x89PNG\r\n\x1a\n", 8))
-        fail_msg("%s: not a PNG", path);
-    while (off + 12 <= n) {
-        unsigned len = be32(f + off);
-        const unsigned char *type = f + off + 4, *data = f + off + 8;
-        if (off + 12 + len > n)
-            fail_msg("%s: truncated chunk", path);
-        if (!memcmp(type, "IHDR", 4)) {
-            im.w = (int)be32(data);
-            im.h = (int)be32(data + 4);
-            if (data[8] != 8 || (data[9] != 2 && data[9] != 6) || data[12] != 0)
-                fail_msg("%s: depth %d, colour type %d, interlace %d: not 8-bit RGB(A)", path,
-                         data[8], data[9], data[12]);
-            channels = data[9] == 6 ? 4 : 3;
-        } else if (!memcmp(type, "IDAT", 4)) {
-            memcpy(idat + idat_n, data, len);
-            idat_n += len;
-        }
-        off += 12 + len;
-    }
-    assert_true(im.w > 0 && im.h > 0 && channels > 0);
-    raw_n = (uLongf)im.h * (uLongf)(1 + im.w * channels);
-    raw = malloc(raw_n);
-    assert_non_null(raw);
-    if (uncompress(raw, &raw_n, idat, idat_n) != Z_OK ||
-        raw_n != (uLongf)im.h * (uLongf)(1 + im.w * channels))
-        fail_msg("%s: the image data does not inflate to %dx%d pixels", path, im.w, im.h);
-    im.px = calloc((size_t)im.w * im.h, 4);
-    assert_non_null(im.px);
-    for (int y = 0; y < im.h; y++) {
-        unsigned char *row = raw + (size_t)y * (1 + im.w * channels), *cur = row + 1;
-        const unsigned char *up = y ? raw + (size_t)(y - 1) * (1 + im.w * channels) + 1 : NULL;
-        for (int i = 0; i < im.w * channels; i++) {
-            int a = i >= channels ? cur[i - channels] : 0, b = up ? up[i] : 0;
-            int c = up && i >= channels ? up[i - channels] : 0,
-                p[5] = {0, a, b, (a + b) / 2, paeth(a, b, c)};
-            if (row[0] > 4)
-                fail_msg("%s: row %d has filter %d", path, y, row[0]);
-            cur[i] = (unsigned char)(cur[i] + p[row[0]]);
-        }
-        for (int x = 0; x < im.w; x++) {
-            memcpy(im.px + 4 * ((size_t)y * im.w + x), cur + x * channels, 3);
-            im.px[4 * ((size_t)y * im.w + x) + 3] = channels == 4 ? cur[x * channels + 3] : 255;
-        }
-    }
-    free(raw);
-    free(idat);
-    free(f);
-    return im;
-}
-
-static const unsigned char *pixel(const image *im, int x, int y) {
-    return im->px + 4 * ((size_t)y * im->w + x);
-}
-
-/* Drawn on: not the white page (nor transparent). */
-static int inked(const unsigned char *p) {
-    return p[3] > 128 && (p[0] < 240 || p[1] < 240 || p[2] < 240);
-}
-
 /* The training loss's colour, give or take its anti-aliased edge. */
 static int train_colour(const unsigned char *p) {
     return p[3] > 200 && abs(p[0] - TRAIN_R) + abs(p[1] - TRAIN_G) + abs(p[2] - TRAIN_B) < 48;
@@ -276,7 +192,7 @@ static void rendered_png_shows_the_falling_loss(void **state) {
     int ax, ay, aw, ah, inked_n = 0, cols = 0, left = -1, right = -1;
     double y_left = 0, y_right = 0;
     int n_left = 0, n_right = 0;
-    image im;
+    td_test_image im;
     require_tool("rsvg-convert", "librsvg2-bin");
     snprintf(cmd, sizeof cmd, "rsvg-convert -f png -o %s %s", td_test_tmp("run.png"),
              td_test_tmp("run.svg"));
@@ -284,10 +200,10 @@ static void rendered_png_shows_the_falling_loss(void **state) {
         fail_msg("rsvg-convert could not render %s: %s", td_test_tmp("run.svg"), err ? err : "");
     free(out);
     free(err);
-    im = read_png(td_test_tmp("run.png"));
+    im = td_test_read_png(td_test_tmp("run.png"));
     for (int y = 0; y < im.h; y++)
         for (int x = 0; x < im.w; x++)
-            inked_n += inked(pixel(&im, x, y));
+            inked_n += td_test_inked(td_test_pixel(&im, x, y));
     /* Axes, gridlines, text and five panels' curves: a few percent of the page. */
     if (inked_n < im.w * im.h / 50 || inked_n > im.w * im.h / 2)
         fail_msg("%d of %dx%d pixels drawn on: blank or smeared", inked_n, im.w, im.h);
@@ -305,7 +221,7 @@ static void rendered_png_shows_the_falling_loss(void **state) {
      * tick to the last). */
     for (int x = ax; x < ax + aw; x++)
         for (int y = ay; y < ay + ah; y++)
-            if (train_colour(pixel(&im, x, y))) {
+            if (train_colour(td_test_pixel(&im, x, y))) {
                 cols++;
                 left = left < 0 ? x : left;
                 right = x;
@@ -316,7 +232,7 @@ static void rendered_png_shows_the_falling_loss(void **state) {
     /* Loss falls: the curve's first tenth sits higher (smaller y) than its last. */
     for (int x = left; x <= right; x++)
         for (int y = ay; y < ay + ah; y++) {
-            if (!train_colour(pixel(&im, x, y)))
+            if (!train_colour(td_test_pixel(&im, x, y)))
                 continue;
             if (x < left + (right - left) / 10)
                 y_left += y, n_left++;
