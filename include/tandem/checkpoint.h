@@ -159,6 +159,11 @@ TD_API td_status td_checkpoint_save_host(const char *path, const char *model_jso
  * shape and dtype; the file's other tensors belong to the other parts. */
 TD_API td_status td_checkpoint_load_part(const char *path, td_model *m, td_optimizer *opt,
                                          td_train_state *state);
+/* Loads m's weights only from a checkpoint of either precision, converted
+ * to m's: a whole model's, or a tensor-parallel shard's slices of each
+ * (td_model_param_slice). Each tensor is found by name and checked against
+ * the whole parameter's shape; errors name the file and the tensor. */
+TD_API td_status td_checkpoint_load_weights(const char *path, td_model *m);
 
 #ifdef __cplusplus
 }

@@ -2,9 +2,10 @@
  * each attention layer's keys and values (the KV cache) so that one more
  * token costs one position's forward, and a generator that samples from it.
  *
- * The decoder is the nn layer's (one model on one device); the generator
- * sits above it, as the trainer does. Tensor- and pipeline-parallel
- * generation (DESIGN.md, "Generation") are not built yet: one device. */
+ * The decoder is the nn layer's (one model, or one tensor-parallel shard,
+ * on one device); a strategy makes decoders over several devices
+ * (td_strategy_decoder_create in strategy.h) through td_decoder_create_custom.
+ * The generator sits above them, as the trainer does. */
 #ifndef TANDEM_GENERATE_H
 #define TANDEM_GENERATE_H
 
@@ -62,6 +63,29 @@ TD_API td_status td_decoder_prefill(td_decoder *d, const int32_t *tokens, int64_
  * A full cache (position T) is TD_ERR_INVALID_ARG: the caller re-prefills a
  * shorter window (td_generate slides, see below). */
 TD_API td_status td_decoder_step(td_decoder *d, int32_t token, double *logits);
+
+/* Makes the decoder compute and read only logits [first, first + count) of
+ * the model's head (its last layer, a whole linear): prefill and step then
+ * write only those entries of logits. The decoders of one model's shards
+ * take a slice each, so that they share the reading of the head. count 0:
+ * no logits at all (another decoder gives them). A part of the vocabulary
+ * when the head is not a whole linear is TD_ERR_UNSUPPORTED; a range
+ * outside the vocabulary TD_ERR_INVALID_ARG. */
+TD_API td_status td_decoder_set_vocab_slice(td_decoder *d, int64_t first, int64_t count);
+
+/* A decoder whose passes someone else runs. pass runs tokens[0..n) at
+ * positions [pos, pos + n) of one sequence (pos 0: the cache is emptied
+ * first) and, when logits is not NULL, writes the vocab logits of position
+ * pos + n - 1; the decoder checks the tokens and keeps the position.
+ * destroy (may be NULL) frees impl with the decoder. */
+typedef struct td_decoder_impl {
+    td_status (*pass)(void *impl, const int32_t *tokens, int64_t pos, int64_t n, double *logits);
+    void (*destroy)(void *impl);
+    void *impl;
+    int64_t context, vocab, token_limit;
+} td_decoder_impl;
+/* *out drives impl (copied). */
+TD_API td_status td_decoder_create_custom(const td_decoder_impl *impl, td_decoder **out);
 
 /* The generator ----------------------------------------------------------------- */
 

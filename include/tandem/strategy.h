@@ -26,6 +26,7 @@
 
 #include "tandem/checkpoint.h"
 #include "tandem/comm.h"
+#include "tandem/generate.h"
 #include "tandem/nn.h"
 #include "tandem/parallel.h"
 #include "tandem/status.h"
@@ -122,6 +123,25 @@ TD_API td_status td_strategy_survivors(td_strategy *s, td_group **out);
  * over the survivors, then td_strategy_load). s stays as it is. */
 TD_API td_status td_strategy_carry_on(td_strategy *s, td_group *survivors, int64_t steps_before,
                                       td_strategy **out, int *step_taken, const char **why);
+
+/* Generation -------------------------------------------------------------------
+ *
+ * A decoder (generate.h: td_decoder_prefill, td_decoder_step, td_generate)
+ * of the model a checkpoint holds, over g's devices, in dtype (the
+ * checkpoint's values converted), the way `strategy` splits it:
+ *   single  the whole model and its KV cache on g's first device
+ *   tensor  each device a shard (tensor's slices, sized by each device's
+ *           measured speed at reading weights), the KV cache of its own
+ *           heads, and a slice of the head's vocabulary rows; each step
+ *           sums the units' partial outputs by small all-reduces
+ * Greedy decoding gives the same tokens whatever the strategy and devices,
+ * up to rounding. Other strategies do not generate: TD_ERR_UNSUPPORTED
+ * saying which do. The decoder owns the models it builds; g must outlive
+ * it. Calls as td_strategy's: from one thread that is no member's host
+ * thread. */
+TD_API td_status td_strategy_decoder_create(td_group *g, const char *strategy,
+                                            const char *checkpoint, td_dtype dtype,
+                                            td_decoder **out);
 
 #ifdef __cplusplus
 }

@@ -37,9 +37,10 @@ static void usage(FILE *out) {
                  "  --top-p P           then among the fewest whose probability reaches P\n"
                  "                      (default 1: all)\n"
                  "  --seed S            the same seed gives the same text (default 0)\n"
-                 "  --devices SPEC      one device (default cpu)\n"
-                 "  --strategy S        single (the only one yet: tensor and pipeline\n"
-                 "                      generation are not built)\n"
+                 "  --devices SPEC      the devices (default cpu); several with tensor\n"
+                 "  --strategy S        single: the first device does it all (default);\n"
+                 "                      tensor: each device holds some heads and hidden\n"
+                 "                      features of every layer and its part of the cache\n"
                  "  --precision P       f32 or f64 (default: the checkpoint's)\n"
                  "  --summary           after the text, a line 'summary: {json}' with the\n"
                  "                      token counts and timings\n"
@@ -178,13 +179,6 @@ static int parse_args(int argc, char **argv, gen_args *a) {
                         "from\n");
         return 2;
     }
-    if (strcmp(a->strategy, "single") != 0) {
-        fprintf(stderr,
-                "tandem generate: --strategy %s: generation runs on one device (single); "
-                "tensor and pipeline generation are not built yet\n",
-                a->strategy);
-        return 2;
-    }
     return 0;
 }
 
@@ -285,15 +279,23 @@ static int prompt_tokens(const td_bpe *bpe, const unsigned char *prompt, size_t 
     return 0;
 }
 
-static void print_summary(const gen_args *a, td_device *dev, td_dtype dtype, td_decoder *d,
+/* The group's device names as a JSON array. */
+static json_t *device_names(td_group *g) {
+    json_t *a = json_array();
+    for (int k = 0; a && k < td_group_size(g); k++)
+        json_array_append_new(a, json_string(td_device_name(td_group_device(g, k))));
+    return a;
+}
+
+static void print_summary(const gen_args *a, td_group *g, td_dtype dtype, td_decoder *d,
                           const td_generate_stats *s) {
     double per = s->generated_tokens ? s->decode_ms / (double)s->generated_tokens : 0;
     json_t *o = json_pack(
-        "{s:I, s:I, s:I, s:f, s:f, s:f, s:[s], s:s, s:s, s:I, s:f, s:I, s:f, s:I}", "prompt_tokens",
+        "{s:I, s:I, s:I, s:f, s:f, s:f, s:o, s:s, s:s, s:I, s:f, s:I, s:f, s:I}", "prompt_tokens",
         (json_int_t)s->prompt_tokens, "generated_tokens", (json_int_t)s->generated_tokens, "slides",
         (json_int_t)s->slides, "prefill_ms", s->prefill_ms, "decode_ms_per_token", per,
         "tokens_per_s", s->decode_ms > 0 ? 1e3 * (double)s->generated_tokens / s->decode_ms : 0.0,
-        "devices", td_device_name(dev), "strategy", "single", "precision", td_dtype_name(dtype),
+        "devices", device_names(g), "strategy", a->strategy, "precision", td_dtype_name(dtype),
         "context", (json_int_t)td_decoder_context(d), "temperature", a->cfg.temperature, "top_k",
         (json_int_t)a->cfg.top_k, "top_p", a->cfg.top_p, "seed", (json_int_t)a->cfg.seed);
     char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
@@ -306,7 +308,7 @@ static void print_summary(const gen_args *a, td_device *dev, td_dtype dtype, td_
 /* Loads, generates, prints. Returns the exit status. */
 static int run(const gen_args *a, const unsigned char *prompt, size_t n) {
     td_device_list *devs = NULL;
-    td_model *m = NULL;
+    td_group *g = NULL;
     td_decoder *d = NULL;
     char *json = NULL;
     td_dtype saved, dtype;
@@ -332,17 +334,17 @@ static int run(const gen_args *a, const unsigned char *prompt, size_t n) {
         rc = td_cli_fail("generate", st);
         goto done;
     }
-    if (td_device_list_count(devs) != 1) {
+    if (!strcmp(a->strategy, "single") && td_device_list_count(devs) != 1) {
         fprintf(stderr,
-                "tandem generate: --devices %s names %zu devices; generation runs on one "
-                "(tensor and pipeline generation are not built yet)\n",
+                "tandem generate: --devices %s names %zu devices; --strategy single runs on "
+                "one (--strategy tensor splits the model across several)\n",
                 a->devices, td_device_list_count(devs));
         rc = 2;
         goto done;
     }
     dtype = a->precision < 0 ? saved : (td_dtype)a->precision;
-    if ((st = td_generate_load_model(a->ckpt, td_device_list_get(devs, 0), dtype, &m)) != TD_OK ||
-        (st = td_decoder_create(m, &d)) != TD_OK) {
+    if ((st = td_group_create(devs, NULL, &g)) != TD_OK ||
+        (st = td_strategy_decoder_create(g, a->strategy, a->ckpt, dtype, &d)) != TD_OK) {
         rc = td_cli_fail("generate", st);
         goto done;
     }
@@ -365,12 +367,12 @@ static int run(const gen_args *a, const unsigned char *prompt, size_t n) {
         goto done;
     }
     if (a->summary)
-        print_summary(a, td_device_list_get(devs, 0), dtype, d, &s);
+        print_summary(a, g, dtype, d, &s);
     rc = 0;
 done:
     free(tokens);
     td_decoder_destroy(d);
-    td_model_destroy(m);
+    td_group_destroy(g);
     free(json);
     td_bpe_destroy(bpe);
     td_device_list_destroy(devs);

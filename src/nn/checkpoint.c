@@ -514,3 +514,68 @@ fail:
     td_safetensors_destroy(sf);
     return st;
 }
+
+/* Weights in either precision --------------------------------------------------- */
+
+/* Element i of a safetensors tensor (little-endian, maybe unaligned). */
+static double element(const td_st_tensor *t, size_t i) {
+    if (t->dtype == TD_F64) {
+        double v;
+        memcpy(&v, (const char *)t->data + i * sizeof v, sizeof v);
+        return v;
+    }
+    float f;
+    memcpy(&f, (const char *)t->data + i * sizeof f, sizeof f);
+    return f;
+}
+
+static int same_shape(const td_st_tensor *t, const td_param_slice *sl) {
+    if (t->ndim != sl->ndim)
+        return 0;
+    for (int i = 0; i < sl->ndim; i++)
+        if (t->shape[i] != sl->shape[i])
+            return 0;
+    return 1;
+}
+
+/* Parameter i of m: its whole tensor converted, then its slice written. */
+static td_status load_converted(const char *path, const td_safetensors *sf, td_model *m, size_t i) {
+    td_tensor *p = td_model_param(m, i);
+    const char *name = td_model_param_name(m, i);
+    const td_st_tensor *t = td_safetensors_find(sf, name);
+    size_t numel = td_tensor_numel(p);
+    double *whole, *part;
+    td_param_slice sl;
+    td_status st;
+    td_model_param_slice(m, i, &sl);
+    if (!t || !same_shape(t, &sl))
+        return td__error(TD_ERR_CORRUPT, "%s: tensor %s is missing or not the model's shape", path,
+                         name);
+    whole = malloc((t->numel ? t->numel : 1) * sizeof *whole);
+    part = malloc((numel ? numel : 1) * sizeof *part);
+    if (!whole || !part) {
+        free(whole);
+        free(part);
+        return td__error(TD_ERR_OUT_OF_MEMORY, "%s: no host memory to convert tensor %s", path,
+                         name);
+    }
+    for (size_t j = 0; j < t->numel; j++)
+        whole[j] = element(t, j);
+    td_param_slice_scatter(&sl, sizeof *whole, whole, part);
+    st = td_tensor_write_f64(p, part, numel);
+    free(whole);
+    free(part);
+    return st;
+}
+
+td_status td_checkpoint_load_weights(const char *path, td_model *m) {
+    td_safetensors *sf = NULL;
+    td_status st = TD_OK;
+    if (!path || !m)
+        return td__error(TD_ERR_INVALID_ARG, "td_checkpoint_load_weights: path or model is NULL");
+    TD_CHECK(td_safetensors_load(path, &sf));
+    for (size_t i = 0; i < td_model_param_count(m) && st == TD_OK; i++)
+        st = load_converted(path, sf, m, i);
+    td_safetensors_destroy(sf);
+    return st;
+}

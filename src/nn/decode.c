@@ -15,7 +15,15 @@
  * score of -1e30 labelled as the target, so the kernel's gradient (softmax
  * minus the one-hot of the label) is the exact softmax in the other columns
  * (exp(-1e30 - max) is 0 in f32 and f64). This keeps the step on the
- * device with the kernels every backend has. */
+ * device with the kernels every backend has.
+ *
+ * A decoder of a tensor-parallel shard (shard.c) computes the shard's heads
+ * and hidden features only, keeps the keys and values of its own heads, and
+ * sums each unit's partial output through the model's reduce hook, as the
+ * shard's forward does. A vocabulary slice makes it compute and read only
+ * those rows of a linear head: the shards of one model split the head's
+ * reading between them. Custom decoders (td_decoder_create_custom) leave
+ * their passes to whoever made them; the checks and positions stay here. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,14 +40,18 @@
 enum { ATT_P = 1, ATT_S = 2, ATT_YH = 3 };
 
 struct td_decoder {
-    td_model *m;         /* borrowed */
-    int64_t ctx;         /* positions: the model's T */
-    int64_t vocab;       /* logits per position */
-    int64_t token_limit; /* the embedding's vocabulary */
-    int64_t pos;         /* positions cached */
-    int64_t heads;       /* the most heads of any attention layer */
+    td_decoder_impl custom; /* custom.pass NULL: the decoder of m */
+    td_model *m;            /* borrowed */
+    int64_t ctx;            /* positions: the model's T */
+    int64_t vocab;          /* logits per position */
+    int64_t token_limit;    /* the embedding's vocabulary */
+    int64_t pos;            /* positions cached */
+    int64_t heads;          /* the most heads any attention layer computes here */
+    td_layer *head;         /* the top-level linear giving the logits; NULL: none */
+    int64_t vfirst, vcount; /* the logits computed and read: [vfirst, vfirst + vcount) */
     int natt;
-    td_tensor **kv;     /* per attention layer in forward order: (T, 3c) q, k, v rows */
+    td_tensor **kv;     /* per attention layer in forward order: (T, 3c) q, k, v rows of the
+                           heads computed here (NULL: none) */
     td_tensor *scores;  /* (heads, T + 1): a step's scores, the dummy first */
     td_tensor *probs;   /* (heads, T + 1): their softmax */
     td_buffer *targets; /* heads int32 zeros: every row's label is the dummy */
@@ -87,12 +99,44 @@ static td_status ln_decode(td_layer *l, const td_tensor *x, pass *p) {
     return td__op_layernorm_fwd(l->eps, x, l->param[0], l->param[1], &y, &mean, &rstd);
 }
 
+/* The rows [first, first + count) of a linear head's weight and bias: the
+ * decoder's vocabulary slice. */
+static td_status head_slice(const td_decoder *d, td_layer *l, td_tensor *w, td_tensor *b) {
+    int64_t in = l->param[0]->shape[1], rows[2] = {d->vcount, in};
+    TD_CHECK(td__tensor_view(w, l->param[0], (size_t)(d->vfirst * in), 2, rows));
+    return l->has_bias ? td__tensor_view(b, l->param[1], (size_t)d->vfirst, 1, &d->vcount) : TD_OK;
+}
+
 static td_status linear_decode(td_layer *l, const td_tensor *x, pass *p) {
-    td_tensor y;
-    TD_CHECK(first_rows(&l->out, p->n, &y));
-    /* y (n, out) = x (n, in) W^T + b */
-    TD_CHECK(td__op_matmul(&y, x, 0, l->param[0], 1, 1.0, 0.0));
-    return l->has_bias ? td__op_bias_add(&y, l->param[1], p->n, l->out_features, 1) : TD_OK;
+    const td_tensor *w = l->param[0], *b = l->has_bias ? l->param[1] : NULL;
+    int64_t out = l->out_features;
+    td_tensor y, ws, bs;
+    if (l == p->d->head && p->d->vcount < out) {
+        if (!p->d->vcount)
+            return TD_OK; /* another shard's decoder computes the logits */
+        TD_CHECK(head_slice(p->d, l, &ws, &bs));
+        w = &ws;
+        b = b ? &bs : NULL;
+        out = p->d->vcount;
+    }
+    if (out == l->out_features) {
+        TD_CHECK(first_rows(&l->out, p->n, &y));
+    } else {
+        /* (n, out) packed at the start of the layer's output */
+        int64_t shape[3] = {1, p->n, out};
+        TD_CHECK(td__tensor_view(&y, &l->out, 0, 3, shape));
+    }
+    /* y (n, out) = x (n, in) W^T + b; a shard holding none of a pair gives zeros */
+    if (l->split.kind != TD__SPLIT_NONE && l->split.count == 0) {
+        if (l->split.kind == TD__SPLIT_IN)
+            TD_CHECK(td__zero(&y));
+    } else {
+        TD_CHECK(td__op_matmul(&y, x, 0, w, 1, 1.0, 0.0));
+    }
+    /* the second linear of a pair sums its partial outputs before its bias */
+    if (l->split.kind == TD__SPLIT_IN)
+        TD_CHECK(td__model_reduce(p->d->m, &y));
+    return b && y.numel ? td__op_bias_add(&y, b, p->n, out, 1) : TD_OK;
 }
 
 static td_status act_decode(td_layer *l, const td_tensor *x, pass *p) {
@@ -131,10 +175,19 @@ static td_gemm_operand operand(const td_tensor *t, int64_t off, int64_t ld, int6
     return o;
 }
 
+/* The heads a layer computes here (all, or a shard's) and their width. */
+static int64_t att_heads(const td_layer *l) {
+    return l->split.kind == TD__SPLIT_HEADS ? l->split.count : l->heads;
+}
+
+static int64_t att_width(const td_layer *l) {
+    return att_heads(l) * (l->in_shape[1] / l->heads);
+}
+
 /* Prefill from position 0: causal attention over the n cached rows, fused
  * or composed as the layer does it in training. qkv (1, n, 3c) -> yh (1, n, c). */
 static td_status att_prefill(td_layer *l, const td_tensor *qkv, int64_t n, td_tensor *yh) {
-    int64_t h = l->heads, c = l->in_shape[1], d = c / h;
+    int64_t h = att_heads(l), c = att_width(l), d = l->in_shape[1] / l->heads;
     int64_t hnn[4] = {1, h, n, n};
     double scale = 1.0 / sqrt((double)d);
     td_tensor s, prob;
@@ -155,7 +208,8 @@ static td_status att_prefill(td_layer *l, const td_tensor *qkv, int64_t n, td_te
  * file's head for the dummy score. yh (1, 1, c). */
 static td_status att_step(td_decoder *dec, td_layer *l, const td_tensor *kv, int64_t pos,
                           td_tensor *yh) {
-    int64_t h = l->heads, c = l->in_shape[1], d = c / h, len = pos + 1, w = len + 1;
+    int64_t h = att_heads(l), c = att_width(l), d = l->in_shape[1] / l->heads, len = pos + 1,
+            w = len + 1;
     int64_t hw[2] = {h, w};
     td_tensor s, prob;
     double loss;
@@ -174,25 +228,32 @@ static td_status att_step(td_decoder *dec, td_layer *l, const td_tensor *kv, int
 }
 
 /* qkv rows go into the cache at their positions; the heads' output is then
- * projected as in training. */
+ * projected as in training (a shard's projection is partial: summed before
+ * the bias). */
 static td_status att_decode(td_layer *l, const td_tensor *x, pass *p) {
     td_decoder *dec = p->d;
     const td_tensor *cache = dec->kv[p->att++];
-    int64_t c = l->in_shape[1], n = p->n;
+    int64_t c = att_width(l), oc = l->out_shape[1], n = p->n;
     int64_t rows[3] = {1, n, 3 * c}, yrows[3] = {1, n, c};
     td_tensor qkv, yh, y;
-    TD_CHECK(td__tensor_view(&qkv, cache, (size_t)(p->pos * 3 * c), 3, rows));
-    TD_CHECK(td__tensor_view(&yh, &l->ws[ATT_YH], 0, 3, yrows));
     TD_CHECK(first_rows(&l->out, n, &y));
-    /* qkv (n, 3c) = x Wqkv^T + bqkv */
-    TD_CHECK(td__op_matmul(&qkv, x, 0, l->param[0], 1, 1.0, 0.0));
-    TD_CHECK(td__op_bias_add(&qkv, l->param[1], n, 3 * c, 1));
-    if (p->pos == 0)
-        TD_CHECK(att_prefill(l, &qkv, n, &yh));
-    else
-        TD_CHECK(att_step(dec, l, cache, p->pos, &yh));
-    TD_CHECK(td__op_matmul(&y, &yh, 0, l->param[2], 1, 1.0, 0.0));
-    return td__op_bias_add(&y, l->param[3], n, c, 1);
+    if (!cache) {
+        TD_CHECK(td__zero(&y));
+    } else {
+        TD_CHECK(td__tensor_view(&qkv, cache, (size_t)(p->pos * 3 * c), 3, rows));
+        TD_CHECK(td__tensor_view(&yh, &l->ws[ATT_YH], 0, 3, yrows));
+        /* qkv (n, 3c) = x Wqkv^T + bqkv */
+        TD_CHECK(td__op_matmul(&qkv, x, 0, l->param[0], 1, 1.0, 0.0));
+        TD_CHECK(td__op_bias_add(&qkv, l->param[1], n, 3 * c, 1));
+        if (p->pos == 0)
+            TD_CHECK(att_prefill(l, &qkv, n, &yh));
+        else
+            TD_CHECK(att_step(dec, l, cache, p->pos, &yh));
+        TD_CHECK(td__op_matmul(&y, &yh, 0, l->param[2], 1, 1.0, 0.0));
+    }
+    if (l->split.kind == TD__SPLIT_HEADS)
+        TD_CHECK(td__model_reduce(dec->m, &y));
+    return td__op_bias_add(&y, l->param[3], n, oc, 1);
 }
 
 /* The layers a decoder runs, by their table (anything else is refused). */
@@ -236,8 +297,8 @@ static td_status check_layer(td_decoder *d, const td_layer *l, int top) {
                          l->path);
     if (l->vt == &td__attention_vt) {
         d->natt++;
-        if (l->heads > d->heads)
-            d->heads = l->heads;
+        if (att_heads(l) > d->heads)
+            d->heads = att_heads(l);
     }
     for (int i = 0; i < l->nchildren; i++)
         TD_CHECK(check_layer(d, l->children[i], 0));
@@ -246,15 +307,15 @@ static td_status check_layer(td_decoder *d, const td_layer *l, int top) {
 
 static td_status check_model(td_decoder *d) {
     td_model *m = d->m;
-    td_layer *root = m->root;
+    td_layer *root = m->root, *last;
     if (m->kind != TD_INPUT_TOKENS)
         return td__error(TD_ERR_UNSUPPORTED,
                          "decoder: the model reads features, not tokens; only a token model "
                          "(an embedding first, logits over a vocabulary) generates");
-    if (m->part_first != 0 || m->part_end != m->info.layers || m->splits)
+    if (m->part_first != 0 || m->part_end != m->info.layers)
         return td__error(TD_ERR_UNSUPPORTED,
-                         "decoder: a model part or tensor-parallel shard; decoding needs the "
-                         "whole model on one device");
+                         "decoder: a model part (pipeline stage); decoding needs every layer "
+                         "of the model on one device, whole or as a tensor-parallel shard");
     if (root->nchildren < 1 || root->children[0]->vt != &td__embedding_vt)
         return td__error(TD_ERR_UNSUPPORTED,
                          "decoder: the model's first layer is not an embedding");
@@ -264,14 +325,19 @@ static td_status check_model(td_decoder *d) {
     for (int i = 0; i < root->nchildren; i++)
         TD_CHECK(check_layer(d, root->children[i], i == 0));
     d->token_limit = root->children[0]->vocab;
+    last = root->children[root->nchildren - 1];
+    if (last->vt == &td__linear_vt && last->split.kind == TD__SPLIT_NONE)
+        d->head = last;
     return TD_OK;
 }
 
 /* One cache per attention layer, in the order the passes meet them. */
 static td_status alloc_kv(td_decoder *d, const td_layer *l, int *k) {
     if (l->vt == &td__attention_vt) {
-        int64_t shape[2] = {d->ctx, 3 * l->in_shape[1]};
-        TD_CHECK(td_tensor_create(d->m->dev, d->m->dtype, 2, shape, &d->kv[(*k)++]));
+        int64_t shape[2] = {d->ctx, 3 * att_width(l)};
+        if (shape[1] > 0)
+            TD_CHECK(td_tensor_create(d->m->dev, d->m->dtype, 2, shape, &d->kv[*k]));
+        ++*k;
     }
     for (int i = 0; i < l->nchildren; i++)
         TD_CHECK(alloc_kv(d, l->children[i], k));
@@ -281,7 +347,7 @@ static td_status alloc_kv(td_decoder *d, const td_layer *l, int *k) {
 static td_status alloc_state(td_decoder *d) {
     td_model *m = d->m;
     int k = 0;
-    int64_t w = d->heads * (d->ctx + 1);
+    int64_t w = (d->heads ? d->heads : 1) * (d->ctx + 1);
     size_t nt = (size_t)d->heads + 1;
     int32_t *zeros;
     td_status st;
@@ -316,6 +382,7 @@ td_status td_decoder_create(td_model *m, td_decoder **out) {
     d->m = m;
     d->ctx = m->in_shape[0];
     d->vocab = m->classes;
+    d->vcount = d->vocab;
     TD_TRY(check_model(d));
     TD_TRY(alloc_state(d));
     /* the activations of one window: the decoder's workspace */
@@ -327,9 +394,49 @@ fail:
     return st;
 }
 
+td_status td_decoder_create_custom(const td_decoder_impl *impl, td_decoder **out) {
+    td_decoder *d;
+    if (!out)
+        return td__error(TD_ERR_INVALID_ARG, "td_decoder_create_custom: out is NULL");
+    *out = NULL;
+    if (!impl || !impl->pass || impl->context < 1 || impl->vocab < 1 || impl->token_limit < 1)
+        return td__error(TD_ERR_INVALID_ARG,
+                         "td_decoder_create_custom: no pass, or a context, vocabulary or token "
+                         "limit under 1");
+    if (!(d = td__calloc(sizeof *d, "a decoder")))
+        return TD_ERR_OUT_OF_MEMORY;
+    d->custom = *impl;
+    d->ctx = impl->context;
+    d->vocab = impl->vocab;
+    d->vcount = impl->vocab;
+    d->token_limit = impl->token_limit;
+    *out = d;
+    return TD_OK;
+}
+
+td_status td_decoder_set_vocab_slice(td_decoder *d, int64_t first, int64_t count) {
+    if (!d || d->custom.pass)
+        return td__error(TD_ERR_INVALID_ARG,
+                         "td_decoder_set_vocab_slice: no decoder, or a custom one");
+    if (first < 0 || count < 0 || first + count > d->vocab)
+        return td__error(TD_ERR_INVALID_ARG,
+                         "td_decoder_set_vocab_slice: [%lld, %lld) is not within the %lld "
+                         "logits",
+                         (long long)first, (long long)(first + count), (long long)d->vocab);
+    if (count > 0 && count < d->vocab && !d->head)
+        return td__error(TD_ERR_UNSUPPORTED,
+                         "td_decoder_set_vocab_slice: the model's last layer is not a whole "
+                         "linear head, so its logits cannot be computed in slices");
+    d->vfirst = first;
+    d->vcount = count;
+    return TD_OK;
+}
+
 void td_decoder_destroy(td_decoder *d) {
     if (!d)
         return;
+    if (d->custom.destroy)
+        d->custom.destroy(d->custom.impl);
     for (int i = 0; d->kv && i < d->natt; i++)
         td_tensor_destroy(d->kv[i]);
     free(d->kv);
@@ -362,14 +469,20 @@ typedef struct run_args {
     double *logits;
 } run_args;
 
-/* The logits of the pass's last row, converted to doubles. */
+/* The logits of the pass's last row in the decoder's slice, converted to
+ * doubles into their places. */
 static td_status read_logits(td_decoder *d, int64_t n, double *logits) {
     td_model *m = d->m;
-    size_t es = td_dtype_size(m->dtype), row = (size_t)d->vocab * es;
-    const char *src = (const char *)m->root->out.data + (size_t)(n - 1) * row;
+    size_t es = td_dtype_size(m->dtype), row = (size_t)d->vcount * es;
+    const td_tensor *out;
+    const char *src;
+    if (!d->vcount)
+        return TD_OK;
+    out = d->vcount < d->vocab ? &d->head->out : &m->root->out;
+    src = (const char *)out->data + (size_t)(n - 1) * row;
     TD_CHECK(m->dev->ops->read(m->dev->ctx, d->host, src, row));
-    for (int64_t i = 0; i < d->vocab; i++)
-        logits[i] = m->dtype == TD_F64 ? ((double *)d->host)[i] : ((float *)d->host)[i];
+    for (int64_t i = 0; i < d->vcount; i++)
+        logits[d->vfirst + i] = m->dtype == TD_F64 ? ((double *)d->host)[i] : ((float *)d->host)[i];
     return TD_OK;
 }
 
@@ -378,10 +491,23 @@ static td_status run_task(td_device *dev, void *arg) {
     td_decoder *d = a->d;
     td_model *m = d->m;
     pass p = {d, a->pos, a->n, 0};
+    m->stretch_start = td_clock_ns();
     TD_CHECK(td__model_prepare(m, 0, 1));
     TD_CHECK(dev->ops->write(dev->ctx, m->tokens.ptr, a->tokens, (size_t)a->n * sizeof(int32_t)));
     TD_CHECK(seq_decode(m->root, &m->input, &p));
-    return a->logits ? read_logits(d, a->n, a->logits) : TD_OK;
+    if (a->logits)
+        TD_CHECK(read_logits(d, a->n, a->logits));
+    /* a device slowed on purpose is slowed here, as in training */
+    td__device_throttle(dev, m->stretch_start);
+    return TD_OK;
+}
+
+static td_status run_pass(td_decoder *d, const int32_t *tokens, int64_t pos, int64_t n,
+                          double *logits) {
+    run_args a = {d, tokens, pos, n, logits};
+    if (d->custom.pass)
+        return d->custom.pass(d->custom.impl, tokens, pos, n, logits);
+    return td_device_run(d->m->dev, run_task, &a);
 }
 
 static td_status check_tokens(const td_decoder *d, const int32_t *tokens, int64_t n,
@@ -394,7 +520,6 @@ static td_status check_tokens(const td_decoder *d, const int32_t *tokens, int64_
 }
 
 td_status td_decoder_prefill(td_decoder *d, const int32_t *tokens, int64_t n, double *logits) {
-    run_args a = {d, tokens, 0, n, logits};
     td_status st;
     if (!d || !tokens)
         return td__error(TD_ERR_INVALID_ARG, "td_decoder_prefill: decoder or tokens is NULL");
@@ -404,13 +529,12 @@ td_status td_decoder_prefill(td_decoder *d, const int32_t *tokens, int64_t n, do
                          "td_decoder_prefill: %lld tokens; the context holds 1 to %lld",
                          (long long)n, (long long)d->ctx);
     TD_CHECK(check_tokens(d, tokens, n, "td_decoder_prefill"));
-    if ((st = td_device_run(d->m->dev, run_task, &a)) == TD_OK)
+    if ((st = run_pass(d, tokens, 0, n, logits)) == TD_OK)
         d->pos = n;
     return st;
 }
 
 td_status td_decoder_step(td_decoder *d, int32_t token, double *logits) {
-    run_args a = {d, &token, 0, 1, logits};
     td_status st;
     if (!d)
         return td__error(TD_ERR_INVALID_ARG, "td_decoder_step: decoder is NULL");
@@ -422,8 +546,7 @@ td_status td_decoder_step(td_decoder *d, int32_t token, double *logits) {
                          "shorter window",
                          (long long)d->ctx);
     TD_CHECK(check_tokens(d, &token, 1, "td_decoder_step"));
-    a.pos = d->pos;
-    if ((st = td_device_run(d->m->dev, run_task, &a)) == TD_OK)
+    if ((st = run_pass(d, &token, d->pos, 1, logits)) == TD_OK)
         d->pos++;
     return st;
 }

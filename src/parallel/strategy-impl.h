@@ -5,10 +5,12 @@
  * The dispatcher (strategy.c) checks arguments, keeps the group, the model
  * JSON and the configuration in td_strategy, and calls the table. Optional
  * slots are NULL: calibrate (nothing to measure), survivors (the group less
- * its failed members), carry_on (a loss always goes back to a checkpoint). */
+ * its failed members), carry_on (a loss always goes back to a checkpoint),
+ * decoder (the strategy does not generate). */
 #ifndef TD_STRATEGY_IMPL_H
 #define TD_STRATEGY_IMPL_H
 
+#include "tandem/generate.h"
 #include "tandem/strategy.h"
 
 typedef struct td_strategy_ops {
@@ -30,6 +32,9 @@ typedef struct td_strategy_ops {
     td_status (*survivors)(void *impl, td_group **out);
     td_status (*carry_on)(td_strategy *s, td_group *survivors, int64_t steps_before,
                           td_strategy *next, int *step_taken, const char **why);
+    /* A decoder of the model in checkpoint over g's devices, in dtype, that
+     * owns what it builds (td_strategy_decoder_create). */
+    td_status (*decoder)(td_group *g, const char *checkpoint, td_dtype dtype, td_decoder **out);
 } td_strategy_ops;
 
 struct td_strategy {

@@ -217,3 +217,38 @@ td_status td_strategy_carry_on(td_strategy *s, td_group *survivors, int64_t step
     *out = next;
     return TD_OK;
 }
+
+/* Generation ------------------------------------------------------------------------ */
+
+/* "single, tensor": the strategies that generate, into buf. */
+static const char *generating(char *buf, size_t n) {
+    size_t used = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < NSTRATEGIES && used < n; i++)
+        if (strategies[i]->decoder)
+            used += (size_t)snprintf(buf + used, n - used, "%s%s", used ? ", " : "",
+                                     strategies[i]->name);
+    return buf;
+}
+
+td_status td_strategy_decoder_create(td_group *g, const char *strategy, const char *checkpoint,
+                                     td_dtype dtype, td_decoder **out) {
+    const td_strategy_ops *ops;
+    char list[128];
+    if (!out)
+        return td__error(TD_ERR_INVALID_ARG, "td_strategy_decoder_create: out is NULL");
+    *out = NULL;
+    if (!g || !checkpoint)
+        return td__error(TD_ERR_INVALID_ARG,
+                         "td_strategy_decoder_create: group or checkpoint is NULL");
+    if (!(ops = find(strategy ? strategy : "single")))
+        return td__error(TD_ERR_INVALID_ARG, "unknown strategy '%s' (known: %s)", strategy,
+                         known(list, sizeof list));
+    if (!ops->decoder)
+        return td__error(TD_ERR_UNSUPPORTED, "%s: does not generate (these do: %s)", ops->name,
+                         generating(list, sizeof list));
+    if (td_group_local_size(g) != td_group_size(g) || td_group_size(g) < 1)
+        return td__error(TD_ERR_UNSUPPORTED,
+                         "%s: generates within one process; this group spans several", ops->name);
+    return ops->decoder(g, checkpoint, dtype, out);
+}

@@ -1,10 +1,13 @@
-/* The inside of the `tensor` strategy: tensor.c runs it, tensor_ckpt.c puts
- * whole-model checkpoints together from the members' shards and takes them
- * apart again. */
+/* The inside of the `tensor` strategy: tensor.c runs it and sizes its
+ * slices, tensor_ckpt.c puts whole-model checkpoints together from the
+ * members' shards and takes them apart again, tensor_decode.c generates
+ * with the same slices. */
 #ifndef TD_PARALLEL_TENSOR_IMPL_H
 #define TD_PARALLEL_TENSOR_IMPL_H
 
 #include "tandem/checkpoint.h"
+#include "tandem/comm.h"
+#include "tandem/generate.h"
 #include "tandem/nn.h"
 
 /* Saves the model that shards[0..n) (one model's shards, together every
@@ -19,5 +22,18 @@ td_status td__tensor_save(td_model *const *shards, td_optimizer *const *opts, in
  * (may be NULL) gets the run state. */
 td_status td__tensor_load(td_model *const *shards, td_optimizer *const *opts, int n,
                           const char *path, td_train_state *state);
+
+/* The tensor strategy's decoder (td_strategy_decoder_create). */
+td_status td__tensor_decoder(td_group *g, const char *checkpoint, td_dtype dtype, td_decoder **out);
+
+/* Shares of n members in proportion to their speeds (1 / alone_s; any
+ * alone_s not positive: even), rounded to eighths and summing to 1: timing
+ * noise moves no slice between equal devices, while a device three times as
+ * fast still gets three quarters. */
+void td__tensor_shares(const double *alone_s, int n, double *share);
+/* Cuts [0, size) into n consecutive ranges in rank order, [first[k],
+ * first[k] + count[k]), in proportion to share, the largest remainders
+ * first (ties to the lower rank); a range may be empty. */
+void td__tensor_cut(int64_t size, const double *share, int n, int64_t *first, int64_t *count);
 
 #endif

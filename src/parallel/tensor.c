@@ -171,27 +171,11 @@ done:
     return st;
 }
 
-/* Shares in proportion to measured speed (1 / alone_s), or even. */
 static void make_shares(tensor_par *p) {
-    double sum = 0;
-    int measured = 1;
+    double alone[TD_DP_MAX_MEMBERS];
     for (int k = 0; k < p->size; k++)
-        measured &= p->mb[k].alone_s > 0;
-    for (int k = 0; k < p->size; k++) {
-        p->share[k] = measured ? 1.0 / p->mb[k].alone_s : 1.0;
-        sum += p->share[k];
-    }
-    /* to eighths, so that timing noise moves no slice between equal devices
-     * (a device three times as fast still gets three quarters) */
-    for (int k = 0; k < p->size; k++) {
-        double q = round(8.0 * p->share[k] / sum) / 8.0;
-        p->share[k] = q > 0 ? q : 1.0 / 64;
-    }
-    sum = 0;
-    for (int k = 0; k < p->size; k++)
-        sum += p->share[k];
-    for (int k = 0; k < p->size; k++)
-        p->share[k] /= sum;
+        alone[k] = p->mb[k].alone_s;
+    td__tensor_shares(alone, p->size, p->share);
 }
 
 /* The largest share member k's memory holds: its slices of the split
@@ -236,33 +220,63 @@ static void fit_memory(tensor_par *p) {
     }
 }
 
-/* Cuts each unit by the shares, largest remainders first (ties to the lower
- * rank), into consecutive ranges in rank order. */
 static void make_plans(tensor_par *p) {
     for (int u = 0; u < p->nunits; u++) {
-        int64_t size = p->units[u].size, given = 0, first = 0, count[TD_DP_MAX_MEMBERS];
-        double frac[TD_DP_MAX_MEMBERS];
-        for (int k = 0; k < p->size; k++) {
-            double q = (double)size * p->share[k];
-            count[k] = (int64_t)floor(q);
-            frac[k] = q - (double)count[k];
-            given += count[k];
-        }
-        while (given < size) {
-            int best = 0;
-            for (int k = 1; k < p->size; k++)
-                if (frac[k] > frac[best])
-                    best = k;
-            count[best]++;
-            frac[best] = -1;
-            given++;
-        }
+        int64_t first[TD_DP_MAX_MEMBERS], count[TD_DP_MAX_MEMBERS];
+        td__tensor_cut(p->units[u].size, p->share, p->size, first, count);
         for (int k = 0; k < p->size; k++) {
             p->mb[k].plan.units = p->nunits;
-            p->mb[k].plan.first[u] = first;
+            p->mb[k].plan.first[u] = first[k];
             p->mb[k].plan.count[u] = count[k];
-            first += count[k];
         }
+    }
+}
+
+/* Sizing slices ------------------------------------------------------------------- */
+
+void td__tensor_shares(const double *alone_s, int n, double *share) {
+    double sum = 0;
+    int measured = 1;
+    for (int k = 0; k < n; k++)
+        measured &= alone_s[k] > 0;
+    for (int k = 0; k < n; k++) {
+        share[k] = measured ? 1.0 / alone_s[k] : 1.0;
+        sum += share[k];
+    }
+    /* to eighths, so that timing noise moves no slice between equal devices
+     * (a device three times as fast still gets three quarters) */
+    for (int k = 0; k < n; k++) {
+        double q = round(8.0 * share[k] / sum) / 8.0;
+        share[k] = q > 0 ? q : 1.0 / 64;
+    }
+    sum = 0;
+    for (int k = 0; k < n; k++)
+        sum += share[k];
+    for (int k = 0; k < n; k++)
+        share[k] /= sum;
+}
+
+void td__tensor_cut(int64_t size, const double *share, int n, int64_t *first, int64_t *count) {
+    int64_t given = 0, at = 0;
+    double frac[TD_DP_MAX_MEMBERS];
+    for (int k = 0; k < n; k++) {
+        double q = (double)size * share[k];
+        count[k] = (int64_t)floor(q);
+        frac[k] = q - (double)count[k];
+        given += count[k];
+    }
+    while (given < size) {
+        int best = 0;
+        for (int k = 1; k < n; k++)
+            if (frac[k] > frac[best])
+                best = k;
+        count[best]++;
+        frac[best] = -1;
+        given++;
+    }
+    for (int k = 0; k < n; k++) {
+        first[k] = at;
+        at += count[k];
     }
 }
 
@@ -529,4 +543,5 @@ const td_strategy_ops td__strategy_tensor = {
     .load = tp_load,
     .lr = tp_lr,
     .steps = tp_steps,
+    .decoder = td__tensor_decoder,
 };

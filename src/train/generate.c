@@ -193,50 +193,11 @@ fail:
 
 /* Loading a checkpoint in either precision ---------------------------------------- */
 
-/* Element i of a safetensors tensor (little-endian, maybe unaligned). */
-static double element(const td_st_tensor *t, size_t i) {
-    if (t->dtype == TD_F64) {
-        double v;
-        memcpy(&v, (const char *)t->data + i * sizeof v, sizeof v);
-        return v;
-    }
-    float f;
-    memcpy(&f, (const char *)t->data + i * sizeof f, sizeof f);
-    return f;
-}
-
-static td_status load_converted(const char *path, const td_safetensors *st, td_model *m) {
-    td_status rc = TD_OK;
-    double *host = NULL;
-    for (size_t i = 0; i < td_model_param_count(m) && rc == TD_OK; i++) {
-        td_tensor *p = td_model_param(m, i);
-        const char *name = td_model_param_name(m, i);
-        const td_st_tensor *t = td_safetensors_find(st, name);
-        size_t numel = td_tensor_numel(p);
-        if (!t || t->numel != numel || t->ndim != td_tensor_ndim(p)) {
-            rc = td__error(TD_ERR_CORRUPT, "%s: tensor %s is missing or not the model's shape",
-                           path, name);
-            break;
-        }
-        free(host);
-        if (!(host = td__calloc((numel ? numel : 1) * sizeof *host, "a converted tensor"))) {
-            rc = TD_ERR_OUT_OF_MEMORY;
-            break;
-        }
-        for (size_t j = 0; j < numel; j++)
-            host[j] = element(t, j);
-        rc = td_tensor_write_f64(p, host, numel);
-    }
-    free(host);
-    return rc;
-}
-
 td_status td_generate_load_model(const char *checkpoint, td_device *dev, td_dtype dtype,
                                  td_model **out) {
     char *json = NULL;
     td_dtype saved;
     td_model *m = NULL;
-    td_safetensors *file = NULL;
     td_status st;
     if (!out)
         return td__error(TD_ERR_INVALID_ARG, "td_generate_load_model: out is NULL");
@@ -245,16 +206,13 @@ td_status td_generate_load_model(const char *checkpoint, td_device *dev, td_dtyp
         return td__error(TD_ERR_INVALID_ARG, "td_generate_load_model: path or device is NULL");
     TD_TRY(td_checkpoint_read_meta(checkpoint, &json, &saved, NULL));
     TD_TRY(td_model_load_string(json, checkpoint, dev, dtype, 0, &m));
-    if (saved == dtype) {
+    if (saved == dtype)
         TD_TRY(td_checkpoint_load(checkpoint, m, NULL, NULL));
-    } else {
-        TD_TRY(td_safetensors_load(checkpoint, &file));
-        TD_TRY(load_converted(checkpoint, file, m));
-    }
+    else
+        TD_TRY(td_checkpoint_load_weights(checkpoint, m));
     *out = m;
     m = NULL;
 fail:
-    td_safetensors_destroy(file);
     td_model_destroy(m);
     free(json);
     return st;

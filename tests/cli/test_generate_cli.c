@@ -166,10 +166,16 @@ static void bad_input_is_a_clear_error(void **state) {
     free(run(args, 2, "--top-p must be above 0"));
     snprintf(args, sizeof args, "generate --checkpoint '%s' --prompt x --precision f16", ckpt);
     free(run(args, 2, "f32 or f64"));
-    snprintf(args, sizeof args, "generate --checkpoint '%s' --prompt x --strategy tensor", ckpt);
-    free(run(args, 2, "tensor and pipeline generation are not built yet"));
+    snprintf(args, sizeof args,
+             "generate --checkpoint '%s' --prompt x --strategy pipeline --devices 'cpu*2'", ckpt);
+    free(run(args, 1, "pipeline: does not generate (these do: single, tensor)"));
+    snprintf(args, sizeof args, "generate --checkpoint '%s' --prompt x --strategy diagonal", ckpt);
+    free(run(args, 1, "unknown strategy 'diagonal'"));
     snprintf(args, sizeof args, "generate --checkpoint '%s' --prompt x --devices 'cpu*2'", ckpt);
-    free(run(args, 2, "generation runs on one"));
+    free(run(args, 2, "--strategy single runs on one"));
+    snprintf(args, sizeof args,
+             "generate --checkpoint '%s' --prompt x --strategy tensor --devices cpu:7", ckpt);
+    free(run(args, 1, "cpu:7"));
     snprintf(args, sizeof args, "generate --checkpoint '%s' --prompt-file /nonexistent/p.txt",
              ckpt);
     free(run(args, 1, "/nonexistent/p.txt"));
@@ -177,6 +183,30 @@ static void bad_input_is_a_clear_error(void **state) {
     free(run(args, 1, "reads features"));
     snprintf(args, sizeof args, "generate --checkpoint '%s' --prompt x", chars);
     free(run(args, 1, "vocabulary is 65 characters"));
+}
+
+/* Sampled text split across two devices is the one device's: the same
+ * logits up to rounding (f64), the same random numbers. */
+static void tensor_on_two_devices_writes_the_same_text(void **state) {
+    char args[1024], one[48], two[48], *out;
+    json_t *s;
+    const char *common = "--prompt 'ROMEO:' --tokens 40 --temperature 0.8 --top-k 20 --seed 7 "
+                         "--precision f64 --summary";
+    snprintf(args, sizeof args, "generate --checkpoint '%s' %s --devices cpu:0", ckpt, common);
+    out = run(args, 0, NULL);
+    json_decref(generated(out, "ROMEO:", 40, one));
+    free(out);
+    snprintf(args, sizeof args, "generate --checkpoint '%s' %s --devices 'cpu*2' --strategy tensor",
+             ckpt, common);
+    out = run(args, 0, NULL);
+    s = generated(out, "ROMEO:", 40, two);
+    free(out);
+    assert_memory_equal(one, two, 40);
+    assert_string_equal(json_string_value(json_object_get(s, "strategy")), "tensor");
+    assert_int_equal(json_array_size(json_object_get(s, "devices")), 2);
+    assert_string_equal(json_string_value(json_array_get(json_object_get(s, "devices"), 1)),
+                        "cpu:1");
+    json_decref(s);
 }
 
 static void a_prompt_file_is_read_whole(void **state) {
@@ -198,6 +228,7 @@ int main(void) {
         cmocka_unit_test(prints_the_prompt_and_n_bytes_then_a_summary),
         cmocka_unit_test(greedy_text_is_the_api_s),
         cmocka_unit_test(a_prompt_file_is_read_whole),
+        cmocka_unit_test(tensor_on_two_devices_writes_the_same_text),
         cmocka_unit_test(bad_input_is_a_clear_error),
     };
     return cmocka_run_group_tests(tests, train_checkpoint, td_test_tmpdir_teardown);

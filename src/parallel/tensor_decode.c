@@ -1,0 +1,212 @@
+/* Tensor-parallel generation: the `tensor` strategy's slices serving one
+ * sequence. Member k of the group holds a shard of the model (the same
+ * kind of shard training uses: a slice of every MLP pair's hidden features
+ * and of every attention layer's heads, the rest whole) with a decoder that
+ * keeps the keys and values of its own heads, and computes one slice of the
+ * head's vocabulary rows. A pass runs every member's decoder on its own
+ * thread; each unit's partial outputs are summed by the reduce hook's small
+ * all-reduces, and each member writes its slice of the logits into the
+ * caller's array, so no gather is needed (the group is one process).
+ *
+ * Batch-1 decoding reads every weight once per token, so the slices follow
+ * each device's measured speed at that: every member in turn times
+ * products of one row with a weight matrix larger than its caches. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "parallel/strategy-impl.h"
+#include "parallel/tensor-impl.h"
+#include "tensor/tensor-impl.h"
+
+/* The probe: one row times a (PROBE_OUT, PROBE_IN) weight, 16 MiB in f32. */
+#define PROBE_IN   1024
+#define PROBE_OUT  4096
+#define PROBE_RUNS 6
+
+typedef struct dmember {
+    td_group *group;
+    td_device *dev;
+    td_model *m;
+    td_decoder *d;
+    td_shard_plan plan;
+    double alone_s; /* the probe's best time */
+} dmember;
+
+typedef struct tensor_dec {
+    td_group *g;
+    int size;
+    dmember mb[TD_DP_MAX_MEMBERS];
+    double share[TD_DP_MAX_MEMBERS];
+    /* the pass the members run */
+    const int32_t *tokens;
+    int64_t pos, n;
+    double *logits;
+} tensor_dec;
+
+static td_status reduce_hook(void *arg, td_tensor *t) {
+    dmember *m = arg;
+    /* t is a view into the model's activations: a buffer over its elements */
+    td_buffer b = {t->dev, t->data, t->numel * td_dtype_size(t->dtype)};
+    return td_allreduce(m->group, &b, 0, &b, 0, t->numel, t->dtype, TD_REDUCE_SUM);
+}
+
+/* Sizing ---------------------------------------------------------------------------- */
+
+/* The best of PROBE_RUNS timed forwards of the probe on m's device, alone
+ * (called from the caller's thread: one device at a time). */
+static td_status probe(dmember *m, td_dtype dtype) {
+    char json[256];
+    float *x = td__calloc(PROBE_IN * sizeof *x, "a probe input");
+    int32_t label = 0;
+    td_batch b = {1, x, NULL, &label};
+    td_step_result r;
+    td_model *pm = NULL;
+    td_status st = TD_OK;
+    snprintf(json, sizeof json,
+             "{\"name\": \"probe\", \"input\": {\"shape\": [%d]}, \"layers\": "
+             "[{\"type\": \"linear\", \"out\": %d}]}",
+             PROBE_IN, PROBE_OUT);
+    if (!x)
+        return TD_ERR_OUT_OF_MEMORY;
+    st = td_model_load_string(json, "(the speed probe)", m->dev, dtype, 1, &pm);
+    for (int i = 0; i <= PROBE_RUNS && st == TD_OK; i++) {
+        uint64_t t0 = td_clock_ns();
+        double dt;
+        st = td_model_evaluate(pm, &b, &r);
+        dt = (double)(td_clock_ns() - t0) * 1e-9;
+        if (i > 0 && (m->alone_s == 0 || dt < m->alone_s))
+            m->alone_s = dt;
+    }
+    td_model_destroy(pm);
+    free(x);
+    return st;
+}
+
+static void make_plans(tensor_dec *t, const td_split_info *units, int nunits) {
+    for (int u = 0; u < nunits; u++) {
+        int64_t first[TD_DP_MAX_MEMBERS], count[TD_DP_MAX_MEMBERS];
+        td__tensor_cut(units[u].size, t->share, t->size, first, count);
+        for (int k = 0; k < t->size; k++) {
+            t->mb[k].plan.units = nunits;
+            t->mb[k].plan.first[u] = first[k];
+            t->mb[k].plan.count[u] = count[k];
+        }
+    }
+}
+
+/* Passes ------------------------------------------------------------------------------- */
+
+static td_status member_pass(td_group *g, td_device *dev, int rank, int size, void *arg) {
+    tensor_dec *t = arg;
+    td_decoder *d = t->mb[rank].d;
+    (void)g;
+    (void)dev;
+    (void)size;
+    return t->pos == 0 ? td_decoder_prefill(d, t->tokens, t->n, t->logits)
+                       : td_decoder_step(d, t->tokens[0], t->logits);
+}
+
+static td_status tensor_pass(void *impl, const int32_t *tokens, int64_t pos, int64_t n,
+                             double *logits) {
+    tensor_dec *t = impl;
+    t->tokens = tokens;
+    t->pos = pos;
+    t->n = n;
+    t->logits = logits;
+    return td_group_run(t->g, member_pass, t);
+}
+
+static void tensor_dec_destroy(void *impl) {
+    tensor_dec *t = impl;
+    if (!t)
+        return;
+    for (int k = 0; k < t->size; k++) {
+        td_decoder_destroy(t->mb[k].d);
+        td_model_destroy(t->mb[k].m);
+    }
+    free(t);
+}
+
+/* Building -------------------------------------------------------------------------------- */
+
+static td_status make_member(tensor_dec *t, int k, const char *json, const char *checkpoint,
+                             td_dtype dtype, const int64_t *vfirst, const int64_t *vcount) {
+    dmember *m = &t->mb[k];
+    TD_CHECK(td_model_load_shard(json, checkpoint, m->dev, dtype, 0, &m->plan, &m->m));
+    td_model_set_reduce_hook(m->m, reduce_hook, m);
+    TD_CHECK(td_checkpoint_load_weights(checkpoint, m->m));
+    TD_CHECK(td_decoder_create(m->m, &m->d));
+    /* a head that is not a whole linear: the first member gives every logit */
+    if (td_decoder_set_vocab_slice(m->d, vfirst[k], vcount[k]) == TD_ERR_UNSUPPORTED)
+        return td_decoder_set_vocab_slice(m->d, 0, k == 0 ? td_decoder_vocab(m->d) : 0);
+    return TD_OK;
+}
+
+/* The members' decoders, their shards sized by the shares. */
+static td_status make_members(tensor_dec *t, const char *json, const char *checkpoint,
+                              td_dtype dtype) {
+    td_split_info units[TD_SHARD_MAX_UNITS];
+    td_model_info info;
+    int64_t vfirst[TD_DP_MAX_MEMBERS], vcount[TD_DP_MAX_MEMBERS];
+    int nunits = 0;
+    TD_CHECK(td_model_describe(json, checkpoint, &info, NULL, 0));
+    TD_CHECK(td_model_describe_splits(json, checkpoint, units, TD_SHARD_MAX_UNITS, &nunits));
+    if (nunits == 0)
+        return td__error(TD_ERR_UNSUPPORTED,
+                         "tensor: %s has no layer to split across devices (an MLP pair or "
+                         "attention); generate with --strategy single",
+                         checkpoint);
+    make_plans(t, units, nunits);
+    td__tensor_cut(info.classes, t->share, t->size, vfirst, vcount);
+    for (int k = 0; k < t->size; k++)
+        TD_CHECK(make_member(t, k, json, checkpoint, dtype, vfirst, vcount));
+    return TD_OK;
+}
+
+td_status td__tensor_decoder(td_group *g, const char *checkpoint, td_dtype dtype,
+                             td_decoder **out) {
+    tensor_dec *t = td__calloc(sizeof *t, "a tensor-parallel decoder");
+    td_decoder_impl impl = {tensor_pass, tensor_dec_destroy, t, 0, 0, 0};
+    double alone[TD_DP_MAX_MEMBERS];
+    char *json = NULL;
+    td_dtype saved;
+    td_status st;
+    if (!t)
+        return TD_ERR_OUT_OF_MEMORY;
+    t->g = g;
+    t->size = td_group_size(g);
+    if (t->size > TD_DP_MAX_MEMBERS) {
+        st = td__error(TD_ERR_INVALID_ARG, "tensor: %d devices; at most %d", t->size,
+                       TD_DP_MAX_MEMBERS);
+        goto fail;
+    }
+    for (int k = 0; k < t->size; k++) {
+        dmember *m = &t->mb[k];
+        m->group = g;
+        m->dev = td_group_device(g, k);
+        if (dtype == TD_F64 && !td_device_supports_f64(m->dev)) {
+            st = td__error(TD_ERR_UNSUPPORTED, "%s has no f64 arithmetic (--precision f64)",
+                           td_device_name(m->dev));
+            goto fail;
+        }
+        TD_TRY(probe(m, dtype));
+        alone[k] = m->alone_s;
+    }
+    td__tensor_shares(alone, t->size, t->share);
+    TD_TRY(td_checkpoint_read_meta(checkpoint, &json, &saved, NULL));
+    TD_TRY(make_members(t, json, checkpoint, dtype));
+    impl.context = td_decoder_context(t->mb[0].d);
+    impl.vocab = td_decoder_vocab(t->mb[0].d);
+    impl.token_limit = td_decoder_token_limit(t->mb[0].d);
+    TD_TRY(td_decoder_create_custom(&impl, out));
+    free(json);
+    return TD_OK;
+fail:
+    free(json);
+    tensor_dec_destroy(t);
+    return st;
+}
