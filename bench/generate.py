@@ -437,6 +437,15 @@ def main():
         verdicts.append(ok)
         log(f"FLOOR tandem cpu decode <= 1.5x the memory floor: {t2[1] / floor2:.2f}x: "
             f"{'PASS' if ok else 'FAIL'}")
+        one, split = med.get(engines[1][0]), med.get(engines[2][0])
+        label = "FLOOR tandem cpu*2 tensor decode >= 1.7x faster than cpu:0"
+        if one and split:
+            ok = one[1] >= 1.7 * split[1]
+            verdicts.append(ok)
+            log(f"{label}: {one[1] / split[1]:.2f}x: {'PASS' if ok else 'FAIL'} (2 threads read "
+                f"{bw2 / bw1:.2f}x as fast as 1 here: what splitting a read-bound decode can gain)")
+        else:
+            log(f"{label}: not judged ({why.get(engines[2][0], why.get(engines[1][0], 'no result'))})")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"cpu": cpu, "bandwidth_gbs": {"2": bw2, "1": bw1},
@@ -446,7 +455,7 @@ def main():
                        "not_run": why}, f, indent=1)
     if a.quick:
         shutil.rmtree(work, ignore_errors=True)
-        return 0 if engines[0][0] in med and engines[1][0] in med else 1
+        return 0 if all(e[0] in med for e in engines[:3]) else 1
     return 0 if all(verdicts) else 1
 
 
