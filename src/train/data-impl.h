@@ -108,4 +108,12 @@ td_status td__dataset_adopt(const char *source, const td_dataset_info *info, flo
 td_status td__dataset_split(const td_dataset *ds, double fraction, td_dataset **train,
                             td_dataset **test);
 
+/* A data set of windows over a token stream, as td_text_open's over bytes:
+ * training (is_val 0) a window of T at every start, validation one every T
+ * tokens; labels are the next tokens. Adopts tokens[0..len) (freed on
+ * failure too); classes are the largest token + 1. Too few tokens for one
+ * window is TD_ERR_INVALID_ARG naming source. */
+td_status td__dataset_tokens(const char *source, int32_t *tokens, size_t len, int64_t T, int is_val,
+                             td_dataset **out);
+
 #endif

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 
 #include "core/error.h"
+#include "tandem/import.h"
 #include "train/data-impl.h"
 #include "train/train-impl.h"
 
@@ -22,6 +23,7 @@ typedef enum data_format {
     DATA_TENSORS,
     DATA_NPY_PAIR,
     DATA_NPY_ALONE, /* one .npy: an error that says how to name the pair */
+    DATA_LLMC,      /* llm.c's token file (.bin) */
     DATA_OTHER,     /* text for a token model */
 } data_format;
 
@@ -49,6 +51,8 @@ static data_format format_of(const char *path, const char **comma) {
         return DATA_TENSORS;
     if (ends_with(path, len, ".npy"))
         return DATA_NPY_ALONE;
+    if (ends_with(path, len, ".bin"))
+        return DATA_LLMC;
     return DATA_OTHER;
 }
 
@@ -78,8 +82,8 @@ static td_status open_arrays(const char *path, const char *flag, const td_data_o
     default:
         return td__error(
             TD_ERR_INVALID_ARG,
-            "%s: not a folder of MNIST IDX files, a .csv, a .safetensors or X.npy,Y.npy "
-            "(%s)",
+            "%s: not a folder of MNIST IDX files, a .csv, a .safetensors, X.npy,Y.npy or an "
+            "llm.c token file (.bin) (%s)",
             path, flag);
     }
 }
@@ -147,6 +151,50 @@ static td_status open_own_split(const char *path, data_format f, const td_data_o
     }
 }
 
+/* llm.c's token files (GPT-2 tokens as its dev/data scripts write them):
+ * --data X_train.bin with --test-data X_val.bin, or one file whose end is
+ * held out, as a text file's is. */
+static td_status open_llmc(const char *path, const td_data_options *o, const td_model_info *mi,
+                           td_dataset **train, td_dataset **test) {
+    const char *second;
+    int32_t *tok = NULL, *held = NULL;
+    size_t n = 0, nheld = 0, ntrain;
+    int64_t T = mi->in_shape[0];
+    td_status st;
+    if (mi->kind != TD_INPUT_TOKENS)
+        return td__error(TD_ERR_INVALID_ARG,
+                         "%s: an llm.c token file holds tokens; the model reads features (--data)",
+                         path);
+    if (o->test_path && format_of(o->test_path, &second) != DATA_LLMC)
+        return td__error(TD_ERR_INVALID_ARG,
+                         "%s: --data is an llm.c token file, so --test-data must be one too (.bin)",
+                         o->test_path);
+    if (o->test_path && o->split > 0)
+        return td__error(TD_ERR_INVALID_ARG,
+                         "--split and --test-data both say what to evaluate on; give one");
+    TD_CHECK(td_import_llmc_tokens(path, &tok, &n));
+    if (o->test_path) {
+        if ((st = td_import_llmc_tokens(o->test_path, &held, &nheld)) != TD_OK) {
+            free(tok);
+            return st;
+        }
+        ntrain = n;
+    } else {
+        ntrain = (size_t)((double)n * (1.0 - (o->split > 0 ? o->split : TD_DEFAULT_SPLIT)));
+        nheld = n - ntrain;
+        if (!(held = malloc((nheld ? nheld : 1) * sizeof *held))) {
+            free(tok);
+            return td__error(TD_ERR_OUT_OF_MEMORY, "%s: no memory for %zu tokens", path, nheld);
+        }
+        memcpy(held, tok + ntrain, nheld * sizeof *held);
+    }
+    if ((st = td__dataset_tokens(path, tok, ntrain, T, 0, train)) != TD_OK) {
+        free(held);
+        return st;
+    }
+    return td__dataset_tokens(o->test_path ? o->test_path : path, held, nheld, T, 1, test);
+}
+
 td_status td_data_open(const char *path, const td_data_options *opt, const td_model_info *mi,
                        td_dataset **train, td_dataset **test) {
     td_data_options o = {0};
@@ -167,7 +215,9 @@ td_status td_data_open(const char *path, const td_data_options *opt, const td_mo
     f = format_of(path, &second);
     if (f != DATA_NPY_PAIR && stat(path, &sb) != 0)
         return td__error(TD_ERR_IO, "%s: no such file or folder (--data)", path);
-    if (f == DATA_IDX_FOLDER || (f == DATA_OTHER && mi->kind == TD_INPUT_TOKENS)) {
+    if (f == DATA_LLMC) {
+        TD_TRY(open_llmc(path, &o, mi, train, test));
+    } else if (f == DATA_IDX_FOLDER || (f == DATA_OTHER && mi->kind == TD_INPUT_TOKENS)) {
         TD_TRY(open_own_split(path, f, &o, mi, train, test));
     } else if (o.test_path) {
         if (o.split > 0) {

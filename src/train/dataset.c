@@ -38,6 +38,9 @@ struct td_dataset {
     int32_t token_of[256];
     uint8_t vocab[256];
     size_t vocab_len; /* 0 for TD_TEXT_BYTES */
+    /* A token stream (td__dataset_tokens): windows of T starting every
+     * `stride` tokens of stream[0, len). */
+    int32_t *stream;
     /* Arrays (td__dataset_adopt): (size, features) floats or (size, T)
      * tokens, and (size, labels_per_sample) labels. */
     float *ax;
@@ -51,6 +54,7 @@ void td_dataset_destroy(td_dataset *ds) {
     free(ds->pixels);
     free(ds->labels);
     free(ds->text);
+    free(ds->stream);
     free(ds->ax);
     free(ds->atokens);
     free(ds->alabels);
@@ -114,6 +118,12 @@ td_status td_dataset_get(const td_dataset *ds, int64_t index, float *x, int32_t 
     if (!tokens)
         return td__error(TD_ERR_INVALID_ARG, "td_dataset_get: %s holds text; tokens is NULL",
                          ds->source);
+    if (ds->stream) {
+        const int32_t *s = ds->stream + (size_t)index * (size_t)ds->stride;
+        memcpy(tokens, s, (size_t)ds->info.shape[0] * sizeof *tokens);
+        memcpy(labels, s + 1, (size_t)ds->info.shape[0] * sizeof *labels);
+        return TD_OK;
+    }
     const uint8_t *t = ds->text + (size_t)index * (size_t)ds->stride;
     for (int64_t i = 0; i < ds->info.shape[0]; i++) {
         tokens[i] = ds->token_of[t[i]];
@@ -346,6 +356,40 @@ fail:
     td_dataset_destroy(*train);
     *train = NULL;
     return st;
+}
+
+td_status td__dataset_tokens(const char *source, int32_t *tokens, size_t len, int64_t T, int is_val,
+                             td_dataset **out) {
+    td_dataset *ds = NULL;
+    int64_t size, top = 0;
+    td_status st;
+    *out = NULL;
+    if (len < (size_t)T + 1) {
+        free(tokens);
+        return td__error(TD_ERR_INVALID_ARG,
+                         "%s: the %s part has %zu tokens; a window of context %lld needs %lld",
+                         source, is_val ? "validation" : "training", len, (long long)T,
+                         (long long)T + 1);
+    }
+    size = is_val ? (int64_t)((len - 1) / (size_t)T) : (int64_t)(len - (size_t)T);
+    if ((st = dataset_alloc(source, &ds)) != TD_OK) {
+        free(tokens);
+        return st;
+    }
+    for (size_t i = 0; i < len; i++)
+        top = tokens[i] > top ? tokens[i] : top;
+    ds->stream = tokens;
+    ds->len = len;
+    ds->stride = is_val ? T : 1;
+    ds->info.kind = TD_INPUT_TOKENS;
+    ds->info.size = size;
+    ds->info.ndim = 1;
+    ds->info.shape[0] = T;
+    ds->info.features = T;
+    ds->info.labels_per_sample = T;
+    ds->info.num_classes = top + 1;
+    *out = ds;
+    return TD_OK;
 }
 
 td_status td__dataset_adopt(const char *source, const td_dataset_info *info, float *x,

@@ -504,9 +504,9 @@ static void split_and_test_data_rules(void **state) {
     expect_open_error(TD_SOURCE_DIR "/data/mnist", &o, &mi, TD_ERR_INVALID_ARG,
                       "--split holds out part of one file", NULL);
     o.split = 0;
-    expect_open_error(TD_SOURCE_DIR "/examples/mnist_mlp.json", &o, &mi, TD_ERR_INVALID_ARG,
-                      "not a folder of MNIST IDX files, a .csv, a .safetensors or X.npy,Y.npy",
-                      NULL);
+    expect_open_error(
+        TD_SOURCE_DIR "/examples/mnist_mlp.json", &o, &mi, TD_ERR_INVALID_ARG,
+        "not a folder of MNIST IDX files, a .csv, a .safetensors, X.npy,Y.npy or an llm.c", NULL);
     {
         td_model_info gpt = model(TD_INPUT_TOKENS, 4, 256);
         expect_open_error(td_test_tmp("three.csv"), &o, &gpt, TD_ERR_INVALID_ARG,
