@@ -66,6 +66,17 @@ typedef struct td__trainer {
  * when it has none. */
 struct td_train_member *td__train_member_row(td__trainer *t, int rank);
 
+/* A setting that contradicts another, the data or the checkpoint: the
+ * caller's mistake (a usage error to the CLI). */
+#define BAD_SETTING(t, ...)                                                                        \
+    ((t)->summary->bad_setting = 1, td__error(TD_ERR_INVALID_ARG, __VA_ARGS__))
+
+/* Checks the run's settings, opens the devices, the data and the metrics
+ * file, and makes the strategy (train_setup.c); td__train_teardown frees
+ * what it made, also after a failure. */
+td_status td__train_setup(td__trainer *t);
+void td__train_teardown(td__trainer *t);
+
 /* Measures the strategy's members on the first training samples. */
 td_status td__train_calibrate(td__trainer *t);
 

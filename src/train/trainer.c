@@ -1,33 +1,19 @@
 /* The training loop: data, a strategy over the devices, evaluation,
- * metrics, checkpoints and resume.
+ * metrics, checkpoints and resume (setting up and taking down: train_setup.c).
  *
  * The run's devices form a group (across processes under mpirun) and a
- * strategy (src/parallel: single, data, pipeline) holds the model on them.
+ * strategy (src/parallel: single, data, pipeline, tensor) holds the model.
  * One step is: the loader's next host batch -> td_strategy_step(). The loop
  * is the same for every strategy: it evaluates, saves and resumes through
  * the strategy, and a device lost in any of those goes to recovery.c, which
  * carries on over the survivors or goes back to the newest checkpoint. */
-#include <dirent.h>
-#include <errno.h>
-#include <jansson.h>
-#include <libgen.h>
-#include <limits.h>
 #include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "core/error.h"
-#include "core/log.h"
 #include "core/trace.h"
 #include "train/train-impl.h"
-
-/* A setting that contradicts another, the data or the checkpoint: the
- * caller's mistake (a usage error to the CLI). */
-#define BAD_SETTING(t, ...)                                                                        \
-    ((t)->summary->bad_setting = 1, td__error(TD_ERR_INVALID_ARG, __VA_ARGS__))
 
 static double now_s(const td__trainer *t) {
     return (double)(td_clock_ns() - t->t0) * 1e-9;
@@ -78,26 +64,6 @@ static td_status save(td__trainer *t) {
     if (st == TD_OK && t->cfg->checkpoint)
         t->saved = t->cfg->checkpoint;
     return st;
-}
-
-/* Opens the data the model reads (td_data_open: the format by the path). */
-static td_status open_data(td__trainer *t, const td_model_info *mi) {
-    const td_train_config *c = t->cfg;
-    td_data_options o = {
-        .test_path = c->test_data_path, .split = c->split, .label_column = c->label_column};
-    if (!c->data_path)
-        return td__error(TD_ERR_INVALID_ARG, "no data given (--data)");
-    TD_CHECK(td_data_open(c->data_path, &o, mi, &t->train, &t->test));
-    td_dataset_get_info(t->train, &t->info);
-    return TD_OK;
-}
-
-static void vocab_to_state(td__trainer *t) {
-    size_t n;
-    const uint8_t *v = td_dataset_vocab(t->train, &n);
-    t->state.vocab_len = v ? (int)n : 0;
-    if (v)
-        memcpy(t->state.vocab, v, n);
 }
 
 td_status td__train_calibrate(td__trainer *t) {
@@ -180,380 +146,6 @@ static void finish_member_stats(td__trainer *t, td_train_summary *out) {
         out->member[r].share = t->batch_samples > 0 ? t->share_sum[r] / t->batch_samples : 0;
     out->hidden /= (double)steps;
     out->ideal_ratio /= (double)steps;
-}
-
-/* Options of one strategy given to another are mistakes. */
-static td_status check_strategy_options(const td_train_config *c) {
-    const char *name = c->strategy ? c->strategy : "single";
-    const char *const *names = td_strategy_names();
-    char list[128] = "";
-    size_t i = 0;
-    while (names[i] && strcmp(names[i], name))
-        i++;
-    if (!names[i]) {
-        for (i = 0; names[i]; i++)
-            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "",
-                     names[i]);
-        return td__error(TD_ERR_INVALID_ARG, "unknown strategy '%s' for training (%s)", name, list);
-    }
-    if (strcmp(name, "data") && (c->zero || c->deterministic || c->overlap >= 0))
-        return td__error(TD_ERR_INVALID_ARG, "%s belongs to the data strategy (--strategy data)",
-                         c->zero            ? "ZeRO-1 (--zero)"
-                         : c->deterministic ? "deterministic mode (--deterministic)"
-                                            : "overlapping the reduction (--overlap)");
-    if (strcmp(name, "pipeline") && c->micro_batches)
-        return td__error(TD_ERR_INVALID_ARG,
-                         "micro-batches (--micro-batches) belong to the pipeline strategy "
-                         "(--strategy pipeline)");
-    if (c->micro_batches < 0)
-        return td__error(TD_ERR_INVALID_ARG,
-                         "%lld micro-batches: give at least 1 (--micro-batches)",
-                         (long long)c->micro_batches);
-    return TD_OK;
-}
-
-/* The strategy's configuration from the run's. */
-static void strategy_config(td__trainer *t, td_dtype dtype) {
-    const td_train_config *c = t->cfg;
-    td_strategy_config sc = TD_STRATEGY_CONFIG_INIT;
-    sc.name = c->strategy;
-    sc.dtype = dtype;
-    sc.seed = t->state.seed;
-    sc.opt = t->state.opt;
-    sc.batch = t->state.batch;
-    sc.data.deterministic = c->deterministic;
-    sc.data.zero = c->zero;
-    sc.data.overlap = c->overlap;
-    if (c->bucket_bytes) {
-        sc.data.bucket_bytes = c->bucket_bytes;
-        sc.data.first_bucket_bytes = c->bucket_bytes / 16 ? c->bucket_bytes / 16 : 1;
-    }
-    sc.micro_batches = c->micro_batches;
-    t->scfg = sc;
-}
-
-/* The model's JSON (NUL-terminated) from its file. */
-static td_status read_model(const char *path, char **out) {
-    uint8_t *bytes = NULL;
-    size_t len = 0;
-    char *text;
-    TD_CHECK(td__read_file(path, 64u << 20, &bytes, &len));
-    if (!(text = realloc(bytes, len + 1))) {
-        free(bytes);
-        return td__error(TD_ERR_OUT_OF_MEMORY, "%s: no memory for the model's JSON", path);
-    }
-    text[len] = '\0';
-    *out = text;
-    return TD_OK;
-}
-
-/* --model given with --resume: it must describe the checkpoint's model. */
-static td_status check_model(td__trainer *t) {
-    const td_train_config *c = t->cfg;
-    td_model_info mi;
-    char *text = NULL;
-    json_t *given = NULL, *held = NULL;
-    td_status st = TD_OK;
-    TD_CHECK(read_model(c->model_path, &text));
-    if ((st = td_model_describe(text, c->model_path, &mi, NULL, 0)) != TD_OK)
-        goto done;
-    given = json_loads(text, 0, NULL);
-    held = json_loads(t->json, 0, NULL);
-    if (!given || !held || !json_equal(given, held)) {
-        const char *name = held ? json_string_value(json_object_get(held, "name")) : NULL;
-        st = BAD_SETTING(t,
-                         "%s is not the model the checkpoint %s holds (\"%s\") (--model): leave "
-                         "--model out to resume it",
-                         c->model_path, c->resume, name ? name : "unnamed");
-    }
-done:
-    json_decref(given);
-    json_decref(held);
-    free(text);
-    return st;
-}
-
-static const char *opt_name(td_optimizer_kind k) {
-    return k == TD_OPT_ADAMW ? "adamw" : "sgd";
-}
-
-/* Settings chosen for a resumed run (td_train_config.given) that the
- * checkpoint fixes: they must be its own. */
-static td_status check_given(td__trainer *t, td_dtype dtype) {
-    const td_train_config *c = t->cfg;
-    const td_optimizer_config *want = &c->opt, *o = &t->state.opt;
-    unsigned g = c->given;
-    if (c->model_path)
-        TD_CHECK(check_model(t));
-    if ((g & TD_GIVEN_BATCH) && c->batch != t->state.batch)
-        return BAD_SETTING(t,
-                           "%s was trained with batch %lld, not %lld (--batch): leave --batch "
-                           "out to resume",
-                           c->resume, (long long)t->state.batch, (long long)c->batch);
-    if ((g & TD_GIVEN_SEED) && c->seed != t->state.seed)
-        return BAD_SETTING(t,
-                           "%s was trained with seed %llu, not %llu (--seed): leave --seed out "
-                           "to resume",
-                           c->resume, (unsigned long long)t->state.seed,
-                           (unsigned long long)c->seed);
-    if ((g & TD_GIVEN_DTYPE) && c->dtype != dtype)
-        return BAD_SETTING(t,
-                           "%s holds %s weights, not %s (--precision): leave --precision out "
-                           "to resume",
-                           c->resume, dtype == TD_F64 ? "f64" : "f32",
-                           c->dtype == TD_F64 ? "f64" : "f32");
-    if ((g & TD_GIVEN_OPTIMIZER) && want->kind != o->kind)
-        return BAD_SETTING(t,
-                           "%s holds the state of %s, not %s (--optimizer): leave --optimizer "
-                           "out to resume",
-                           c->resume, opt_name(o->kind), opt_name(want->kind));
-    if ((g & TD_GIVEN_WARMUP) && want->warmup_steps != o->warmup_steps)
-        return BAD_SETTING(t,
-                           "%s has a warm-up of %lld steps, not %lld (--warmup): it counts from "
-                           "the run's first step, so leave --warmup out to resume",
-                           c->resume, (long long)o->warmup_steps, (long long)want->warmup_steps);
-    return TD_OK;
-}
-
-/* The optimizer's other settings chosen for a resumed run: they apply from
- * the resumed step on. */
-static void apply_given(td__trainer *t) {
-    const td_optimizer_config *want = &t->cfg->opt;
-    td_optimizer_config *o = &t->state.opt;
-    unsigned g = t->cfg->given;
-    if (g & TD_GIVEN_LR)
-        o->lr = want->lr;
-    if (g & TD_GIVEN_MOMENTUM)
-        o->momentum = want->momentum;
-    if (g & TD_GIVEN_NESTEROV)
-        o->nesterov = want->nesterov;
-    if (g & TD_GIVEN_WEIGHT_DECAY)
-        o->weight_decay = want->weight_decay;
-    if (g & TD_GIVEN_CLIP)
-        o->clip_norm = want->clip_norm;
-    if (g & TD_GIVEN_SCHEDULE)
-        o->schedule = want->schedule;
-    if (g & TD_GIVEN_MIN_LR)
-        o->min_lr = want->min_lr;
-}
-
-/* The model's description and the run's state: from the checkpoint when
- * resuming, else from the model file and the configuration. */
-static td_status read_run(td__trainer *t, td_dtype *dtype) {
-    const td_train_config *c = t->cfg;
-    if (c->resume) {
-        TD_CHECK(td_checkpoint_read_meta(c->resume, &t->json, dtype, &t->state));
-        t->saved = c->resume;
-        t->model_name = c->resume;
-        TD_CHECK(check_given(t, *dtype));
-        apply_given(t);
-        return TD_OK;
-    }
-    if (!c->model_path)
-        return td__error(TD_ERR_INVALID_ARG, "no model given (--model)");
-    TD_CHECK(read_model(c->model_path, &t->json));
-    t->model_name = c->model_path;
-    *dtype = c->dtype;
-    t->state.seed = c->seed;
-    t->state.batch = c->batch;
-    t->state.opt = c->opt;
-    return TD_OK;
-}
-
-/* A group over every device (every process's, under mpirun) and the
- * strategy on it, resumed from the checkpoint when there is one. */
-static td_status make_strategy(td__trainer *t, td_dtype dtype) {
-    td_group_config gcfg = TD_GROUP_CONFIG_INIT;
-    const char *np = getenv("OMPI_COMM_WORLD_SIZE");
-    if (np && atoi(np) > 1)
-        gcfg.transport = TD_TRANSPORT_MPI;
-    TD_CHECK(td_group_create(t->devs, &gcfg, &t->group));
-    strategy_config(t, dtype);
-    TD_CHECK(td_strategy_create(t->group, t->json, t->model_name, &t->scfg, &t->s));
-    if (t->cfg->resume)
-        TD_CHECK(td_strategy_load(t->s, t->cfg->resume, NULL));
-    t->root = td_group_device(t->group, 0) != NULL;
-    return td__train_calibrate(t);
-}
-
-/* path with its folder resolved, so that two spellings of one file, made
- * yet or not, compare equal. */
-static void resolve_path(const char *path, char *out, size_t n) {
-    char dir[4096], base[4096], real[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", path);
-    snprintf(base, sizeof base, "%s", path);
-    if (realpath(dirname(dir), real))
-        snprintf(out, n, "%s/%s", real, basename(base));
-    else
-        snprintf(out, n, "%s", path);
-}
-
-static int same_file(const char *a, const char *b) {
-    char ra[8192], rb[8192];
-    resolve_path(a, ra, sizeof ra);
-    resolve_path(b, rb, sizeof rb);
-    return !strcmp(ra, rb);
-}
-
-/* The files the run writes: found wrong now, not at the first save. */
-static td_status check_outputs(td__trainer *t) {
-    const td_train_config *c = t->cfg;
-    char dir[4096];
-    struct stat sb;
-    if (c->metrics && c->checkpoint && same_file(c->metrics, c->checkpoint))
-        return BAD_SETTING(t, "--metrics and --checkpoint both name %s", c->metrics);
-    if (c->metrics && c->resume && same_file(c->metrics, c->resume))
-        return BAD_SETTING(t, "--metrics and --resume both name %s", c->metrics);
-    if (!c->checkpoint)
-        return TD_OK;
-    if (stat(c->checkpoint, &sb) == 0 && !S_ISREG(sb.st_mode))
-        return td__error(TD_ERR_IO,
-                         "%s: not a regular file, so no checkpoint can replace it "
-                         "(--checkpoint)",
-                         c->checkpoint);
-    snprintf(dir, sizeof dir, "%s", c->checkpoint);
-    if (access(dirname(dir), W_OK) != 0)
-        return td__error(TD_ERR_IO, "%s: cannot write a checkpoint there: %s (--checkpoint)",
-                         c->checkpoint, strerror(errno));
-    return TD_OK;
-}
-
-/* A process killed while saving path leaves its temporary file
- * (path.tmp.XXXXXX, td_safetensors_writer_save) behind for ever. Only this
- * run writes path's, so those there at its start are stale. */
-static void remove_stale_temporaries(const char *path) {
-    char dir[4096], file[4096], prefix[4096], name[8192];
-    const char *folder;
-    struct dirent *e;
-    DIR *d;
-    size_t n;
-    snprintf(dir, sizeof dir, "%s", path);
-    snprintf(file, sizeof file, "%s", path);
-    folder = dirname(dir);
-    snprintf(prefix, sizeof prefix, "%s.tmp.", basename(file));
-    n = strlen(prefix);
-    if (!(d = opendir(folder)))
-        return;
-    while ((e = readdir(d)))
-        if (!strncmp(e->d_name, prefix, n) && strlen(e->d_name + n) == 6 &&
-            snprintf(name, sizeof name, "%s/%s", folder, e->d_name) < (int)sizeof name &&
-            unlink(name) == 0)
-            TD_LOG_INFO("%s: removed a temporary file a killed run left", name);
-    closedir(d);
-}
-
-/* A resumed run's metrics go on from the checkpoint's step: the lines after
- * it (a killed run's, the last perhaps torn) are cut off, so that the file
- * holds each step once. */
-static td_status cut_metrics(const char *path, int64_t step) {
-    FILE *f = fopen(path, "r+");
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t n;
-    off_t keep = 0;
-    int bad;
-    if (!f)
-        return errno == ENOENT ? TD_OK
-                               : td__error(TD_ERR_IO, "%s: cannot open the metrics file: %s", path,
-                                           strerror(errno));
-    while ((n = getline(&line, &cap, f)) > 0) {
-        const char *at = strstr(line, "\"step\":");
-        if (line[n - 1] != '\n' || !at || strtoll(at + 7, NULL, 10) > step)
-            break;
-        keep += n;
-    }
-    free(line);
-    bad = ftruncate(fileno(f), keep) != 0;
-    fclose(f);
-    if (bad)
-        return td__error(TD_ERR_IO, "%s: cannot cut the metrics back to step %lld: %s", path,
-                         (long long)step, strerror(errno));
-    return TD_OK;
-}
-
-static td_status open_metrics(td__trainer *t) {
-    const td_train_config *c = t->cfg;
-    if (c->resume)
-        TD_CHECK(cut_metrics(c->metrics, t->state.step));
-    if (!(t->metrics = fopen(c->metrics, c->resume ? "a" : "w")))
-        return td__error(TD_ERR_IO, "%s: cannot open the metrics file for writing (--metrics): %s",
-                         c->metrics, strerror(errno));
-    /* Larger than any line, so that a line leaves in one write. */
-    setvbuf(t->metrics, NULL, _IOFBF, 1 << 16);
-    return TD_OK;
-}
-
-/* The cosine schedule's length: the run's, which a resumed run may have
- * changed (td_train_extend). */
-static void fit_schedule(td__trainer *t) {
-    const td_train_config *c = t->cfg;
-    td_optimizer_config *o = &t->state.opt;
-    int64_t end = c->steps > 0 ? c->steps : c->epochs * td_loader_batches_per_epoch(t->loader);
-    if (!c->resume) {
-        if (o->total_steps == 0)
-            o->total_steps = end;
-        return;
-    }
-    if (o->schedule != TD_LR_COSINE)
-        return;
-    if (c->extend == TD_EXTEND_RESTART)
-        o->warmup_steps = t->state.step;
-    o->total_steps = end;
-}
-
-static td_status setup(td__trainer *t) {
-    const td_train_config *c = t->cfg;
-    td_model_info mi;
-    td_dtype dtype = TD_F32;
-    if (c->batch < 1)
-        return BAD_SETTING(t, "batch size %lld must be at least 1 (--batch)", (long long)c->batch);
-    if (c->epochs < 0 || c->steps < 0 || (c->epochs == 0 && c->steps == 0))
-        return BAD_SETTING(t, "give a positive number of epochs or steps (--epochs, --steps)");
-    if (c->devices && !*c->devices)
-        return BAD_SETTING(t, "no devices named (--devices is empty; leave it out for cpu)");
-    TD_CHECK(check_strategy_options(c));
-    TD_CHECK(check_outputs(t));
-    TD_CHECK(td__train_trace_check(t));
-    TD_CHECK(td_devices_open(c->devices ? c->devices : "cpu", &t->devs));
-    TD_CHECK(read_run(t, &dtype));
-    TD_CHECK(td_model_describe(t->json, t->model_name, &mi, NULL, 0));
-    TD_CHECK(open_data(t, &mi));
-    if (t->state.batch > t->info.size)
-        return BAD_SETTING(t, "batch %lld is more than the %lld training samples of %s (--batch)",
-                           (long long)t->state.batch, (long long)t->info.size, c->data_path);
-    TD_CHECK(td_loader_create(t->train, t->state.batch, t->state.seed, 1, &t->loader));
-    fit_schedule(t);
-    if (c->resume) {
-        size_t n;
-        const uint8_t *v = td_dataset_vocab(t->train, &n);
-        if ((int)n != t->state.vocab_len || (n && memcmp(v, t->state.vocab, n) != 0))
-            return td__error(TD_ERR_INVALID_ARG,
-                             "%s: the text's characters differ from those the checkpoint %s "
-                             "was trained on",
-                             c->data_path, c->resume);
-        TD_CHECK(td_loader_seek(t->loader, t->state.epoch, t->state.sample));
-    }
-    vocab_to_state(t);
-    TD_CHECK(make_strategy(t, dtype));
-    if (c->checkpoint && t->root)
-        remove_stale_temporaries(c->checkpoint);
-    if (c->metrics && t->root)
-        TD_CHECK(open_metrics(t));
-    TD_CHECK(td__train_trace_begin(t));
-    return TD_OK;
-}
-
-static void teardown(td__trainer *t) {
-    td__train_trace_close(t);
-    if (t->metrics)
-        fclose(t->metrics);
-    td_loader_destroy(t->loader);
-    td_strategy_destroy(t->s);
-    td_group_destroy(t->group);
-    td_dataset_destroy(t->train);
-    td_dataset_destroy(t->test);
-    td_device_list_destroy(t->devs);
-    free(t->json);
 }
 
 static td_status evaluate_now(td__trainer *t) {
@@ -811,7 +403,7 @@ td_status td_train_run(const td_train_config *cfg, td_train_summary *out) {
     t.t0 = td_clock_ns();
     t.last_eval_loss = t.last_eval_acc = NAN;
     t.last_eval_step = -1;
-    if ((st = setup(&t)) == TD_OK) {
+    if ((st = td__train_setup(&t)) == TD_OK) {
         t.bpe = td_loader_batches_per_epoch(t.loader);
         /* Epochs are counted from the loader's place, which a return to a
          * checkpoint sets back, so an epoch trained twice counts once. */
@@ -820,6 +412,6 @@ td_status td_train_run(const td_train_config *cfg, td_train_summary *out) {
             finish(&t, first_epoch);
         st = td__train_trace_end(&t, st);
     }
-    teardown(&t);
+    td__train_teardown(&t);
     return st;
 }
