@@ -1,22 +1,33 @@
-"""tandem against PyTorch on the same three models, side by side.
+"""tandem against PyTorch, side by side: the same models, shapes, batch sizes,
+optimizer, schedule and data (f32, 2 threads).
 
 Run through bench/train_vs_pytorch, which builds tandem and sets up bench/.venv.
-Each model is trained with the same shapes, batch size, optimizer, schedule and
-data (f32, 2 threads) by `tandem train` and by PyTorch, one after the other;
+Each row trains with `tandem train` and with PyTorch eager for at least
+--seconds (8) each, alternating which goes first, for --rounds (3) rounds;
 throughput is samples per second over the training steps, batch gathering
-included, evaluation excluded. --full trains long enough for the accuracy
-floors and checks them too.
+included, evaluation excluded; the medians are printed with their min-max.
+Floors (CPU):
+  MNIST MLP batch 64 >= 2x PyTorch, LeNet-5 batch 64 >= 1.5x, GPT-tiny batch 32
+  >= 1.2x, MNIST MLP batch 1024 >= 1.2x, GPT (4 layers, 8 heads, 512 channels,
+  context 128) batch 16 >= 1.2x;
+  GPT on llm.c's config (vocabulary 256, 4 layers, 4 heads, 256 channels,
+  batch 8 x context 128, AdamW): tandem at >= 55% of this machine's 2-thread
+  FMA peak, which the bench measures with a small C program of its own.
+--full trains long enough for the accuracy floors and checks them too.
 
 --devices cuda:0 --torch-device cuda compares on a GPU: PyTorch keeps the
 training images on the GPU and waits for it (torch.cuda.synchronize) before
-reading the clock; the floors are then the GPU ones (MLP >= 2x PyTorch eager,
-where launch overhead dominates; GPT-tiny >= 1x; LeNet-5 has none).
+reading the clock; the first three rows run, with the GPU floors (MLP >= 2x
+PyTorch eager, where launch overhead dominates; GPT-tiny >= 1x; LeNet-5 has
+none), one round of 3 s unless --rounds and --seconds say otherwise.
 """
 import argparse
 import gzip
 import json
 import math
 import os
+import statistics
+import tempfile
 import subprocess
 import sys
 import time
@@ -30,22 +41,118 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MNIST = os.path.join(ROOT, "data", "mnist")
 TEXT = os.path.join(ROOT, "data", "text", "tinyshakespeare.txt")
 
-# name, model file, data, batch, optimizer, lr, quick steps, full run, floors;
-# gpu_floor: the speed floor against PyTorch on a GPU (None: no floor); gpu_steps: quick
-# steps there (long enough for a GPU's steady state). label: the name in the
-# summary lines that scripts/gpu-check reads.
+# name, model file (or a GPT's shape: gpt=(layers, heads, channels)), data,
+# batch, optimizer, lr, full run, floors: speed_floor against PyTorch on CPUs,
+# gpu_floor on a GPU (None: no floor), peak_floor: the share of the FMA peak
+# (None: none); cpu_only: not a GPU row. label: the name in the summary lines
+# scripts/gpu-check reads.
 MODELS = [
     dict(name="mnist_mlp", label="MLP", file="examples/mnist_mlp.json", data=MNIST, batch=64,
-         opt="sgd", lr=0.05, quick_steps=938, gpu_steps=2000, full_epochs=3, speed_floor=1.5,
-         gpu_floor=2.0, metric="test accuracy", floor=0.975),
+         opt="sgd", lr=0.05, full_epochs=3, speed_floor=2.0, gpu_floor=2.0,
+         metric="test accuracy", floor=0.975),
     dict(name="lenet5", label="LeNet-5", file="examples/lenet5.json", data=MNIST, batch=64,
-         opt="sgd", lr=0.05, quick_steps=300, gpu_steps=1000, full_epochs=3, speed_floor=1.2,
-         gpu_floor=None, metric="test accuracy", floor=0.988),
+         opt="sgd", lr=0.05, full_epochs=3, speed_floor=1.5, gpu_floor=None,
+         metric="test accuracy", floor=0.988),
     dict(name="gpt_tiny", label="GPT-tiny", file="examples/gpt_tiny.json", data=TEXT,
-         batch=32, opt="adamw", lr=1e-3, quick_steps=20, gpu_steps=300, full_steps=3000,
-         warmup=100, clip=1.0, speed_floor=1.0, gpu_floor=1.0, metric="validation loss",
-         floor=1.8),
+         gpt=(4, 4, 128), batch=32, opt="adamw", lr=1e-3, full_steps=3000, warmup=100, clip=1.0,
+         speed_floor=1.2, gpu_floor=1.0, metric="validation loss", floor=1.8),
+    dict(name="mnist_mlp_1024", label="MLP-1024", file="examples/mnist_mlp.json", data=MNIST,
+         batch=1024, opt="sgd", lr=0.05, speed_floor=1.2, cpu_only=True),
+    dict(name="gpt_512", label="GPT-512", gpt=(4, 8, 512), data=TEXT, batch=16, opt="adamw",
+         lr=3e-4, warmup=100, clip=1.0, speed_floor=1.2, cpu_only=True),
+    dict(name="gpt_llmc", label="GPT-llm.c", gpt=(4, 4, 256), data=TEXT, batch=8, opt="adamw",
+         lr=3e-4, warmup=100, clip=1.0, speed_floor=None, peak_floor=0.55, cpu_only=True),
 ]
+
+CONTEXT, VOCAB = 128, 256
+# The schedule's length: long enough that a timed round never reaches it.
+NOMINAL_STEPS = 1000000
+
+
+def gpt_json(layers, heads, c):
+    """examples/gpt_tiny.json's layers at another size."""
+    block = [{"type": "residual", "layers": [{"type": "layernorm"},
+                                             {"type": "attention", "heads": heads}]},
+             {"type": "residual", "layers": [{"type": "layernorm"},
+                                             {"type": "linear", "out": 4 * c}, {"type": "gelu"},
+                                             {"type": "linear", "out": c}]}]
+    return {"name": "gpt_%d_%d_%d" % (layers, heads, c),
+            "input": {"tokens": CONTEXT, "vocab": VOCAB},
+            "layers": [{"type": "embedding", "vocab": VOCAB, "dim": c, "positions": True},
+                       {"type": "repeat", "count": layers, "layers": block},
+                       {"type": "layernorm"}, {"type": "linear", "out": VOCAB}]}
+
+
+def model_file(spec, workdir):
+    if "file" in spec:
+        return os.path.join(ROOT, spec["file"])
+    path = os.path.join(workdir, spec["name"] + ".json")
+    with open(path, "w") as f:
+        json.dump(gpt_json(*spec["gpt"]), f)
+    return path
+
+
+def flops_per_token(layers, c, t=CONTEXT, v=VOCAB):
+    """6 x the parameters of the blocks and the head (the final layer norm with it), plus
+    attention's 6 C T per layer."""
+    block = 12 * c * c + 13 * c
+    params = layers * block + 2 * c + c * v + v
+    return 6 * params + 6 * c * t * layers, params
+
+
+# The machine's FMA peak: every thread multiply-adds into 12 independent
+# vector accumulators (the widest vectors -march=native gives), so the FMA
+# units, not their latency, set the pace.
+PEAK_C = r"""
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#ifdef __AVX512F__
+#define VB 64
+#else
+#define VB 32
+#endif
+typedef float vf __attribute__((vector_size(VB)));
+#define ACC 12
+static long iters;
+static double now(void) {
+    struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+static void *run(void *arg) {
+    vf a[ACC], b, c;
+    float sum = 0;
+    for (int k = 0; k < ACC; k++) for (int j = 0; j < VB / 4; j++) a[k][j] = 1.0f + k + j;
+    for (int j = 0; j < VB / 4; j++) { b[j] = 0.999999f; c[j] = 1e-7f; }
+    double t0 = now();
+    for (long i = 0; i < iters; i++)
+        for (int k = 0; k < ACC; k++) a[k] = a[k] * b + c;
+    *(double *)arg = now() - t0;
+    for (int k = 0; k < ACC; k++) for (int j = 0; j < VB / 4; j++) sum += a[k][j];
+    if (sum == 12345.0f) puts("");
+    return NULL;
+}
+int main(int argc, char **argv) {
+    int n = atoi(argv[1]);
+    pthread_t th[64]; double secs[64], worst = 0;
+    iters = atol(argv[2]);
+    for (int i = 0; i < n; i++) pthread_create(&th[i], NULL, run, &secs[i]);
+    for (int i = 0; i < n; i++) { pthread_join(th[i], NULL); if (secs[i] > worst) worst = secs[i]; }
+    printf("%.3f\n", 2.0 * ACC * (VB / 4) * (double)iters * n / worst * 1e-9);
+    return 0;
+}
+"""
+
+
+def fma_peak(workdir, threads=2):
+    """GFLOP/s of `threads` threads multiply-adding, best of 5 runs."""
+    src, exe = os.path.join(workdir, "fma_peak.c"), os.path.join(workdir, "fma_peak")
+    with open(src, "w") as f:
+        f.write(PEAK_C)
+    subprocess.run(["cc", "-O3", "-march=native", "-ffp-contract=fast", "-pthread", src, "-o",
+                    exe], check=True)
+    return max(float(subprocess.run([exe, str(threads), "100000000"], capture_output=True,
+                                    text=True, check=True).stdout) for _ in range(5))
 
 
 # Data, read and normalised as tandem does (docs/train.md) ---------------------
@@ -158,13 +265,14 @@ def sync(dev):
         torch.cuda.synchronize(dev)
 
 
-def torch_run(spec, steps, full, dev):
+def torch_run(spec, dev, seconds=None, steps=None, full=False):
+    """Trains for `seconds` (or `steps`); samples/s over the training steps."""
     torch.manual_seed(1)
     g = torch.Generator().manual_seed(1)
     b = spec["batch"]
     if spec["data"] == MNIST:
         (xtr, ytr), (xte, yte) = mnist()
-        model = MLP() if spec["name"] == "mnist_mlp" else LeNet5()
+        model = MLP() if spec["name"].startswith("mnist_mlp") else LeNet5()
         perm, pos = torch.randperm(len(xtr), generator=g), 0
         # On a GPU the training set lives there, as a fast PyTorch program keeps it.
         xtr_d, ytr_d = xtr.to(dev), ytr.to(dev)
@@ -172,25 +280,27 @@ def torch_run(spec, steps, full, dev):
 
         def batch():
             nonlocal perm, pos
-            if pos >= len(perm):
+            if pos + b > len(perm):
                 perm, pos = torch.randperm(len(xtr), generator=g), 0
             idx = perm[pos:pos + b].to(dev)
             pos += b
             return xtr_d[idx], ytr_d[idx]
     else:
         tr, va = text()
-        model = GPTTiny()
+        layers, heads, c = spec["gpt"]
+        model = GPTTiny(c=c, layers=layers, heads=heads)
 
         def batch():
-            s = torch.randint(0, len(tr) - 128, (b,), generator=g)
-            w = torch.stack([tr[i:i + 129] for i in s.tolist()]).to(dev)
+            s = torch.randint(0, len(tr) - CONTEXT, (b,), generator=g)
+            w = torch.stack([tr[i:i + CONTEXT + 1] for i in s.tolist()]).to(dev)
             return w[:, :-1], w[:, 1:]
     model = model.to(dev)
-    opt, sched = make_optimizer(model, spec, steps)
+    opt, sched = make_optimizer(model, spec, steps or NOMINAL_STEPS)
     model.train()
     sync(dev)
     t0 = time.perf_counter()
-    for _ in range(steps):
+    done = 0
+    while (done < steps) if steps else (done == 0 or time.perf_counter() - t0 < seconds):
         x, y = batch()
         opt.zero_grad(set_to_none=True)
         out = model(x)
@@ -200,6 +310,10 @@ def torch_run(spec, steps, full, dev):
             torch.nn.utils.clip_grad_norm_(model.parameters(), spec["clip"])
         opt.step()
         sched.step()
+        done += 1
+        if seconds and done % 8 == 0:
+            sync(dev)
+    steps = done
     sync(dev)
     secs = time.perf_counter() - t0
     result = dict(samples_per_s=steps * b / secs, seconds=secs, final_loss=loss.item())
@@ -251,8 +365,10 @@ def interop_check(exe, ckpt):
     return ok
 
 
-def tandem_run(exe, spec, steps, full, devices, checkpoint=None):
-    cmd = [exe, "train", "--model", os.path.join(ROOT, spec["file"]), "--data", spec["data"],
+def tandem_run(exe, spec, model, devices, seconds=None, steps=None, full=False,
+               checkpoint=None):
+    """Trains for `seconds` (or `steps`, or the full run)."""
+    cmd = [exe, "train", "--model", model, "--data", spec["data"],
            "--batch", str(spec["batch"]), "--optimizer", spec["opt"], "--lr", str(spec["lr"]),
            "--schedule", "cosine", "--precision", "f32", "--devices", devices, "--seed", "1",
            "--no-epoch-eval", "--quiet", "--summary"]
@@ -264,8 +380,10 @@ def tandem_run(exe, spec, steps, full, devices, checkpoint=None):
         cmd += ["--clip", str(spec["clip"])]
     if full and "full_epochs" in spec:
         cmd += ["--epochs", str(spec["full_epochs"])]
-    else:
+    elif steps:
         cmd += ["--steps", str(steps)]
+    else:
+        cmd += ["--steps", str(NOMINAL_STEPS), "--max-seconds", str(seconds)]
     if not full:
         cmd += ["--eval-samples", "256"]
     if checkpoint:
@@ -282,15 +400,110 @@ def tandem_run(exe, spec, steps, full, devices, checkpoint=None):
     return result
 
 
+def spread(v):
+    return "%s (%s-%s)" % (fmt(statistics.median(v)), fmt(min(v)), fmt(max(v)))
+
+
+def fmt(x):
+    return "%.0f" % x if x >= 100 else "%.1f" % x if x >= 10 else "%.2f" % x
+
+
+def timed_row(a, spec, dev, gpu, workdir):
+    """Rounds of tandem and PyTorch, alternating which goes first."""
+    model = model_file(spec, workdir)
+    td, pt = [], []
+    print("\n%s: batch %d, %s lr %g, %d rounds of %g s each side" %
+          (spec["name"], spec["batch"], spec["opt"], spec["lr"], a.rounds, a.seconds), flush=True)
+    for r in range(a.rounds):
+        order = ("tandem", "pytorch") if r % 2 == 0 else ("pytorch", "tandem")
+        for side in order:
+            if side == "tandem":
+                v = tandem_run(a.tandem, spec, model, a.devices, seconds=a.seconds)["samples_per_s"]
+                td.append(v)
+            else:
+                v = torch_run(spec, dev, seconds=a.seconds)["samples_per_s"]
+                pt.append(v)
+            print("  round %d: %-7s %10.1f samples/s" % (r + 1, side, v), flush=True)
+    floor = spec["gpu_floor"] if gpu else spec["speed_floor"]
+    ratios = [x / y for x, y in zip(td, pt)]
+    ratio = statistics.median(td) / statistics.median(pt)
+    row = dict(model=spec["name"], label=spec["label"], tandem=statistics.median(td),
+               pytorch=statistics.median(pt), ratio=ratio, floor=floor,
+               speed_pass=floor is None or ratio >= floor, tandem_runs=td, pytorch_runs=pt,
+               ratio_runs=ratios)
+    if spec.get("peak_floor") and not gpu:
+        per_token, params = flops_per_token(spec["gpt"][0], spec["gpt"][2])
+        gflops = row["tandem"] * CONTEXT * per_token * 1e-9
+        row.update(peak=a.peak, gflops=gflops, peak_share=gflops / a.peak,
+                   peak_floor=spec["peak_floor"], peak_pass=gflops / a.peak >= spec["peak_floor"],
+                   flops_formula="6 x %d parameters + 6 x C %d x T %d x %d layers = %d FLOPs "
+                   "per token" % (params, spec["gpt"][2], CONTEXT, spec["gpt"][0], per_token))
+    return row
+
+
+def full_row(a, spec, dev, workdir):
+    """The full run: tandem and PyTorch to the accuracy floors, once each."""
+    steps = spec.get("full_steps") or spec["full_epochs"] * math.ceil(60000 / spec["batch"])
+    ckpt = os.path.join(ROOT, "bench", "out", spec["name"] + ".safetensors")
+    os.makedirs(os.path.dirname(ckpt), exist_ok=True)
+    td = tandem_run(a.tandem, spec, model_file(spec, workdir), a.devices, steps=steps, full=True,
+                    checkpoint=ckpt)
+    pt = torch_run(spec, dev, steps=steps, full=True)
+    floor = spec["speed_floor"]
+    ratio = td["samples_per_s"] / pt["samples_per_s"]
+    m = td["metric"]
+    good = m >= spec["floor"] if spec["metric"] == "test accuracy" else m <= spec["floor"]
+    ok = good and (spec["name"] != "mnist_mlp" or interop_check(a.tandem, ckpt))
+    return dict(model=spec["name"], label=spec["label"], tandem=td["samples_per_s"],
+                pytorch=pt["samples_per_s"], ratio=ratio, floor=floor,
+                speed_pass=floor is None or ratio >= floor, tandem_runs=[td["samples_per_s"]],
+                pytorch_runs=[pt["samples_per_s"]], ratio_runs=[ratio], metric=spec["metric"],
+                tandem_metric=m, pytorch_metric=pt["metric"], metric_floor=spec["floor"],
+                metric_pass=ok)
+
+
+def report(rows, a):
+    print("\n%-15s %24s %24s %20s %7s  %s" % ("model", "tandem samples/s", "PyTorch samples/s",
+                                             "ratio", "floor", "speed"))
+    for r in rows:
+        print("%-15s %24s %24s %20s %7s  %s" %
+              (r["model"], spread(r["tandem_runs"]), spread(r["pytorch_runs"]),
+               "%.2fx (%.2f-%.2f)" % (r["ratio"], min(r["ratio_runs"]), max(r["ratio_runs"])),
+               "-" if r["floor"] is None else "%.1fx" % r["floor"],
+               "-" if r["floor"] is None else "PASS" if r["speed_pass"] else "FAIL"))
+    for r in rows:
+        if "peak" in r:
+            print("\n%s: %s" % (r["model"], r["flops_formula"]))
+            print("FLOOR %s at >= %.0f%% of the 2-thread FMA peak (%.1f GFLOP/s): %.1f GFLOP/s, "
+                  "%.1f%%: %s" % (r["model"], 100 * r["peak_floor"], r["peak"], r["gflops"],
+                                  100 * r["peak_share"], "PASS" if r["peak_pass"] else "FAIL"))
+    # One line per model for scripts/gpu-check: "<label>: ...".
+    print()
+    for r in rows:
+        verdict = ("no floor" if r["floor"] is None else "floor %.1fx %s" %
+                   (r["floor"], "PASS" if r["speed_pass"] else "FAIL"))
+        print("%s: tandem %.0f/s, PyTorch (%s) %.0f/s, %.2fx, %s" %
+              (r["label"], r["tandem"], a.torch_device, r["pytorch"], r["ratio"], verdict))
+    for r in rows:
+        if "metric" in r:
+            cmp_ = ">=" if r["metric"] == "test accuracy" else "<="
+            print("%-10s %s: tandem %.4f (pytorch %.4f), floor %s %.4f  %s" %
+                  (r["model"], r["metric"], r["tandem_metric"], r["pytorch_metric"], cmp_,
+                   r["metric_floor"], "PASS" if r["metric_pass"] else "FAIL"))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tandem", required=True, help="the tandem executable")
     ap.add_argument("--full", action="store_true", help="train to the accuracy floors too")
-    ap.add_argument("--models", default="mnist_mlp,lenet5,gpt_tiny")
+    ap.add_argument("--models", help="rows to run, by name (default: all that apply)")
     ap.add_argument("--devices", default="cpu:0{cores=2}")
     ap.add_argument("--torch-device", default="cpu",
                     help="where PyTorch trains: cpu (default) or cuda[:N]; cuda uses the GPU "
                     "floors")
+    ap.add_argument("--rounds", type=int, help="rounds per row (default 3; 1 on a GPU)")
+    ap.add_argument("--seconds", type=float, help="each side's training per round (default 8; "
+                    "3 on a GPU)")
     ap.add_argument("--json", help="also write the results here")
     a = ap.parse_args()
     torch.set_num_threads(2)
@@ -300,63 +513,29 @@ def main():
     if gpu and not torch.cuda.is_available():
         sys.exit("train_vs_pytorch: --torch-device %s, but this PyTorch sees no GPU" %
                  a.torch_device)
-    print("PyTorch %s (%s), tandem %s on %s, f32" %
+    a.rounds = a.rounds or (1 if gpu else 3)
+    a.seconds = a.seconds or (3.0 if gpu else 8.0)
+    workdir = tempfile.mkdtemp(prefix="train_vs_pytorch-")
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
+                if l.startswith("model name")), "unknown CPU")
+    print("PyTorch %s (%s), tandem %s on %s, f32; %s" %
           (torch.__version__, torch.cuda.get_device_name(dev) if gpu else
-           "%d threads" % torch.get_num_threads(), a.tandem, a.devices))
-    rows, ok = [], True
+           "%d threads" % torch.get_num_threads(), a.tandem, a.devices, cpu))
+    if not gpu:
+        a.peak = fma_peak(workdir)
+        print("FMA peak, 2 threads: %.1f GFLOP/s (fp32, best of 5)" % a.peak)
+    names = a.models.split(",") if a.models else None
+    rows = []
     for spec in MODELS:
-        if spec["name"] not in a.models.split(","):
+        if names is not None and spec["name"] not in names:
             continue
-        if a.full:
-            steps = spec.get("full_steps") or spec["full_epochs"] * math.ceil(60000 / spec["batch"])
-        else:
-            steps = spec["gpu_steps"] if gpu else spec["quick_steps"]
-        floor = spec["gpu_floor"] if gpu else spec["speed_floor"]
-        print("\n%s: batch %d, %s lr %g, %d steps" % (spec["name"], spec["batch"], spec["opt"],
-                                                     spec["lr"], steps), flush=True)
-        ckpt = os.path.join(ROOT, "bench", "out", spec["name"] + ".safetensors")
-        os.makedirs(os.path.dirname(ckpt), exist_ok=True)
-        td = tandem_run(a.tandem, spec, steps, a.full, a.devices, ckpt)
-        print("  tandem : %9.1f samples/s  (%.1f s, last loss %.4f)" %
-              (td["samples_per_s"], td["seconds"], td["final_loss"]), flush=True)
-        if spec["name"] == "mnist_mlp":
-            ok &= interop_check(a.tandem, ckpt)
-        pt = torch_run(spec, steps, a.full, dev)
-        print("  pytorch: %9.1f samples/s  (%.1f s, last loss %.4f)" %
-              (pt["samples_per_s"], pt["seconds"], pt["final_loss"]), flush=True)
-        ratio = td["samples_per_s"] / pt["samples_per_s"]
-        speed_ok = floor is None or ratio >= floor
-        ok &= speed_ok
-        row = dict(model=spec["name"], label=spec["label"], tandem=td["samples_per_s"],
-                   pytorch=pt["samples_per_s"], ratio=ratio, floor=floor, speed_pass=speed_ok)
-        if a.full:
-            m = td["metric"]
-            good = m >= spec["floor"] if spec["metric"] == "test accuracy" else m <= spec["floor"]
-            ok &= good
-            row.update(metric=spec["metric"], tandem_metric=m, pytorch_metric=pt["metric"],
-                       metric_floor=spec["floor"], metric_pass=good)
-        rows.append(row)
-    print("\n%-10s %14s %14s %8s %7s  %s" % ("model", "tandem/s", "pytorch/s", "ratio", "floor",
-                                            "speed"))
-    for r in rows:
-        print("%-10s %14.1f %14.1f %7.2fx %7s  %s" %
-              (r["model"], r["tandem"], r["pytorch"], r["ratio"],
-               "-" if r["floor"] is None else "%.1fx" % r["floor"],
-               "-" if r["floor"] is None else "PASS" if r["speed_pass"] else "FAIL"))
-    # One line per model for scripts/gpu-check: "<label>: ...".
-    print()
-    for r in rows:
-        verdict = ("no floor" if r["floor"] is None else "floor %.1fx %s" %
-                   (r["floor"], "PASS" if r["speed_pass"] else "FAIL"))
-        print("%s: tandem %.0f/s, PyTorch (%s) %.0f/s, %.2fx, %s" %
-              (r["label"], r["tandem"], a.torch_device, r["pytorch"], r["ratio"], verdict))
-    if a.full:
-        print()
-        for r in rows:
-            cmp_ = ">=" if r["metric"] == "test accuracy" else "<="
-            print("%-10s %s: tandem %.4f (pytorch %.4f), floor %s %.4f  %s" %
-                  (r["model"], r["metric"], r["tandem_metric"], r["pytorch_metric"], cmp_,
-                   r["metric_floor"], "PASS" if r["metric_pass"] else "FAIL"))
+        if names is None and (gpu and spec.get("cpu_only") or a.full and "metric" not in spec):
+            continue
+        rows.append(full_row(a, spec, dev, workdir) if a.full and "metric" in spec else
+                    timed_row(a, spec, dev, gpu, workdir))
+    report(rows, a)
+    ok = all(r["speed_pass"] and r.get("peak_pass", True) and r.get("metric_pass", True)
+             for r in rows)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
