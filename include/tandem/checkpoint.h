@@ -164,6 +164,11 @@ TD_API td_status td_checkpoint_load_part(const char *path, td_model *m, td_optim
  * (td_model_param_slice). Each tensor is found by name and checked against
  * the whole parameter's shape; errors name the file and the tensor. */
 TD_API td_status td_checkpoint_load_weights(const char *path, td_model *m);
+/* The same, a parameter the file does not hold read from its tensor
+ * missing_from instead (NULL: none): a head untied by td_model_untie reads
+ * the embedding's table. */
+TD_API td_status td_checkpoint_load_weights_alias(const char *path, td_model *m,
+                                                  const char *missing_from);
 
 #ifdef __cplusplus
 }

@@ -20,16 +20,16 @@ extern "C" {
 
 /* The decoder ------------------------------------------------------------------
  *
- * A decoder runs a loaded whole model (td_model_load*, not a part or shard)
- * that reads tokens and gives logits per position: an embedding first, then
- * layers that act on each position alone (linear, layer norm, activations,
- * dropout, which is the identity here) or causal attention, in residual and
- * sequential blocks. Its cache holds the model's context length T (its
- * input's tokens) positions. It computes on the model's device with that
- * device's kernels, in the model's dtype, and uses the model's activation
- * memory as its workspace: training or evaluating the model between two
- * decoder calls is allowed (the cache is the decoder's own), and the next
- * decoder call carves the workspace again. One thread at a time. */
+ * A decoder runs a loaded whole model (td_model_load*), a tensor-parallel
+ * shard (td_model_load_shard) or a pipeline part (td_model_load_part; see
+ * td_decoder_part_pass) of a model that reads tokens and gives logits per position: an embedding
+ * first, then layers that act on each position alone (linear, layer norm, activations, dropout,
+ * which is the identity here) or causal attention, in residual and sequential blocks. Its cache
+ * holds the model's context length T (its input's tokens) positions. It computes on the model's
+ * device with that device's kernels, in the model's dtype, and uses the model's activation memory
+ * as its workspace: training or evaluating the model between two decoder calls is allowed (the
+ * cache is the decoder's own), and the next decoder call carves the workspace again. One thread at
+ * a time. */
 
 typedef struct td_decoder td_decoder;
 
@@ -72,6 +72,19 @@ TD_API td_status td_decoder_step(td_decoder *d, int32_t token, double *logits);
  * when the head is not a whole linear is TD_ERR_UNSUPPORTED; a range
  * outside the vocabulary TD_ERR_INVALID_ARG. */
 TD_API td_status td_decoder_set_vocab_slice(td_decoder *d, int64_t first, int64_t count);
+
+/* Pipeline stages: a decoder of a model part (td_model_load_part) keeps the
+ * cache of its own attention layers and runs its layers over n rows: the
+ * first part reads tokens[0..n), a later one the previous part's output
+ * rows (in: n rows of its input width on any device, copied in), and only
+ * the last part gives logits. pos 0 empties the cache; otherwise pos is the
+ * cache's position and n is 1. Call it from a thread that is no device's.
+ * A bad pos, n or argument is TD_ERR_INVALID_ARG naming it. */
+TD_API td_status td_decoder_part_pass(td_decoder *d, const int32_t *tokens, const td_buffer *in,
+                                      int64_t pos, int64_t n, double *logits);
+/* The rows the part's last pass gave, on its device, until its next pass;
+ * NULL before the first. */
+TD_API const td_buffer *td_decoder_part_output(const td_decoder *d);
 
 /* A decoder whose passes someone else runs. pass runs tokens[0..n) at
  * positions [pos, pos + n) of one sequence (pos 0: the cache is emptied

@@ -206,6 +206,14 @@ typedef struct td_shard_plan {
     int64_t first[TD_SHARD_MAX_UNITS], count[TD_SHARD_MAX_UNITS];
 } td_shard_plan;
 
+/* The model in json with every tied linear (a head sharing the embedding's
+ * table) given a weight of its own under the linear's own name: a pipeline
+ * part can then hold the head without the embedding (loading it from the
+ * table: td_checkpoint_load_weights_alias). *out (malloc'ed; the caller
+ * frees it) is NULL when nothing is tied. Malformed JSON is TD_ERR_PARSE
+ * naming `name`. */
+TD_API td_status td_model_untie(const char *json, const char *name, char **out);
+
 /* Lists the model's splittable units in forward order into
  * units[0..min(*count, max_units)) (units may be NULL to count them);
  * *count gets their number (0: nothing to split). Errors as

@@ -134,6 +134,9 @@ TD_API td_status td_strategy_carry_on(td_strategy *s, td_group *survivors, int64
  *           measured speed at reading weights), the KV cache of its own
  *           heads, and a slice of the head's vocabulary rows; each step
  *           sums the units' partial outputs by small all-reduces
+ *   pipeline each device consecutive layers (weights in proportion to its
+ *           measured speed) with the cache of its attention layers; the
+ *           stages run one after another: for a model bigger than a device
  * Greedy decoding gives the same tokens whatever the strategy and devices,
  * up to rounding. Other strategies do not generate: TD_ERR_UNSUPPORTED
  * saying which do. The decoder owns the models it builds; g must outlive

@@ -539,10 +539,13 @@ static int same_shape(const td_st_tensor *t, const td_param_slice *sl) {
 }
 
 /* Parameter i of m: its whole tensor converted, then its slice written. */
-static td_status load_converted(const char *path, const td_safetensors *sf, td_model *m, size_t i) {
+static td_status load_converted(const char *path, const td_safetensors *sf, td_model *m, size_t i,
+                                const char *missing_from) {
     td_tensor *p = td_model_param(m, i);
     const char *name = td_model_param_name(m, i);
     const td_st_tensor *t = td_safetensors_find(sf, name);
+    if (!t && missing_from)
+        t = td_safetensors_find(sf, missing_from);
     size_t numel = td_tensor_numel(p);
     double *whole, *part;
     td_param_slice sl;
@@ -568,14 +571,19 @@ static td_status load_converted(const char *path, const td_safetensors *sf, td_m
     return st;
 }
 
-td_status td_checkpoint_load_weights(const char *path, td_model *m) {
+td_status td_checkpoint_load_weights_alias(const char *path, td_model *m,
+                                           const char *missing_from) {
     td_safetensors *sf = NULL;
     td_status st = TD_OK;
     if (!path || !m)
         return td__error(TD_ERR_INVALID_ARG, "td_checkpoint_load_weights: path or model is NULL");
     TD_CHECK(td_safetensors_load(path, &sf));
     for (size_t i = 0; i < td_model_param_count(m) && st == TD_OK; i++)
-        st = load_converted(path, sf, m, i);
+        st = load_converted(path, sf, m, i, missing_from);
     td_safetensors_destroy(sf);
     return st;
+}
+
+td_status td_checkpoint_load_weights(const char *path, td_model *m) {
+    return td_checkpoint_load_weights_alias(path, m, NULL);
 }

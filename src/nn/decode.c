@@ -49,6 +49,7 @@ struct td_decoder {
     int64_t heads;          /* the most heads any attention layer computes here */
     td_layer *head;         /* the top-level linear giving the logits; NULL: none */
     int64_t vfirst, vcount; /* the logits computed and read: [vfirst, vfirst + vcount) */
+    td_buffer out;          /* a part's output rows after its last pass */
     int natt;
     td_tensor **kv;     /* per attention layer in forward order: (T, 3c) q, k, v rows of the
                            heads computed here (NULL: none) */
@@ -308,23 +309,28 @@ static td_status check_layer(td_decoder *d, const td_layer *l, int top) {
 static td_status check_model(td_decoder *d) {
     td_model *m = d->m;
     td_layer *root = m->root, *last;
+    int first = m->part_first == 0, last_part = m->part_end == m->info.layers;
     if (m->kind != TD_INPUT_TOKENS)
         return td__error(TD_ERR_UNSUPPORTED,
                          "decoder: the model reads features, not tokens; only a token model "
                          "(an embedding first, logits over a vocabulary) generates");
-    if (m->part_first != 0 || m->part_end != m->info.layers)
-        return td__error(TD_ERR_UNSUPPORTED,
-                         "decoder: a model part (pipeline stage); decoding needs every layer "
-                         "of the model on one device, whole or as a tensor-parallel shard");
-    if (root->nchildren < 1 || root->children[0]->vt != &td__embedding_vt)
+    if (first && (root->nchildren < 1 || root->children[0]->vt != &td__embedding_vt))
         return td__error(TD_ERR_UNSUPPORTED,
                          "decoder: the model's first layer is not an embedding");
-    if (root->out_ndim != 2 || root->out_shape[1] != m->classes)
+    if (!first && (root->in_ndim != 2 || root->in_shape[0] != d->ctx))
+        return td__error(TD_ERR_UNSUPPORTED,
+                         "decoder: part [%d, %d) does not read one row per position", m->part_first,
+                         m->part_end);
+    if (last_part && (root->out_ndim != 2 || root->out_shape[1] != m->classes))
         return td__error(TD_ERR_UNSUPPORTED,
                          "decoder: the model's output is not (T, vocabulary) logits");
     for (int i = 0; i < root->nchildren; i++)
-        TD_CHECK(check_layer(d, root->children[i], i == 0));
-    d->token_limit = root->children[0]->vocab;
+        TD_CHECK(check_layer(d, root->children[i], first && i == 0));
+    d->token_limit = first ? root->children[0]->vocab : 0;
+    if (!last_part) {
+        d->vocab = root->out_shape[1]; /* a stage's output: activations, not logits */
+        return TD_OK;
+    }
     last = root->children[root->nchildren - 1];
     if (last->vt == &td__linear_vt && last->split.kind == TD__SPLIT_NONE)
         d->head = last;
@@ -382,8 +388,8 @@ td_status td_decoder_create(td_model *m, td_decoder **out) {
     d->m = m;
     d->ctx = m->in_shape[0];
     d->vocab = m->classes;
-    d->vcount = d->vocab;
     TD_TRY(check_model(d));
+    d->vcount = d->vocab;
     TD_TRY(alloc_state(d));
     /* the activations of one window: the decoder's workspace */
     TD_TRY(td_device_run(m->dev, prepare_task, m));
@@ -491,10 +497,15 @@ static td_status run_task(td_device *dev, void *arg) {
     td_decoder *d = a->d;
     td_model *m = d->m;
     pass p = {d, a->pos, a->n, 0};
+    td_tensor x = m->input;
     m->stretch_start = td_clock_ns();
     TD_CHECK(td__model_prepare(m, 0, 1));
-    TD_CHECK(dev->ops->write(dev->ctx, m->tokens.ptr, a->tokens, (size_t)a->n * sizeof(int32_t)));
-    TD_CHECK(seq_decode(m->root, &m->input, &p));
+    if (m->part_first > 0)
+        TD_CHECK(first_rows(&m->input, a->n, &x)); /* copied in by td_decoder_part_pass */
+    else
+        TD_CHECK(
+            dev->ops->write(dev->ctx, m->tokens.ptr, a->tokens, (size_t)a->n * sizeof(int32_t)));
+    TD_CHECK(seq_decode(m->root, &x, &p));
     if (a->logits)
         TD_CHECK(read_logits(d, a->n, a->logits));
     /* a device slowed on purpose is slowed here, as in training */
@@ -549,4 +560,76 @@ td_status td_decoder_step(td_decoder *d, int32_t token, double *logits) {
     if ((st = run_pass(d, &token, d->pos, 1, logits)) == TD_OK)
         d->pos++;
     return st;
+}
+
+/* Pipeline stages ---------------------------------------------------------------------- */
+
+static td_status carve_task(td_device *dev, void *arg) {
+    (void)dev;
+    return td__model_prepare(arg, 0, 1);
+}
+
+/* A view's elements as a buffer on the model's device. */
+static td_buffer rows_buffer(const td_model *m, const td_tensor *rows) {
+    td_buffer b = {m->dev, rows->data, rows->numel * td_dtype_size(m->dtype)};
+    return b;
+}
+
+static td_status check_part_pass(const td_decoder *d, const int32_t *tokens, const td_buffer *in,
+                                 int64_t pos, int64_t n, const double *logits) {
+    const td_model *m = d->m;
+    if (pos < 0 || n < 1 || pos + n > d->ctx || (pos > 0 && n != 1))
+        return td__error(TD_ERR_INVALID_ARG,
+                         "td_decoder_part_pass: positions [%lld, %lld): a prefill from 0 or one "
+                         "position after it, within the context of %lld",
+                         (long long)pos, (long long)(pos + n), (long long)d->ctx);
+    if (pos > 0 && pos != d->pos)
+        return td__error(TD_ERR_INVALID_ARG,
+                         "td_decoder_part_pass: position %lld; the cache holds %lld",
+                         (long long)pos, (long long)d->pos);
+    if (m->part_first == 0 ? !tokens : !in)
+        return td__error(TD_ERR_INVALID_ARG, "td_decoder_part_pass: part [%d, %d) reads %s",
+                         m->part_first, m->part_end,
+                         m->part_first == 0 ? "tokens, and tokens is NULL"
+                                            : "the previous part's rows, and in is NULL");
+    if (logits && m->part_end != m->info.layers)
+        return td__error(TD_ERR_INVALID_ARG,
+                         "td_decoder_part_pass: part [%d, %d) gives no logits: the last part "
+                         "does",
+                         m->part_first, m->part_end);
+    return m->part_first == 0 ? check_tokens(d, tokens, n, "td_decoder_part_pass") : TD_OK;
+}
+
+td_status td_decoder_part_pass(td_decoder *d, const int32_t *tokens, const td_buffer *in,
+                               int64_t pos, int64_t n, double *logits) {
+    td_model *m;
+    td_tensor rows;
+    td_status st;
+    if (!d || d->custom.pass)
+        return td__error(TD_ERR_INVALID_ARG, "td_decoder_part_pass: no decoder, or a custom one");
+    m = d->m;
+    TD_CHECK(check_part_pass(d, tokens, in, pos, n, logits));
+    d->pos = pos == 0 ? 0 : d->pos;
+    if (m->part_first > 0) {
+        td_buffer dst;
+        /* the copy may need in's device thread: from here, not inside a task */
+        TD_CHECK(td_device_run(m->dev, carve_task, m));
+        TD_CHECK(first_rows(&m->input, n, &rows));
+        dst = rows_buffer(m, &rows);
+        if (td_buffer_size(in) < dst.nbytes)
+            return td__error(TD_ERR_INVALID_ARG,
+                             "td_decoder_part_pass: in has %zu bytes; %lld rows need %zu",
+                             td_buffer_size(in), (long long)n, dst.nbytes);
+        TD_CHECK(td_buffer_copy(&dst, 0, in, 0, dst.nbytes));
+    }
+    if ((st = run_pass(d, tokens, pos, n, logits)) != TD_OK)
+        return st;
+    d->pos = pos + n;
+    TD_CHECK(first_rows(&m->root->out, n, &rows));
+    d->out = rows_buffer(m, &rows);
+    return TD_OK;
+}
+
+const td_buffer *td_decoder_part_output(const td_decoder *d) {
+    return d && d->pos > 0 && !d->custom.pass ? &d->out : NULL;
 }

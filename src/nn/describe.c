@@ -292,3 +292,42 @@ void td_model_get_info(const td_model *m, td_model_info *out) {
     if (m)
         *out = m->info;
 }
+
+/* Untying -------------------------------------------------------------------------- */
+
+/* Drops "tied" from every linear in the layer list arr and its sublists;
+ * *n counts them. */
+static void untie_layers(json_t *arr, int *n) {
+    size_t i;
+    json_t *l;
+    json_array_foreach(arr, i, l) {
+        if (json_is_true(json_object_get(l, "tied"))) {
+            json_object_del(l, "tied");
+            ++*n;
+        }
+        if (json_is_array(json_object_get(l, "layers")))
+            untie_layers(json_object_get(l, "layers"), n);
+    }
+}
+
+td_status td_model_untie(const char *json, const char *name, char **out) {
+    json_error_t err;
+    json_t *root;
+    int n = 0;
+    if (!out)
+        return td__error(TD_ERR_INVALID_ARG, "td_model_untie: out is NULL");
+    *out = NULL;
+    if (!json)
+        return td__error(TD_ERR_INVALID_ARG, "td_model_untie: json is NULL");
+    if (!(root = json_loads(json, 0, &err)))
+        return td__error(TD_ERR_PARSE, "%s: line %d: %s", name ? name : "(model)", err.line,
+                         err.text);
+    untie_layers(json_object_get(root, "layers"), &n);
+    if (n && !(*out = json_dumps(root, JSON_COMPACT))) {
+        json_decref(root);
+        return td__error(TD_ERR_OUT_OF_MEMORY, "%s: no memory for the untied model",
+                         name ? name : "(model)");
+    }
+    json_decref(root);
+    return TD_OK;
+}

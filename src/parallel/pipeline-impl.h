@@ -40,6 +40,11 @@ typedef struct td_pp_need {
  * TD_ERR_OUT_OF_MEMORY naming the devices when no cut fits. */
 td_status td__pp_plan(td_group *g, const td_pp_need *need, td_pp_plan *out);
 
+/* The pipeline strategy's decoder (td_strategy_decoder_create):
+ * pipeline_decode.c. */
+td_status td__pipeline_decoder(td_group *g, const char *checkpoint, td_dtype dtype,
+                               td_decoder **out);
+
 /* Activation slots member k of plan needs: one per micro-batch it can hold
  * between forward and backward under 1F1B. */
 int td__pp_slots(const td_pp_plan *plan, int k, int64_t micro_batches);

@@ -351,4 +351,5 @@ const td_strategy_ops td__strategy_pipeline = {
     .load = pp_load,
     .lr = pp_lr,
     .steps = pp_steps,
+    .decoder = td__pipeline_decoder,
 };

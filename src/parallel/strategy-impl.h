@@ -46,6 +46,22 @@ struct td_strategy {
     void *impl;
 };
 
+/* Sizing members' shares (shares.c) ---------------------------------------------- */
+
+/* The best time of a few products of one row with a weight matrix larger
+ * than the caches on dev alone, in dtype: its speed at reading weights.
+ * Call it from a thread that is no device's, one device at a time. */
+td_status td__speed_probe(td_device *dev, td_dtype dtype, double *seconds);
+/* Shares of n members in proportion to their speeds (1 / alone_s; any
+ * alone_s not positive: even), rounded to eighths and summing to 1: timing
+ * noise moves no work between equal devices, while a device three times as
+ * fast still gets three quarters. */
+void td__shares_from_speed(const double *alone_s, int n, double *share);
+/* Cuts [0, size) into n consecutive ranges in rank order, [first[k],
+ * first[k] + count[k]), in proportion to share, the largest remainders
+ * first (ties to the lower rank); a range may be empty. */
+void td__cut_by_shares(int64_t size, const double *share, int n, int64_t *first, int64_t *count);
+
 extern const td_strategy_ops td__strategy_single;
 extern const td_strategy_ops td__strategy_data;
 extern const td_strategy_ops td__strategy_pipeline;

@@ -26,14 +26,4 @@ td_status td__tensor_load(td_model *const *shards, td_optimizer *const *opts, in
 /* The tensor strategy's decoder (td_strategy_decoder_create). */
 td_status td__tensor_decoder(td_group *g, const char *checkpoint, td_dtype dtype, td_decoder **out);
 
-/* Shares of n members in proportion to their speeds (1 / alone_s; any
- * alone_s not positive: even), rounded to eighths and summing to 1: timing
- * noise moves no slice between equal devices, while a device three times as
- * fast still gets three quarters. */
-void td__tensor_shares(const double *alone_s, int n, double *share);
-/* Cuts [0, size) into n consecutive ranges in rank order, [first[k],
- * first[k] + count[k]), in proportion to share, the largest remainders
- * first (ties to the lower rank); a range may be empty. */
-void td__tensor_cut(int64_t size, const double *share, int n, int64_t *first, int64_t *count);
-
 #endif

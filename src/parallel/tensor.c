@@ -175,7 +175,7 @@ static void make_shares(tensor_par *p) {
     double alone[TD_DP_MAX_MEMBERS];
     for (int k = 0; k < p->size; k++)
         alone[k] = p->mb[k].alone_s;
-    td__tensor_shares(alone, p->size, p->share);
+    td__shares_from_speed(alone, p->size, p->share);
 }
 
 /* The largest share member k's memory holds: its slices of the split
@@ -223,60 +223,12 @@ static void fit_memory(tensor_par *p) {
 static void make_plans(tensor_par *p) {
     for (int u = 0; u < p->nunits; u++) {
         int64_t first[TD_DP_MAX_MEMBERS], count[TD_DP_MAX_MEMBERS];
-        td__tensor_cut(p->units[u].size, p->share, p->size, first, count);
+        td__cut_by_shares(p->units[u].size, p->share, p->size, first, count);
         for (int k = 0; k < p->size; k++) {
             p->mb[k].plan.units = p->nunits;
             p->mb[k].plan.first[u] = first[k];
             p->mb[k].plan.count[u] = count[k];
         }
-    }
-}
-
-/* Sizing slices ------------------------------------------------------------------- */
-
-void td__tensor_shares(const double *alone_s, int n, double *share) {
-    double sum = 0;
-    int measured = 1;
-    for (int k = 0; k < n; k++)
-        measured &= alone_s[k] > 0;
-    for (int k = 0; k < n; k++) {
-        share[k] = measured ? 1.0 / alone_s[k] : 1.0;
-        sum += share[k];
-    }
-    /* to eighths, so that timing noise moves no slice between equal devices
-     * (a device three times as fast still gets three quarters) */
-    for (int k = 0; k < n; k++) {
-        double q = round(8.0 * share[k] / sum) / 8.0;
-        share[k] = q > 0 ? q : 1.0 / 64;
-    }
-    sum = 0;
-    for (int k = 0; k < n; k++)
-        sum += share[k];
-    for (int k = 0; k < n; k++)
-        share[k] /= sum;
-}
-
-void td__tensor_cut(int64_t size, const double *share, int n, int64_t *first, int64_t *count) {
-    int64_t given = 0, at = 0;
-    double frac[TD_DP_MAX_MEMBERS];
-    for (int k = 0; k < n; k++) {
-        double q = (double)size * share[k];
-        count[k] = (int64_t)floor(q);
-        frac[k] = q - (double)count[k];
-        given += count[k];
-    }
-    while (given < size) {
-        int best = 0;
-        for (int k = 1; k < n; k++)
-            if (frac[k] > frac[best])
-                best = k;
-        count[best]++;
-        frac[best] = -1;
-        given++;
-    }
-    for (int k = 0; k < n; k++) {
-        first[k] = at;
-        at += count[k];
     }
 }
 

@@ -22,18 +22,12 @@
 #include "parallel/tensor-impl.h"
 #include "tensor/tensor-impl.h"
 
-/* The probe: one row times a (PROBE_OUT, PROBE_IN) weight, 16 MiB in f32. */
-#define PROBE_IN   1024
-#define PROBE_OUT  4096
-#define PROBE_RUNS 6
-
 typedef struct dmember {
     td_group *group;
     td_device *dev;
     td_model *m;
     td_decoder *d;
     td_shard_plan plan;
-    double alone_s; /* the probe's best time */
 } dmember;
 
 typedef struct tensor_dec {
@@ -56,40 +50,10 @@ static td_status reduce_hook(void *arg, td_tensor *t) {
 
 /* Sizing ---------------------------------------------------------------------------- */
 
-/* The best of PROBE_RUNS timed forwards of the probe on m's device, alone
- * (called from the caller's thread: one device at a time). */
-static td_status probe(dmember *m, td_dtype dtype) {
-    char json[256];
-    float *x = td__calloc(PROBE_IN * sizeof *x, "a probe input");
-    int32_t label = 0;
-    td_batch b = {1, x, NULL, &label};
-    td_step_result r;
-    td_model *pm = NULL;
-    td_status st = TD_OK;
-    snprintf(json, sizeof json,
-             "{\"name\": \"probe\", \"input\": {\"shape\": [%d]}, \"layers\": "
-             "[{\"type\": \"linear\", \"out\": %d}]}",
-             PROBE_IN, PROBE_OUT);
-    if (!x)
-        return TD_ERR_OUT_OF_MEMORY;
-    st = td_model_load_string(json, "(the speed probe)", m->dev, dtype, 1, &pm);
-    for (int i = 0; i <= PROBE_RUNS && st == TD_OK; i++) {
-        uint64_t t0 = td_clock_ns();
-        double dt;
-        st = td_model_evaluate(pm, &b, &r);
-        dt = (double)(td_clock_ns() - t0) * 1e-9;
-        if (i > 0 && (m->alone_s == 0 || dt < m->alone_s))
-            m->alone_s = dt;
-    }
-    td_model_destroy(pm);
-    free(x);
-    return st;
-}
-
 static void make_plans(tensor_dec *t, const td_split_info *units, int nunits) {
     for (int u = 0; u < nunits; u++) {
         int64_t first[TD_DP_MAX_MEMBERS], count[TD_DP_MAX_MEMBERS];
-        td__tensor_cut(units[u].size, t->share, t->size, first, count);
+        td__cut_by_shares(units[u].size, t->share, t->size, first, count);
         for (int k = 0; k < t->size; k++) {
             t->mb[k].plan.units = nunits;
             t->mb[k].plan.first[u] = first[k];
@@ -161,7 +125,7 @@ static td_status make_members(tensor_dec *t, const char *json, const char *check
                          "attention); generate with --strategy single",
                          checkpoint);
     make_plans(t, units, nunits);
-    td__tensor_cut(info.classes, t->share, t->size, vfirst, vcount);
+    td__cut_by_shares(info.classes, t->share, t->size, vfirst, vcount);
     for (int k = 0; k < t->size; k++)
         TD_CHECK(make_member(t, k, json, checkpoint, dtype, vfirst, vcount));
     return TD_OK;
@@ -193,10 +157,9 @@ td_status td__tensor_decoder(td_group *g, const char *checkpoint, td_dtype dtype
                            td_device_name(m->dev));
             goto fail;
         }
-        TD_TRY(probe(m, dtype));
-        alone[k] = m->alone_s;
+        TD_TRY(td__speed_probe(m->dev, dtype, &alone[k]));
     }
-    td__tensor_shares(alone, t->size, t->share);
+    td__shares_from_speed(alone, t->size, t->share);
     TD_TRY(td_checkpoint_read_meta(checkpoint, &json, &saved, NULL));
     TD_TRY(make_members(t, json, checkpoint, dtype));
     impl.context = td_decoder_context(t->mb[0].d);

@@ -167,8 +167,8 @@ static void bad_input_is_a_clear_error(void **state) {
     snprintf(args, sizeof args, "generate --checkpoint '%s' --prompt x --precision f16", ckpt);
     free(run(args, 2, "f32 or f64"));
     snprintf(args, sizeof args,
-             "generate --checkpoint '%s' --prompt x --strategy pipeline --devices 'cpu*2'", ckpt);
-    free(run(args, 1, "pipeline: does not generate (these do: single, tensor)"));
+             "generate --checkpoint '%s' --prompt x --strategy data --devices 'cpu*2'", ckpt);
+    free(run(args, 1, "data: does not generate (these do: single, pipeline, tensor)"));
     snprintf(args, sizeof args, "generate --checkpoint '%s' --prompt x --strategy diagonal", ckpt);
     free(run(args, 1, "unknown strategy 'diagonal'"));
     snprintf(args, sizeof args, "generate --checkpoint '%s' --prompt x --devices 'cpu*2'", ckpt);
@@ -187,7 +187,7 @@ static void bad_input_is_a_clear_error(void **state) {
 
 /* Sampled text split across two devices is the one device's: the same
  * logits up to rounding (f64), the same random numbers. */
-static void tensor_on_two_devices_writes_the_same_text(void **state) {
+static void split_across_two_devices_writes_the_same_text(void **state) {
     char args[1024], one[48], two[48], *out;
     json_t *s;
     const char *common = "--prompt 'ROMEO:' --tokens 40 --temperature 0.8 --top-k 20 --seed 7 "
@@ -206,6 +206,14 @@ static void tensor_on_two_devices_writes_the_same_text(void **state) {
     assert_int_equal(json_array_size(json_object_get(s, "devices")), 2);
     assert_string_equal(json_string_value(json_array_get(json_object_get(s, "devices"), 1)),
                         "cpu:1");
+    json_decref(s);
+    snprintf(args, sizeof args,
+             "generate --checkpoint '%s' %s --devices 'cpu*2' --strategy pipeline", ckpt, common);
+    out = run(args, 0, NULL);
+    s = generated(out, "ROMEO:", 40, two);
+    free(out);
+    assert_memory_equal(one, two, 40);
+    assert_string_equal(json_string_value(json_object_get(s, "strategy")), "pipeline");
     json_decref(s);
 }
 
@@ -228,7 +236,7 @@ int main(void) {
         cmocka_unit_test(prints_the_prompt_and_n_bytes_then_a_summary),
         cmocka_unit_test(greedy_text_is_the_api_s),
         cmocka_unit_test(a_prompt_file_is_read_whole),
-        cmocka_unit_test(tensor_on_two_devices_writes_the_same_text),
+        cmocka_unit_test(split_across_two_devices_writes_the_same_text),
         cmocka_unit_test(bad_input_is_a_clear_error),
     };
     return cmocka_run_group_tests(tests, train_checkpoint, td_test_tmpdir_teardown);

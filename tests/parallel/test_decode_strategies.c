@@ -1,8 +1,9 @@
-/* Tensor-parallel generation against the whole model's ordinary forward on
- * one device: the logits of every position, prefilled and stepped, on 2
- * and 3 devices, with a device three times slower, and with a member that
- * holds no head; greedy generation gives the single strategy's tokens; and
- * what it refuses. */
+/* Generation split across devices (td_strategy_decoder_create) against the
+ * whole model's ordinary forward on one device: the logits of every
+ * position, prefilled and stepped, under tensor (2 and 3 devices, a device
+ * three times slower, a member that holds no head) and pipeline (2 and 3
+ * stages, a slowed device, more devices than the cut uses); greedy
+ * generation gives the single strategy's tokens; and what is refused. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,9 @@
 #include "tandem/strategy.h"
 
 enum { T = 16, V = 64 };
+
+/* Whether small_gpt's head is tied to its embedding, as GPT-2's is. */
+static int tied_head;
 
 /* gpt_tiny's layers, smaller, with `heads` heads of 32 channels in all. */
 static const char *small_gpt(int heads) {
@@ -26,8 +30,8 @@ static const char *small_gpt(int heads) {
              "{\"type\": \"residual\", \"layers\": [{\"type\": \"layernorm\"}, "
              "{\"type\": \"linear\", \"out\": 64}, {\"type\": \"gelu\"}, "
              "{\"type\": \"linear\", \"out\": 32}]}]},"
-             "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": %d}]}",
-             T, V, V, heads, V);
+             "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": %d%s}]}",
+             T, V, V, heads, V, tied_head ? ", \"bias\": false, \"tied\": true" : "");
     return json;
 }
 
@@ -63,7 +67,8 @@ static void tokens(int32_t *tok) {
         tok[i] = (int32_t)((i * 37 + 11) % V);
 }
 
-static void tensor_matches_whole(const char *spec, int heads, td_dtype dtype, double tol) {
+static void split_matches_whole(const char *strategy, const char *spec, int heads, td_dtype dtype,
+                                double tol) {
     int32_t tok[T];
     double ref[T * V], got[V];
     td_device_list *list;
@@ -74,7 +79,7 @@ static void tensor_matches_whole(const char *spec, int heads, td_dtype dtype, do
     path = make_checkpoint(heads, dtype, tok, ref);
     list = td_test_open(spec);
     TD_ASSERT_OK(td_group_create(list, NULL, &g));
-    TD_ASSERT_OK(td_strategy_decoder_create(g, "tensor", path, dtype, &d));
+    TD_ASSERT_OK(td_strategy_decoder_create(g, strategy, path, dtype, &d));
     assert_int_equal(td_decoder_context(d), T);
     assert_int_equal(td_decoder_vocab(d), V);
     for (int64_t k = 1; k <= T; k += 5) {
@@ -91,17 +96,44 @@ static void tensor_matches_whole(const char *spec, int heads, td_dtype dtype, do
 }
 
 static void two_devices_f64(void **state) {
-    tensor_matches_whole("cpu*2", 4, TD_F64, 1e-12);
+    split_matches_whole("tensor", "cpu*2", 4, TD_F64, 1e-12);
 }
 static void two_devices_f32(void **state) {
-    tensor_matches_whole("cpu*2", 4, TD_F32, 1e-5);
+    split_matches_whole("tensor", "cpu*2", 4, TD_F32, 1e-5);
 }
 static void three_to_one_speeds_f64(void **state) {
-    tensor_matches_whole("cpu:0,cpu:1{slowdown=3}", 4, TD_F64, 1e-12);
+    split_matches_whole("tensor", "cpu:0,cpu:1{slowdown=3}", 4, TD_F64, 1e-12);
 }
 /* 2 heads over 3 devices: one member computes no head of any layer. */
 static void a_member_without_heads_f64(void **state) {
-    tensor_matches_whole("cpu*3", 2, TD_F64, 1e-12);
+    split_matches_whole("tensor", "cpu*3", 2, TD_F64, 1e-12);
+}
+
+/* A head tied to the embedding: tensor slices the table's rows; pipeline
+ * gives the stage holding the head its own copy of the table. */
+static void tied_head_f64(void **state) {
+    tied_head = 1;
+    split_matches_whole("tensor", "cpu*2", 4, TD_F64, 1e-12);
+    split_matches_whole("pipeline", "cpu*2", 4, TD_F64, 1e-12);
+    split_matches_whole("pipeline", "cpu*3", 4, TD_F64, 1e-12);
+    tied_head = 0;
+}
+
+static void pipeline_two_stages_f64(void **state) {
+    split_matches_whole("pipeline", "cpu*2", 4, TD_F64, 1e-12);
+}
+static void pipeline_two_stages_f32(void **state) {
+    split_matches_whole("pipeline", "cpu*2", 4, TD_F32, 1e-5);
+}
+static void pipeline_three_stages_f64(void **state) {
+    split_matches_whole("pipeline", "cpu*3", 4, TD_F64, 1e-12);
+}
+static void pipeline_one_stage_slowed_f64(void **state) {
+    split_matches_whole("pipeline", "cpu:0,cpu:1{slowdown=3}", 4, TD_F64, 1e-12);
+}
+/* 9 devices for 7 top-level layers: some stages are empty. */
+static void pipeline_more_devices_than_layers_f64(void **state) {
+    split_matches_whole("pipeline", "cpu*9", 4, TD_F64, 1e-12);
 }
 
 typedef struct collected {
@@ -139,14 +171,17 @@ static void greedy_text_is_the_single_devices(void **state) {
     int32_t tok[T];
     double ref[T * V];
     const char *path;
-    collected one, two;
+    collected one, two, three;
     tokens(tok);
     path = make_checkpoint(4, TD_F64, tok, ref);
     one = greedy("cpu:0", "single", path);
     two = greedy("cpu*2", "tensor", path);
+    three = greedy("cpu*2", "pipeline", path);
     assert_int_equal(one.n, 40);
     assert_int_equal(two.n, 40);
+    assert_int_equal(three.n, 40);
     assert_memory_equal(one.tok, two.tok, sizeof one.tok);
+    assert_memory_equal(one.tok, three.tok, sizeof one.tok);
 }
 
 static void what_cannot_generate_is_refused(void **state) {
@@ -160,11 +195,9 @@ static void what_cannot_generate_is_refused(void **state) {
     tokens(tok);
     path = make_checkpoint(4, TD_F32, tok, ref);
     TD_ASSERT_OK(td_group_create(list, NULL, &g));
-    TD_ASSERT_STATUS(td_strategy_decoder_create(g, "pipeline", path, TD_F32, &d),
-                     TD_ERR_UNSUPPORTED);
-    td_test_assert_message_contains("single, tensor");
-    assert_null(d);
     TD_ASSERT_STATUS(td_strategy_decoder_create(g, "data", path, TD_F32, &d), TD_ERR_UNSUPPORTED);
+    td_test_assert_message_contains("data: does not generate (these do: single, pipeline, tensor)");
+    assert_null(d);
     TD_ASSERT_STATUS(td_strategy_decoder_create(g, "sideways", path, TD_F32, &d),
                      TD_ERR_INVALID_ARG);
     td_test_assert_message_contains("unknown strategy 'sideways'");
@@ -180,6 +213,10 @@ static void what_cannot_generate_is_refused(void **state) {
                      TD_ERR_UNSUPPORTED);
     td_test_assert_message_contains("features");
     assert_null(d);
+    TD_ASSERT_STATUS(td_strategy_decoder_create(g, "pipeline", mlp_path, TD_F32, &d),
+                     TD_ERR_UNSUPPORTED);
+    td_test_assert_message_contains("features");
+    assert_null(d);
     td_model_destroy(mlp);
     td_group_destroy(g);
     td_device_list_destroy(list);
@@ -191,6 +228,12 @@ int main(void) {
         cmocka_unit_test(two_devices_f32),
         cmocka_unit_test(three_to_one_speeds_f64),
         cmocka_unit_test(a_member_without_heads_f64),
+        cmocka_unit_test(tied_head_f64),
+        cmocka_unit_test(pipeline_two_stages_f64),
+        cmocka_unit_test(pipeline_two_stages_f32),
+        cmocka_unit_test(pipeline_three_stages_f64),
+        cmocka_unit_test(pipeline_one_stage_slowed_f64),
+        cmocka_unit_test(pipeline_more_devices_than_layers_f64),
         cmocka_unit_test(greedy_text_is_the_single_devices),
         cmocka_unit_test(what_cannot_generate_is_refused),
     };
