@@ -252,6 +252,12 @@ TD_API td_status td_comm_request_times(td_comm_request *req, uint64_t *began_ns,
 /* Waits when still running, then frees. NULL-safe. */
 TD_API void td_comm_request_destroy(td_comm_request *req);
 
+/* Where the job launcher (mpirun: Open MPI's OMPI_COMM_WORLD_*, or a PMI
+ * launcher's PMI_*) placed this process, before any group exists: *rank
+ * and *size (each may be NULL); 0 and 1 when no launcher started it. A
+ * size over 1 is what TD_TRANSPORT_MPI serves. */
+TD_API void td_comm_launch(int *rank, int *size);
+
 /* Finalises MPI when tandem initialised it and no group uses it any more;
  * otherwise does nothing. Also run at exit. */
 TD_API void td_comm_mpi_finalize(void);

@@ -291,11 +291,8 @@ static int run_mpi_child(const bench_opts *o) {
     r->o = &mo;
     r->mpi = 1;
     r->nsizes = make_sizes(o, o->mpi_max_bytes, r->sizes);
-    {
-        /* tandem initialises MPI with the group; the spec needs the rank first. */
-        const char *env = getenv("OMPI_COMM_WORLD_RANK");
-        process = env ? atoi(env) : 0;
-    }
+    /* tandem initialises MPI with the group; the spec needs the rank first. */
+    td_comm_launch(&process, NULL);
     /* mpirun binds each process to its own core: "cpu" is that core. */
     snprintf(spec, sizeof spec, "cpu");
     (void)cpus;

@@ -7,6 +7,28 @@
 #include "core/alloc.h"
 #include "core/error.h"
 
+/* An environment variable as a non-negative int; -1 when unset or not one. */
+static int env_int(const char *name) {
+    const char *v = getenv(name);
+    char *end;
+    long n = v ? strtol(v, &end, 10) : -1;
+    return v && *v && !*end && n >= 0 && n < (1L << 30) ? (int)n : -1;
+}
+
+void td_comm_launch(int *rank, int *size) {
+    int r = env_int("OMPI_COMM_WORLD_RANK"), n = env_int("OMPI_COMM_WORLD_SIZE");
+    if (n < 1) {
+        r = env_int("PMI_RANK");
+        n = env_int("PMI_SIZE");
+    }
+    if (n < 1 || r < 0 || r >= n)
+        r = 0, n = 1;
+    if (rank)
+        *rank = r;
+    if (size)
+        *size = n;
+}
+
 static int several_processes(const td_group *g) {
     return g && g->transport == TD_TRANSPORT_MPI && g->nlocal < g->size;
 }

@@ -45,6 +45,7 @@ td_status td__train_trace_check(td__trainer *t) {
     const td_train_config *c = t->cfg;
     char dir[4096];
     struct stat sb;
+    int rank;
     if (c->trace_first < 0 || c->trace_last < 0 ||
         (c->trace_last > 0 && c->trace_first > c->trace_last))
         return BAD_SETTING(t,
@@ -61,7 +62,8 @@ td_status td__train_trace_check(td__trainer *t) {
         return BAD_SETTING(t, "no file named for the trace (--trace is empty)");
     /* Under mpirun only the first process writes it, perhaps on another
      * machine (the group that says which is made later). */
-    if (getenv("OMPI_COMM_WORLD_RANK") && atoi(getenv("OMPI_COMM_WORLD_RANK")) > 0)
+    td_comm_launch(&rank, NULL);
+    if (rank > 0)
         return TD_OK;
     if (stat(c->trace_path, &sb) == 0 && !S_ISREG(sb.st_mode))
         return td__error(TD_ERR_IO, "%s: not a regular file, so no trace can replace it (--trace)",

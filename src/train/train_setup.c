@@ -219,8 +219,9 @@ static td_status read_run(td__trainer *t, td_dtype *dtype) {
  * strategy on it, resumed from the checkpoint when there is one. */
 static td_status make_strategy(td__trainer *t, td_dtype dtype) {
     td_group_config gcfg = TD_GROUP_CONFIG_INIT;
-    const char *np = getenv("OMPI_COMM_WORLD_SIZE");
-    if (np && atoi(np) > 1)
+    int processes;
+    td_comm_launch(NULL, &processes);
+    if (processes > 1)
         gcfg.transport = TD_TRANSPORT_MPI;
     TD_CHECK(td_group_create(t->devs, &gcfg, &t->group));
     strategy_config(t, dtype);
