@@ -26,8 +26,9 @@ static void usage(FILE *out) {
                  "  --devices SPEC     devices (default cpu)\n"
                  "  --strategy S       single (default: the first device), alternate or data\n"
                  "                     (whole batches round-robin over every device, weighted\n"
-                 "                     by speed) or pipeline (the layers cut into stages, one\n"
-                 "                     per device)\n"
+                 "                     by speed), pipeline (the layers cut into stages, one\n"
+                 "                     per device) or tensor (each layer split across the\n"
+                 "                     devices)\n"
                  "  --json             print one JSON object\n"
                  "  --help             show this help\n");
 }
