@@ -36,6 +36,11 @@
  * free memory. */
 #define MEM_HEADROOM 0.9
 
+/* The most a measured shard step moves a share from the speed-based one. */
+#define MAX_MOVE (1.0 / 16)
+/* Speeds within this ratio count as alike: noise, or too close to gain from timing. */
+#define EQUAL_SPEEDS 1.5
+
 /* Per member and step, gathered: compute, communication and update seconds,
  * loss sum, correct, count. */
 #define STAT_WORDS 6
@@ -50,6 +55,7 @@ typedef struct member {
     td_buffer *stats_send, *stats_all; /* (STAT_WORDS), (size, STAT_WORDS) f64 */
     td_buffer *scalar;                 /* (1) f64: the gradients' squared norm, summed */
     double alone_s;                    /* calibration: a whole-model step on one sample */
+    double shard_s;                    /* calibration: its first shard's step, less waiting */
     uint64_t mem_free;                 /* calibration: its device's free memory, bytes */
     double comm_s, compute_s, update_s;
     td_step_result res;
@@ -67,7 +73,7 @@ typedef struct tensor_par {
     member mb[TD_DP_MAX_MEMBERS];
 
     /* The call under way. */
-    int mode; /* 0: calibrate, 1: step, 2: evaluate */
+    int mode; /* 0: calibrate, 1: step, 2: evaluate, 3: time the shards */
     const td_batch *batch;
     uint64_t step;
     double grad_scale;
@@ -232,6 +238,71 @@ static void make_plans(tensor_par *p) {
     }
 }
 
+/* The share of the split weights member k's plan holds. */
+static double split_fraction(const tensor_par *p, int k) {
+    double mine = 0, all = 0;
+    for (int u = 0; u < p->nunits; u++) {
+        const td_split_info *in = &p->units[u];
+        mine += (double)in->weights * (double)p->mb[k].plan.count[u] / (double)in->size;
+        all += (double)in->weights;
+    }
+    return all > 0 ? mine / all : 0;
+}
+
+/* Shares that balance the members' measured shard steps. Member k's step is
+ * a part every member computes whole, R_k, plus its fraction x_k of the
+ * split part, S_k: its whole-model step alone is R_k + S_k, its shard's
+ * R_k + x_k S_k. Speed-proportional shares give a slow device its full
+ * share of the replicated work on top; these equalise R_k + x_k S_k
+ * instead, to 32nds, moving no share by more than MAX_MOVE: a tiny model's
+ * timings are mostly fixed costs, and would hand a slow device nothing.
+ * Returns 1 when the shares changed. */
+static int refine_shares(tensor_par *p) {
+    double R[TD_DP_MAX_MEMBERS], S[TD_DP_MAX_MEMBERS], x[TD_DP_MAX_MEMBERS];
+    double sum = 0;
+    int active[TD_DP_MAX_MEMBERS], changed = 0;
+    for (int k = 0; k < p->size; k++) {
+        member *m = &p->mb[k];
+        double f = split_fraction(p, k);
+        if (m->alone_s <= 0 || m->shard_s <= 0 || f >= 0.999)
+            return 0;
+        S[k] = (m->alone_s - m->shard_s) / (1 - f);
+        if (!(S[k] > 0))
+            return 0;
+        R[k] = fmax(0, m->alone_s - S[k]);
+        active[k] = 1;
+    }
+    for (int round = 0; round < p->size; round++) {
+        double num = 1, den = 0, t;
+        int dropped = 0;
+        for (int k = 0; k < p->size; k++)
+            if (active[k]) {
+                num += R[k] / S[k];
+                den += 1 / S[k];
+            }
+        t = num / den;
+        for (int k = 0; k < p->size; k++) {
+            x[k] = active[k] ? (t - R[k]) / S[k] : 0;
+            if (x[k] < 0) {
+                active[k] = 0;
+                dropped = 1;
+            }
+        }
+        if (!dropped)
+            break;
+    }
+    for (int k = 0; k < p->size; k++) {
+        x[k] = fmin(fmax(x[k], p->share[k] - MAX_MOVE), p->share[k] + MAX_MOVE);
+        x[k] = fmax(round(32 * x[k]) / 32, 1.0 / 64);
+        sum += x[k];
+    }
+    for (int k = 0; k < p->size; k++) {
+        changed |= fabs(x[k] / sum - p->share[k]) > 1e-9;
+        p->share[k] = x[k] / sum;
+    }
+    return changed;
+}
+
 /* Steps ------------------------------------------------------------------------ */
 
 static td_status gather_stats(td_group *g, member *m) {
@@ -240,6 +311,22 @@ static td_status gather_stats(td_group *g, member *m) {
         (double)m->res.correct, (double)m->res.count};
     TD_CHECK(td_buffer_write(m->stats_send, 0, v, sizeof v));
     return td_allgather(g, m->stats_send, 0, m->stats_all, 0, STAT_WORDS, TD_F64);
+}
+
+/* Member m's shard step on p->batch (one sample, no update), the best of a
+ * few, less the time spent in (and waiting at) the reductions. */
+static td_status time_shard(tensor_par *p, member *m) {
+    m->shard_s = 0;
+    for (int i = 0; i < 4; i++) {
+        uint64_t t0 = td_clock_ns();
+        double dt;
+        m->comm_s = 0;
+        TD_CHECK(td_model_train_step(m->m, p->batch, 1.0, 0, 0, &m->res));
+        dt = (double)(td_clock_ns() - t0) * 1e-9 - m->comm_s;
+        if (i > 0 && (m->shard_s == 0 || dt < m->shard_s))
+            m->shard_s = dt;
+    }
+    return TD_OK;
 }
 
 static td_status member_run(td_group *g, td_device *dev, int rank, int size, void *arg) {
@@ -259,6 +346,8 @@ static td_status member_run(td_group *g, td_device *dev, int rank, int size, voi
         }
         return TD_OK;
     }
+    if (p->mode == 3)
+        return time_shard(p, m);
     m->comm_s = m->compute_s = m->update_s = 0;
     memset(&m->res, 0, sizeof m->res);
     if (p->mode == 2) {
@@ -403,17 +492,24 @@ static const char *tp_plan_text(void *impl, char *buf, size_t n) {
     return buf;
 }
 
+/* What make_member made. */
+static void drop_member(member *m) {
+    td_optimizer_destroy(m->opt);
+    td_model_destroy(m->m);
+    td_buffer_free(m->stats_send);
+    td_buffer_free(m->stats_all);
+    m->opt = NULL;
+    m->m = NULL;
+    m->stats_send = m->stats_all = NULL;
+}
+
 static void tp_destroy(void *impl) {
     tensor_par *p = impl;
     if (!p)
         return;
     for (int k = 0; k < p->size; k++) {
-        member *m = &p->mb[k];
-        td_optimizer_destroy(m->opt);
-        td_model_destroy(m->m);
-        td_buffer_free(m->stats_send);
-        td_buffer_free(m->stats_all);
-        td_buffer_free(m->scalar);
+        drop_member(&p->mb[k]);
+        td_buffer_free(p->mb[k].scalar);
     }
     free(p);
 }
@@ -449,6 +545,40 @@ static td_status make_member(tensor_par *p, int k) {
     return TD_OK;
 }
 
+/* Where the devices' speeds differ, times the first shards and, where the
+ * measured steps call for other shares, builds the members again with them
+ * (nothing is trained yet). Equal devices (within EQUAL_SPEEDS) keep the
+ * even split, so timing noise moves nothing. */
+static td_status rebalance(tensor_par *p) {
+    sample smp;
+    td_status st;
+    double lo = INFINITY, hi = 0;
+    for (int k = 0; k < p->size; k++) {
+        lo = fmin(lo, p->mb[k].alone_s);
+        hi = fmax(hi, p->mb[k].alone_s);
+    }
+    /* equal devices keep the even split: nothing to time */
+    if (p->size < 2 || !(lo > 0) || hi < EQUAL_SPEEDS * lo)
+        return TD_OK;
+    if ((st = sample_make(&p->info, &smp)) == TD_OK) {
+        p->mode = 3;
+        p->batch = &smp.b;
+        st = td_group_run(p->g, member_run, p);
+        p->batch = NULL;
+    }
+    sample_free(&smp);
+    TD_CHECK(st);
+    if (!refine_shares(p))
+        return TD_OK;
+    fit_memory(p);
+    make_plans(p);
+    for (int k = 0; k < p->size; k++) {
+        drop_member(&p->mb[k]);
+        TD_CHECK(make_member(p, k));
+    }
+    return TD_OK;
+}
+
 static td_status tp_create(td_strategy *s) {
     tensor_par *p = td__calloc(sizeof *p, "the tensor strategy");
     if (!p)
@@ -480,7 +610,7 @@ static td_status tp_create(td_strategy *s) {
     make_plans(p);
     for (int k = 0; k < p->size; k++)
         TD_CHECK(make_member(p, k));
-    return TD_OK;
+    return rebalance(p);
 }
 
 const td_strategy_ops td__strategy_tensor = {
