@@ -52,7 +52,16 @@ TD_API const char *td_status_str(td_status st);
  * thread. */
 TD_API const char *td_last_error(void);
 
-/* Forgets this thread's last message. */
+/* The setting the last failure on this thread is about, named as the C API
+ * names it: a field of the configuration the caller filled ("dtype",
+ * "batch", "data_path", "opt.warmup_steps", td_data_options' "test_path")
+ * or a call's argument. NULL when the failure is about no one setting.
+ * td_last_error() names the same setting between backquotes (`dtype`), so
+ * that a front end can put its own name for it (a command-line flag) in
+ * its place. Set and cleared with the message; the string is static. */
+TD_API const char *td_last_error_setting(void);
+
+/* Forgets this thread's last message (and its setting). */
 TD_API void td_clear_error(void);
 
 #ifdef __cplusplus

@@ -6,6 +6,8 @@
 #define TD_MESSAGE_MAX 2048
 
 static _Thread_local char last_message[TD_MESSAGE_MAX];
+/* Static strings (the callers' literals), so a pointer survives any thread. */
+static _Thread_local const char *last_setting;
 
 const char *td_status_name(td_status st) {
     switch (st) {
@@ -31,12 +33,27 @@ const char *td_last_error(void) {
     return last_message;
 }
 
+const char *td_last_error_setting(void) {
+    return last_setting;
+}
+
 void td_clear_error(void) {
     last_message[0] = '\0';
+    last_setting = NULL;
 }
 
 td_status td__verror(td_status st, const char *fmt, va_list ap) {
     vsnprintf(last_message, sizeof last_message, fmt, ap);
+    last_setting = NULL;
+    return st;
+}
+
+td_status td__error_setting(td_status st, const char *setting, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    td__verror(st, fmt, ap);
+    va_end(ap);
+    last_setting = setting;
     return st;
 }
 
@@ -63,6 +80,11 @@ td_status td__error_prefix(td_status st, const char *fmt, ...) {
     return st;
 }
 
-void td__error_set_message(const char *msg) {
+void td__error_set(const char *msg, const char *setting) {
     snprintf(last_message, sizeof last_message, "%s", msg ? msg : "");
+    last_setting = setting;
+}
+
+void td__error_set_message(const char *msg) {
+    td__error_set(msg, NULL);
 }

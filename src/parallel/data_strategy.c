@@ -12,6 +12,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "parallel/strategy-impl.h"
+#include "tensor/tensor-impl.h"
 
 typedef struct data {
     td_strategy *s;
@@ -169,10 +170,8 @@ static td_status data_create(td_strategy *s) {
         return TD_ERR_OUT_OF_MEMORY;
     s->impl = d;
     d->s = s;
-    for (int r = 0; r < td_group_size(g) && s->cfg.dtype == TD_F64; r++)
-        if (td_group_device(g, r) && !td_device_supports_f64(td_group_device(g, r)))
-            return td__error(TD_ERR_UNSUPPORTED, "%s has no f64 arithmetic (--precision f64)",
-                             td_device_name(td_group_device(g, r)));
+    for (int r = 0; r < td_group_size(g); r++)
+        TD_CHECK(td__tensor_check_dtype(td_group_device(g, r), s->cfg.dtype));
     if (first < 0)
         return td__error(TD_ERR_INVALID_ARG, "data: none of the group's devices is here");
     TD_CHECK(td_dp_create(g, s->json, s->model_name, s->cfg.dtype, s->cfg.seed, &s->cfg.opt,

@@ -29,6 +29,7 @@
 #include "core/trace.h"
 #include "parallel/pipeline-impl.h"
 #include "parallel/strategy-impl.h"
+#include "tensor/tensor-impl.h"
 
 static stage *first_stage(pipeline *p) {
     for (int k = 0; k < p->size; k++)
@@ -256,10 +257,8 @@ static td_status check_devices(pipeline *p) {
                          "pipeline: runs within one process (the group's transport is %s); "
                          "across processes use the data strategy",
                          td_group_transport(p->g));
-    for (int k = 0; k < p->size && p->s->cfg.dtype == TD_F64; k++)
-        if (!td_device_supports_f64(td_group_device(p->g, k)))
-            return td__error(TD_ERR_UNSUPPORTED, "%s has no f64 arithmetic (--precision f64)",
-                             td_device_name(td_group_device(p->g, k)));
+    for (int k = 0; k < p->size; k++)
+        TD_CHECK(td__tensor_check_dtype(td_group_device(p->g, k), p->s->cfg.dtype));
     return TD_OK;
 }
 

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "parallel/pipeline-impl.h"
 #include "parallel/strategy-impl.h"
+#include "tensor/tensor-impl.h"
 
 typedef struct pstage {
     td_model *m; /* NULL: an empty stage */
@@ -133,11 +134,7 @@ td_status td__pipeline_decoder(td_group *g, const char *checkpoint, td_dtype dty
         goto fail;
     }
     for (int k = 0; k < p->n; k++)
-        if (dtype == TD_F64 && !td_device_supports_f64(td_group_device(g, k))) {
-            st = td__error(TD_ERR_UNSUPPORTED, "%s has no f64 arithmetic (--precision f64)",
-                           td_device_name(td_group_device(g, k)));
-            goto fail;
-        }
+        TD_TRY(td__tensor_check_dtype(td_group_device(g, k), dtype));
     TD_TRY(td_checkpoint_read_meta(checkpoint, &json, &saved, NULL));
     TD_TRY(make_stages(p, g, json, checkpoint, dtype));
     /* the first stage holds the embedding (its tokens), the last the head */

@@ -9,6 +9,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "parallel/strategy-impl.h"
+#include "tensor/tensor-impl.h"
 
 typedef struct single {
     td_device *dev;
@@ -130,9 +131,7 @@ static td_status single_create(td_strategy *s) {
                          "single: trains on one device of one process; this group spans "
                          "several processes (the data strategy trains across them)");
     p->dev = td_group_device(g, 0);
-    if (s->cfg.dtype == TD_F64 && !td_device_supports_f64(p->dev))
-        return td__error(TD_ERR_UNSUPPORTED, "%s has no f64 arithmetic (--precision f64)",
-                         td_device_name(p->dev));
+    TD_CHECK(td__tensor_check_dtype(p->dev, s->cfg.dtype));
     TD_CHECK(
         td_model_load_string(s->json, s->model_name, p->dev, s->cfg.dtype, s->cfg.seed, &p->m));
     TD_CHECK(td_optimizer_create(p->m, &s->cfg.opt, &p->opt));
@@ -174,11 +173,7 @@ static td_status single_decoder(td_group *g, const char *checkpoint, td_dtype dt
     td_status st;
     if (!s)
         return TD_ERR_OUT_OF_MEMORY;
-    if (dtype == TD_F64 && !td_device_supports_f64(dev)) {
-        st = td__error(TD_ERR_UNSUPPORTED, "%s has no f64 arithmetic (--precision f64)",
-                       td_device_name(dev));
-        goto fail;
-    }
+    TD_TRY(td__tensor_check_dtype(dev, dtype));
     TD_TRY(td_checkpoint_read_meta(checkpoint, &json, &saved, NULL));
     TD_TRY(td_model_load_string(json, checkpoint, dev, dtype, 0, &s->m));
     TD_TRY(td_checkpoint_load_weights(checkpoint, s->m));

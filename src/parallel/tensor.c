@@ -524,10 +524,8 @@ static td_status check_group(tensor_par *p) {
     if (p->size > TD_DP_MAX_MEMBERS)
         return td__error(TD_ERR_INVALID_ARG, "tensor: %d devices; at most %d", p->size,
                          TD_DP_MAX_MEMBERS);
-    for (int k = 0; k < p->size && s->cfg.dtype == TD_F64; k++)
-        if (!td_device_supports_f64(td_group_device(p->g, k)))
-            return td__error(TD_ERR_UNSUPPORTED, "%s has no f64 arithmetic (--precision f64)",
-                             td_device_name(td_group_device(p->g, k)));
+    for (int k = 0; k < p->size; k++)
+        TD_CHECK(td__tensor_check_dtype(td_group_device(p->g, k), s->cfg.dtype));
     return TD_OK;
 }
 
@@ -593,10 +591,11 @@ static td_status tp_create(td_strategy *s) {
     TD_CHECK(
         td_model_describe_splits(s->json, s->model_name, p->units, TD_SHARD_MAX_UNITS, &p->nunits));
     if (p->nunits == 0)
-        return td__error(TD_ERR_UNSUPPORTED,
-                         "tensor: %s has no layer to split across devices (an MLP pair: linear, "
-                         "activation, linear; or attention); use --strategy data or pipeline",
-                         s->model_name ? s->model_name : "the model");
+        return td__error_setting(
+            TD_ERR_UNSUPPORTED, "strategy",
+            "tensor: %s has no layer to split across devices (an MLP pair: linear, "
+            "activation, linear; or attention); use `strategy` data or pipeline",
+            s->model_name ? s->model_name : "the model");
     for (int k = 0; k < p->size; k++) {
         p->mb[k].group = p->g;
         p->mb[k].dev = td_group_device(p->g, k);

@@ -120,10 +120,10 @@ static td_status make_members(tensor_dec *t, const char *json, const char *check
     TD_CHECK(td_model_describe(json, checkpoint, &info, NULL, 0));
     TD_CHECK(td_model_describe_splits(json, checkpoint, units, TD_SHARD_MAX_UNITS, &nunits));
     if (nunits == 0)
-        return td__error(TD_ERR_UNSUPPORTED,
-                         "tensor: %s has no layer to split across devices (an MLP pair or "
-                         "attention); generate with --strategy single",
-                         checkpoint);
+        return td__error_setting(TD_ERR_UNSUPPORTED, "strategy",
+                                 "tensor: %s has no layer to split across devices (an MLP pair "
+                                 "or attention); generate with `strategy` single",
+                                 checkpoint);
     make_plans(t, units, nunits);
     td__cut_by_shares(info.classes, t->share, t->size, vfirst, vcount);
     for (int k = 0; k < t->size; k++)
@@ -152,11 +152,7 @@ td_status td__tensor_decoder(td_group *g, const char *checkpoint, td_dtype dtype
         dmember *m = &t->mb[k];
         m->group = g;
         m->dev = td_group_device(g, k);
-        if (dtype == TD_F64 && !td_device_supports_f64(m->dev)) {
-            st = td__error(TD_ERR_UNSUPPORTED, "%s has no f64 arithmetic (--precision f64)",
-                           td_device_name(m->dev));
-            goto fail;
-        }
+        TD_TRY(td__tensor_check_dtype(m->dev, dtype));
         TD_TRY(td__speed_probe(m->dev, dtype, &alone[k]));
     }
     td__shares_from_speed(alone, t->size, t->share);

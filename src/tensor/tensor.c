@@ -28,6 +28,14 @@ td_status td__tensor_same_shape(const td_tensor *a, const td_tensor *b, const ch
                      td__shape_str(a, sa), a->dev->name, td__shape_str(b, sb), b->dev->name);
 }
 
+td_status td__tensor_check_dtype(const td_device *dev, td_dtype dtype) {
+    if (!dev || dtype != TD_F64 || td_device_supports_f64(dev))
+        return TD_OK;
+    return td__error_setting(TD_ERR_UNSUPPORTED, "dtype",
+                             "%s has no f64 arithmetic (`dtype` f64): use f32 or another device",
+                             td_device_name(dev));
+}
+
 td_status td_tensor_create(td_device *dev, td_dtype dtype, int ndim, const int64_t *shape,
                            td_tensor **out) {
     td_tensor *t;
@@ -51,10 +59,7 @@ td_status td_tensor_create(td_device *dev, td_dtype dtype, int ndim, const int64
             return td__error(TD_ERR_OUT_OF_MEMORY, "td_tensor_create: shape too large");
         numel *= (size_t)shape[i];
     }
-    if (dtype == TD_F64 && !td_device_supports_f64(dev))
-        return td__error(TD_ERR_UNSUPPORTED,
-                         "%s has no fp64 support: use --precision f32 or another device",
-                         dev->name);
+    TD_CHECK(td__tensor_check_dtype(dev, dtype));
     t = td__calloc(sizeof *t, "a tensor");
     if (!t)
         return TD_ERR_OUT_OF_MEMORY;

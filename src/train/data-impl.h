@@ -1,6 +1,6 @@
 /* The data files users bring: .npy arrays, safetensors files and CSV tables,
  * read into data sets held in memory. data_open.c decides which reader a
- * --data path goes to; the readers check everything a file claims before
+ * data path goes to; the readers check everything a file claims before
  * trusting it, and their messages name the file, the row and the column. */
 #ifndef TD_TRAIN_DATA_IMPL_H
 #define TD_TRAIN_DATA_IMPL_H

@@ -184,10 +184,11 @@ static td_status read_header(csv_reader *r) {
         }
     }
     if (r->label < 0)
-        return td__error(TD_ERR_INVALID_ARG,
-                         "%s: line 1: no column named \"%s\" holds the labels (name it with "
-                         "--label-column; the header has %d columns, the first \"%s\")",
-                         r->name, r->label_name, r->ncols, r->names[0]);
+        return td__error_setting(TD_ERR_INVALID_ARG, "label_column",
+                                 "%s: line 1: no column named \"%s\" holds the labels (name it "
+                                 "with `label_column`; the header has %d columns, the first "
+                                 "\"%s\")",
+                                 r->name, r->label_name, r->ncols, r->names[0]);
     if (r->ncols < 2)
         return td__error(TD_ERR_INVALID_ARG,
                          "%s: line 1: only the label column; a table needs features too", r->name);

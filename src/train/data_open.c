@@ -1,4 +1,4 @@
-/* Which reader a --data path goes to, and the checks every format shares:
+/* Which reader a data path goes to, and the checks every format shares:
  * the held-out part, and the samples against the model's input and classes.
  * The choice is by what the path is (a folder) or how it is spelled (its
  * extension, or two .npy paths joined by a comma), never by guessing from
@@ -56,8 +56,9 @@ static data_format format_of(const char *path, const char **comma) {
     return DATA_OTHER;
 }
 
-/* One file of the array formats (CSV, safetensors, a .npy pair). */
-static td_status open_arrays(const char *path, const char *flag, const td_data_options *o,
+/* One file of the array formats (CSV, safetensors, a .npy pair), given as
+ * `setting` ("data_path" or "test_path"). */
+static td_status open_arrays(const char *path, const char *setting, const td_data_options *o,
                              const td_model_info *mi, td_dataset **out) {
     const char *second;
     char x_path[4096];
@@ -65,26 +66,27 @@ static td_status open_arrays(const char *path, const char *flag, const td_data_o
     switch (format_of(path, &second)) {
     case DATA_CSV:
         if (mi->kind == TD_INPUT_TOKENS)
-            return td__error(TD_ERR_INVALID_ARG,
-                             "%s: a CSV table holds features; the model reads tokens (give a "
-                             ".safetensors or X.npy,Y.npy of token ids, or a text file) (%s)",
-                             path, flag);
+            return td__error_setting(TD_ERR_INVALID_ARG, setting,
+                                     "%s: a CSV table holds features; the model reads tokens "
+                                     "(give a .safetensors or X.npy,Y.npy of token ids, or a text "
+                                     "file) (`%s`)",
+                                     path, setting);
         return td__csv_open(path, o->label_column, mi, out);
     case DATA_TENSORS: return td__tensors_open(path, mi, out);
     case DATA_NPY_PAIR:
         snprintf(x_path, sizeof x_path, "%.*s", (int)(second - 1 - path), path);
         return td__npy_open(x_path, second, mi, out);
     case DATA_NPY_ALONE:
-        return td__error(TD_ERR_INVALID_ARG,
-                         "%s: a .npy file holds one array; give the features and the labels as "
-                         "%s X.npy,Y.npy",
-                         path, flag);
+        return td__error_setting(TD_ERR_INVALID_ARG, setting,
+                                 "%s: a .npy file holds one array; give the features and the "
+                                 "labels as `%s` X.npy,Y.npy",
+                                 path, setting);
     default:
-        return td__error(
-            TD_ERR_INVALID_ARG,
+        return td__error_setting(
+            TD_ERR_INVALID_ARG, setting,
             "%s: not a folder of MNIST IDX files, a .csv, a .safetensors, X.npy,Y.npy or an "
-            "llm.c token file (.bin) (%s)",
-            path, flag);
+            "llm.c token file (.bin) (`%s`)",
+            path, setting);
     }
 }
 
@@ -124,21 +126,22 @@ static td_status check_fits(const td_dataset *ds, const char *path, const td_mod
 static td_status open_own_split(const char *path, data_format f, const td_data_options *o,
                                 const td_model_info *mi, td_dataset **train, td_dataset **test) {
     if (o->test_path)
-        return td__error(TD_ERR_INVALID_ARG,
-                         "%s: --test-data goes with .csv, .safetensors and .npy data; %s", path,
-                         f == DATA_IDX_FOLDER ? "an IDX folder has its own t10k test files"
-                                              : "a text file holds out its end");
+        return td__error_setting(TD_ERR_INVALID_ARG, "test_path",
+                                 "%s: `test_path` goes with .csv, .safetensors and .npy data; %s",
+                                 path,
+                                 f == DATA_IDX_FOLDER ? "an IDX folder has its own t10k test files"
+                                                      : "a text file holds out its end");
     if (f == DATA_IDX_FOLDER) {
         if (mi->kind == TD_INPUT_TOKENS)
-            return td__error(TD_ERR_INVALID_ARG,
-                             "%s: a folder; the model reads tokens, so --data must be a text "
-                             "file, a .safetensors or X.npy,Y.npy",
-                             path);
+            return td__error_setting(TD_ERR_INVALID_ARG, "data_path",
+                                     "%s: a folder; the model reads tokens, so `data_path` must "
+                                     "be a text file, a .safetensors or X.npy,Y.npy",
+                                     path);
         if (o->split > 0)
-            return td__error(TD_ERR_INVALID_ARG,
-                             "%s: --split holds out part of one file; an IDX folder has its own "
-                             "t10k test files",
-                             path);
+            return td__error_setting(TD_ERR_INVALID_ARG, "split",
+                                     "%s: `split` holds out part of one file; an IDX folder has "
+                                     "its own t10k test files",
+                                     path);
         return td_mnist_open(path, train, test);
     }
     {
@@ -152,7 +155,7 @@ static td_status open_own_split(const char *path, data_format f, const td_data_o
 }
 
 /* llm.c's token files (GPT-2 tokens as its dev/data scripts write them):
- * --data X_train.bin with --test-data X_val.bin, or one file whose end is
+ * data X_train.bin with test data X_val.bin, or one file whose end is
  * held out, as a text file's is. */
 static td_status open_llmc(const char *path, const td_data_options *o, const td_model_info *mi,
                            td_dataset **train, td_dataset **test) {
@@ -162,16 +165,15 @@ static td_status open_llmc(const char *path, const td_data_options *o, const td_
     int64_t T = mi->in_shape[0];
     td_status st;
     if (mi->kind != TD_INPUT_TOKENS)
-        return td__error(TD_ERR_INVALID_ARG,
-                         "%s: an llm.c token file holds tokens; the model reads features (--data)",
-                         path);
+        return td__error_setting(TD_ERR_INVALID_ARG, "data_path",
+                                 "%s: an llm.c token file holds tokens; the model reads features "
+                                 "(`data_path`)",
+                                 path);
     if (o->test_path && format_of(o->test_path, &second) != DATA_LLMC)
-        return td__error(TD_ERR_INVALID_ARG,
-                         "%s: --data is an llm.c token file, so --test-data must be one too (.bin)",
-                         o->test_path);
-    if (o->test_path && o->split > 0)
-        return td__error(TD_ERR_INVALID_ARG,
-                         "--split and --test-data both say what to evaluate on; give one");
+        return td__error_setting(TD_ERR_INVALID_ARG, "test_path",
+                                 "%s: `data_path` is an llm.c token file, so `test_path` must be "
+                                 "one too (.bin)",
+                                 o->test_path);
     TD_CHECK(td_import_llmc_tokens(path, &tok, &n));
     if (o->test_path) {
         if ((st = td_import_llmc_tokens(o->test_path, &held, &nheld)) != TD_OK) {
@@ -207,28 +209,28 @@ td_status td_data_open(const char *path, const td_data_options *opt, const td_mo
         return td__error(TD_ERR_INVALID_ARG, "td_data_open: out is NULL");
     *train = *test = NULL;
     if (!path || !mi)
-        return td__error(TD_ERR_INVALID_ARG, "no data given (--data)");
+        return td__error_setting(TD_ERR_INVALID_ARG, "data_path", "no data given (`data_path`)");
     if (opt)
         o = *opt;
     if (o.split < 0 || o.split >= 1)
-        return td__error(TD_ERR_INVALID_ARG, "split %g is outside (0, 1) (--split)", o.split);
+        return td__error_setting(TD_ERR_INVALID_ARG, "split",
+                                 "split %g is outside (0, 1) (`split`)", o.split);
+    if (o.test_path && o.split > 0)
+        return td__error_setting(TD_ERR_INVALID_ARG, "split",
+                                 "`split` and `test_path` both say what to evaluate on; give one");
     f = format_of(path, &second);
     if (f != DATA_NPY_PAIR && stat(path, &sb) != 0)
-        return td__error(TD_ERR_IO, "%s: no such file or folder (--data)", path);
+        return td__error_setting(TD_ERR_IO, "data_path", "%s: no such file or folder (`data_path`)",
+                                 path);
     if (f == DATA_LLMC) {
         TD_TRY(open_llmc(path, &o, mi, train, test));
     } else if (f == DATA_IDX_FOLDER || (f == DATA_OTHER && mi->kind == TD_INPUT_TOKENS)) {
         TD_TRY(open_own_split(path, f, &o, mi, train, test));
     } else if (o.test_path) {
-        if (o.split > 0) {
-            st = td__error(TD_ERR_INVALID_ARG, "--split and --test-data both say what to "
-                                               "evaluate on; give one");
-            goto fail;
-        }
-        TD_TRY(open_arrays(path, "--data", &o, mi, train));
-        TD_TRY(open_arrays(o.test_path, "--test-data", &o, mi, test));
+        TD_TRY(open_arrays(path, "data_path", &o, mi, train));
+        TD_TRY(open_arrays(o.test_path, "test_path", &o, mi, test));
     } else {
-        TD_TRY(open_arrays(path, "--data", &o, mi, &all));
+        TD_TRY(open_arrays(path, "data_path", &o, mi, &all));
         TD_TRY(check_fits(all, path, mi)); /* the shape first: a split's complaint is moot */
         TD_TRY(td__dataset_split(all, o.split > 0 ? o.split : TD_DEFAULT_SPLIT, train, test));
     }

@@ -452,9 +452,10 @@ td_status td__dataset_split(const td_dataset *ds, double fraction, td_dataset **
     if (!ds->alabels)
         return td__error(TD_ERR_INVALID_ARG, "%s: only array data sets split", ds->source);
     if (ntest < 1 || ntest >= n)
-        return td__error(TD_ERR_INVALID_ARG,
-                         "%s: holding out %g of %lld samples leaves %s empty (--split)", ds->source,
-                         fraction, (long long)n, ntest < 1 ? "the test part" : "the training part");
+        return td__error_setting(TD_ERR_INVALID_ARG, "split",
+                                 "%s: holding out %g of %lld samples leaves %s empty (`split`)",
+                                 ds->source, fraction, (long long)n,
+                                 ntest < 1 ? "the test part" : "the training part");
     if (!(order = td__calloc((size_t)n * sizeof *order, "a split's order")) ||
         !(in_test = td__calloc((size_t)n, "a split's flags"))) {
         st = TD_ERR_OUT_OF_MEMORY;

@@ -143,10 +143,10 @@ td_status td__train_carry_on(td__trainer *t, td_status lost, int64_t steps_befor
     if (st == TD_ERR_UNSUPPORTED && what_went) {
         if (!t->saved) {
             td_group_destroy(survivors);
-            return td__error(lost,
-                             "%s (%s, and this run has no checkpoint to go back to: give "
-                             "--checkpoint with --checkpoint-every)",
-                             why, what_went);
+            return td__error_setting(lost, "checkpoint",
+                                     "%s (%s, and this run has no checkpoint to go back to: give "
+                                     "`checkpoint` with `checkpoint_every`)",
+                                     why, what_went);
         }
         *after = TD__STEPS_REWOUND;
         return rewind_to_checkpoint(t, survivors, gone, why, what_went);

@@ -1,4 +1,4 @@
-/* --trace: the run's timeline as a Chrome trace-event file.
+/* trace_path: the run's timeline as a Chrome trace-event file.
  *
  * The recorder (core/trace.h) keeps each thread's spans; this file turns
  * them on for the steps asked for, and at the run's end writes
@@ -37,10 +37,6 @@ struct td__train_trace {
 /* The recorder holds one session at a time per process. */
 static atomic_int in_use;
 
-/* A setting that contradicts another: a usage error to the CLI. */
-#define BAD_SETTING(t, ...)                                                                        \
-    ((t)->summary->bad_setting = 1, td__error(TD_ERR_INVALID_ARG, __VA_ARGS__))
-
 td_status td__train_trace_check(td__trainer *t) {
     const td_train_config *c = t->cfg;
     char dir[4096];
@@ -48,30 +44,33 @@ td_status td__train_trace_check(td__trainer *t) {
     int rank;
     if (c->trace_first < 0 || c->trace_last < 0 ||
         (c->trace_last > 0 && c->trace_first > c->trace_last))
-        return BAD_SETTING(t,
+        return BAD_SETTING(t, "trace_first",
                            "steps %lld to %lld cannot be traced: give first <= last, counting "
-                           "from 1 (--trace-steps)",
+                           "from 1 (`trace_first`, `trace_last`)",
                            (long long)c->trace_first, (long long)c->trace_last);
     if (!c->trace_path) {
         if (c->trace_first || c->trace_last)
-            return BAD_SETTING(t, "--trace-steps says which steps --trace records; there is no "
-                                  "--trace");
+            return BAD_SETTING(t, "trace_path",
+                               "steps to trace given (`trace_first`, `trace_last`), but there is "
+                               "no `trace_path`");
         return TD_OK;
     }
     if (!*c->trace_path)
-        return BAD_SETTING(t, "no file named for the trace (--trace is empty)");
+        return BAD_SETTING(t, "trace_path", "no file named for the trace (`trace_path` is empty)");
     /* Under mpirun only the first process writes it, perhaps on another
      * machine (the group that says which is made later). */
     td_comm_launch(&rank, NULL);
     if (rank > 0)
         return TD_OK;
     if (stat(c->trace_path, &sb) == 0 && !S_ISREG(sb.st_mode))
-        return td__error(TD_ERR_IO, "%s: not a regular file, so no trace can replace it (--trace)",
-                         c->trace_path);
+        return td__error_setting(
+            TD_ERR_IO, "trace_path",
+            "%s: not a regular file, so no trace can replace it (`trace_path`)", c->trace_path);
     snprintf(dir, sizeof dir, "%s", c->trace_path);
     if (access(dirname(dir), W_OK) != 0)
-        return td__error(TD_ERR_IO, "%s: cannot write the trace there: %s (--trace)", c->trace_path,
-                         strerror(errno));
+        return td__error_setting(TD_ERR_IO, "trace_path",
+                                 "%s: cannot write the trace there: %s (`trace_path`)",
+                                 c->trace_path, strerror(errno));
     return TD_OK;
 }
 
@@ -83,10 +82,10 @@ td_status td__train_trace_begin(td__trainer *t) {
     if (!c->trace_path)
         return TD_OK;
     if (!atomic_compare_exchange_strong(&in_use, &expected, 1))
-        return td__error(TD_ERR_INVALID_ARG,
-                         "%s: another run in this process is writing a trace; one at a time "
-                         "(--trace)",
-                         c->trace_path);
+        return td__error_setting(TD_ERR_INVALID_ARG, "trace_path",
+                                 "%s: another run in this process is writing a trace; one at a "
+                                 "time (`trace_path`)",
+                                 c->trace_path);
     if (!(tr = td__calloc(sizeof *tr, "the trace"))) {
         atomic_store(&in_use, 0);
         return TD_ERR_OUT_OF_MEMORY;
@@ -96,8 +95,9 @@ td_status td__train_trace_begin(td__trainer *t) {
     /* Opened now, so that a file that cannot be written fails the run
      * before it trains rather than after. */
     if (t->root && !(tr->f = fopen(c->trace_path, "w")))
-        return td__error(TD_ERR_IO, "%s: cannot open the trace for writing: %s (--trace)",
-                         c->trace_path, strerror(errno));
+        return td__error_setting(TD_ERR_IO, "trace_path",
+                                 "%s: cannot open the trace for writing: %s (`trace_path`)",
+                                 c->trace_path, strerror(errno));
     if ((st = td__group_clock_sync(t->group, &tr->offset_ns, &tr->base_ns)) != TD_OK)
         return td__error_prefix(st, "aligning the processes' clocks for the trace: ");
     td__trace_thread_name("trainer");
@@ -284,7 +284,7 @@ static td_status put_process(FILE *f, const struct td__train_trace *tt, td__trac
     free(all);
     if (dropped)
         TD_LOG_WARN("the trace lost %llu spans: a thread recorded more than its buffer holds "
-                    "(--trace-steps records fewer steps)",
+                    "(tracing fewer steps keeps them all)",
                     (unsigned long long)dropped);
     return TD_OK;
 }
@@ -335,13 +335,15 @@ static td_status write_file(const td__trainer *t, const char *all, size_t n) {
     bad |= fclose(f) != 0;
     t->trace->f = NULL;
     if (bad)
-        return td__error(TD_ERR_IO, "%s: cannot write the trace: %s (--trace)", c->trace_path,
-                         strerror(errno));
+        return td__error_setting(TD_ERR_IO, "trace_path",
+                                 "%s: cannot write the trace: %s (`trace_path`)", c->trace_path,
+                                 strerror(errno));
     return TD_OK;
 }
 
 td_status td__train_trace_end(td__trainer *t, td_status run) {
     char *text = NULL, *all = NULL, *why = NULL;
+    const char *why_setting = NULL;
     size_t n = 0, all_n = 0;
     td_status st;
     if (!t->trace || !t->group)
@@ -353,8 +355,10 @@ td_status td__train_trace_end(td__trainer *t, td_status run) {
         return run;
     /* A failed run's trace is written too (it shows where it stopped); its
      * message is the failure's. */
-    if (run != TD_OK)
+    if (run != TD_OK) {
         why = strdup(td_last_error());
+        why_setting = td_last_error_setting();
+    }
     st = process_text(t, &text, &n);
     if (st == TD_OK)
         st = td__group_gather_text(t->group, text, n, &all, &all_n);
@@ -365,7 +369,7 @@ td_status td__train_trace_end(td__trainer *t, td_status run) {
     if (run == TD_OK)
         return st;
     if (why)
-        td__error_set_message(why);
+        td__error_set(why, why_setting);
     free(why);
     return run;
 }

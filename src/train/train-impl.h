@@ -58,7 +58,7 @@ typedef struct td__trainer {
     double ep_loss;
     int64_t ep_correct, ep_count, ep_samples, ep_batches;
     double ep_seconds;
-    struct td__train_trace *trace; /* --trace (trace_write.c); NULL: none */
+    struct td__train_trace *trace; /* trace_path (trace_write.c); NULL: none */
 } td__trainer;
 
 /* The summary's row of the group's member `rank`, found by its name (a
@@ -67,9 +67,10 @@ typedef struct td__trainer {
 struct td_train_member *td__train_member_row(td__trainer *t, int rank);
 
 /* A setting that contradicts another, the data or the checkpoint: the
- * caller's mistake (a usage error to the CLI). */
-#define BAD_SETTING(t, ...)                                                                        \
-    ((t)->summary->bad_setting = 1, td__error(TD_ERR_INVALID_ARG, __VA_ARGS__))
+ * caller's mistake (a usage error to the CLI), about `setting`
+ * (td__error_setting). */
+#define BAD_SETTING(t, setting, ...)                                                               \
+    ((t)->summary->bad_setting = 1, td__error_setting(TD_ERR_INVALID_ARG, setting, __VA_ARGS__))
 
 /* Checks the run's settings, opens the devices, the data and the metrics
  * file, and makes the strategy (train_setup.c); td__train_teardown frees

@@ -23,7 +23,7 @@ static td_status open_data(td__trainer *t, const td_model_info *mi) {
     td_data_options o = {
         .test_path = c->test_data_path, .split = c->split, .label_column = c->label_column};
     if (!c->data_path)
-        return td__error(TD_ERR_INVALID_ARG, "no data given (--data)");
+        return td__error_setting(TD_ERR_INVALID_ARG, "data_path", "no data given (`data_path`)");
     TD_CHECK(td_data_open(c->data_path, &o, mi, &t->train, &t->test));
     td_dataset_get_info(t->train, &t->info);
     return TD_OK;
@@ -51,19 +51,23 @@ static td_status check_strategy_options(const td_train_config *c) {
                      names[i]);
         return td__error(TD_ERR_INVALID_ARG, "unknown strategy '%s' for training (%s)", name, list);
     }
-    if (strcmp(name, "data") && (c->zero || c->deterministic || c->overlap >= 0))
-        return td__error(TD_ERR_INVALID_ARG, "%s belongs to the data strategy (--strategy data)",
-                         c->zero            ? "ZeRO-1 (--zero)"
-                         : c->deterministic ? "deterministic mode (--deterministic)"
-                                            : "overlapping the reduction (--overlap)");
+    if (strcmp(name, "data") && (c->zero || c->deterministic || c->overlap >= 0)) {
+        const char *field = c->zero ? "zero" : c->deterministic ? "deterministic" : "overlap";
+        return td__error_setting(TD_ERR_INVALID_ARG, field,
+                                 "%s (`%s`) belongs to the data strategy (`strategy` data)",
+                                 c->zero            ? "ZeRO-1"
+                                 : c->deterministic ? "deterministic mode"
+                                                    : "overlapping the reduction",
+                                 field);
+    }
     if (strcmp(name, "pipeline") && c->micro_batches)
-        return td__error(TD_ERR_INVALID_ARG,
-                         "micro-batches (--micro-batches) belong to the pipeline strategy "
-                         "(--strategy pipeline)");
+        return td__error_setting(TD_ERR_INVALID_ARG, "micro_batches",
+                                 "micro-batches (`micro_batches`) belong to the pipeline "
+                                 "strategy (`strategy` pipeline)");
     if (c->micro_batches < 0)
-        return td__error(TD_ERR_INVALID_ARG,
-                         "%lld micro-batches: give at least 1 (--micro-batches)",
-                         (long long)c->micro_batches);
+        return td__error_setting(TD_ERR_INVALID_ARG, "micro_batches",
+                                 "%lld micro-batches: give at least 1 (`micro_batches`)",
+                                 (long long)c->micro_batches);
     return TD_OK;
 }
 
@@ -102,7 +106,7 @@ static td_status read_model(const char *path, char **out) {
     return TD_OK;
 }
 
-/* --model given with --resume: it must describe the checkpoint's model. */
+/* model_path given with resume: it must describe the checkpoint's model. */
 static td_status check_model(td__trainer *t) {
     const td_train_config *c = t->cfg;
     td_model_info mi;
@@ -116,9 +120,9 @@ static td_status check_model(td__trainer *t) {
     held = json_loads(t->json, 0, NULL);
     if (!given || !held || !json_equal(given, held)) {
         const char *name = held ? json_string_value(json_object_get(held, "name")) : NULL;
-        st = BAD_SETTING(t,
-                         "%s is not the model the checkpoint %s holds (\"%s\") (--model): leave "
-                         "--model out to resume it",
+        st = BAD_SETTING(t, "model_path",
+                         "%s is not the model the checkpoint %s holds (\"%s\") (`model_path`): "
+                         "leave `model_path` unset to resume it",
                          c->model_path, c->resume, name ? name : "unnamed");
     }
 done:
@@ -141,31 +145,32 @@ static td_status check_given(td__trainer *t, td_dtype dtype) {
     if (c->model_path)
         TD_CHECK(check_model(t));
     if ((g & TD_GIVEN_BATCH) && c->batch != t->state.batch)
-        return BAD_SETTING(t,
-                           "%s was trained with batch %lld, not %lld (--batch): leave --batch "
-                           "out to resume",
+        return BAD_SETTING(t, "batch",
+                           "%s was trained with batch %lld, not %lld (`batch`): leave `batch` "
+                           "unset to resume",
                            c->resume, (long long)t->state.batch, (long long)c->batch);
     if ((g & TD_GIVEN_SEED) && c->seed != t->state.seed)
-        return BAD_SETTING(t,
-                           "%s was trained with seed %llu, not %llu (--seed): leave --seed out "
+        return BAD_SETTING(t, "seed",
+                           "%s was trained with seed %llu, not %llu (`seed`): leave `seed` unset "
                            "to resume",
                            c->resume, (unsigned long long)t->state.seed,
                            (unsigned long long)c->seed);
     if ((g & TD_GIVEN_DTYPE) && c->dtype != dtype)
-        return BAD_SETTING(t,
-                           "%s holds %s weights, not %s (--precision): leave --precision out "
-                           "to resume",
+        return BAD_SETTING(t, "dtype",
+                           "%s holds %s weights, not %s (`dtype`): leave `dtype` unset to "
+                           "resume",
                            c->resume, dtype == TD_F64 ? "f64" : "f32",
                            c->dtype == TD_F64 ? "f64" : "f32");
     if ((g & TD_GIVEN_OPTIMIZER) && want->kind != o->kind)
-        return BAD_SETTING(t,
-                           "%s holds the state of %s, not %s (--optimizer): leave --optimizer "
-                           "out to resume",
+        return BAD_SETTING(t, "opt.kind",
+                           "%s holds the state of %s, not %s (`opt.kind`): leave `opt.kind` "
+                           "unset to resume",
                            c->resume, opt_name(o->kind), opt_name(want->kind));
     if ((g & TD_GIVEN_WARMUP) && want->warmup_steps != o->warmup_steps)
-        return BAD_SETTING(t,
-                           "%s has a warm-up of %lld steps, not %lld (--warmup): it counts from "
-                           "the run's first step, so leave --warmup out to resume",
+        return BAD_SETTING(t, "opt.warmup_steps",
+                           "%s has a warm-up of %lld steps, not %lld (`opt.warmup_steps`): it "
+                           "counts from the run's first step, so leave `opt.warmup_steps` unset "
+                           "to resume",
                            c->resume, (long long)o->warmup_steps, (long long)want->warmup_steps);
     return TD_OK;
 }
@@ -205,7 +210,7 @@ static td_status read_run(td__trainer *t, td_dtype *dtype) {
         return TD_OK;
     }
     if (!c->model_path)
-        return td__error(TD_ERR_INVALID_ARG, "no model given (--model)");
+        return td__error_setting(TD_ERR_INVALID_ARG, "model_path", "no model given (`model_path`)");
     TD_CHECK(read_model(c->model_path, &t->json));
     t->model_name = c->model_path;
     *dtype = c->dtype;
@@ -257,20 +262,21 @@ static td_status check_outputs(td__trainer *t) {
     char dir[4096];
     struct stat sb;
     if (c->metrics && c->checkpoint && same_file(c->metrics, c->checkpoint))
-        return BAD_SETTING(t, "--metrics and --checkpoint both name %s", c->metrics);
+        return BAD_SETTING(t, "metrics", "`metrics` and `checkpoint` both name %s", c->metrics);
     if (c->metrics && c->resume && same_file(c->metrics, c->resume))
-        return BAD_SETTING(t, "--metrics and --resume both name %s", c->metrics);
+        return BAD_SETTING(t, "metrics", "`metrics` and `resume` both name %s", c->metrics);
     if (!c->checkpoint)
         return TD_OK;
     if (stat(c->checkpoint, &sb) == 0 && !S_ISREG(sb.st_mode))
-        return td__error(TD_ERR_IO,
-                         "%s: not a regular file, so no checkpoint can replace it "
-                         "(--checkpoint)",
-                         c->checkpoint);
+        return td__error_setting(TD_ERR_IO, "checkpoint",
+                                 "%s: not a regular file, so no checkpoint can replace it "
+                                 "(`checkpoint`)",
+                                 c->checkpoint);
     snprintf(dir, sizeof dir, "%s", c->checkpoint);
     if (access(dirname(dir), W_OK) != 0)
-        return td__error(TD_ERR_IO, "%s: cannot write a checkpoint there: %s (--checkpoint)",
-                         c->checkpoint, strerror(errno));
+        return td__error_setting(TD_ERR_IO, "checkpoint",
+                                 "%s: cannot write a checkpoint there: %s (`checkpoint`)",
+                                 c->checkpoint, strerror(errno));
     return TD_OK;
 }
 
@@ -332,8 +338,9 @@ static td_status open_metrics(td__trainer *t) {
     if (c->resume)
         TD_CHECK(cut_metrics(c->metrics, t->state.step));
     if (!(t->metrics = fopen(c->metrics, c->resume ? "a" : "w")))
-        return td__error(TD_ERR_IO, "%s: cannot open the metrics file for writing (--metrics): %s",
-                         c->metrics, strerror(errno));
+        return td__error_setting(TD_ERR_IO, "metrics",
+                                 "%s: cannot open the metrics file for writing (`metrics`): %s",
+                                 c->metrics, strerror(errno));
     /* Larger than any line, so that a line leaves in one write. */
     setvbuf(t->metrics, NULL, _IOFBF, 1 << 16);
     return TD_OK;
@@ -362,11 +369,14 @@ td_status td__train_setup(td__trainer *t) {
     td_model_info mi;
     td_dtype dtype = TD_F32;
     if (c->batch < 1)
-        return BAD_SETTING(t, "batch size %lld must be at least 1 (--batch)", (long long)c->batch);
+        return BAD_SETTING(t, "batch", "batch size %lld must be at least 1 (`batch`)",
+                           (long long)c->batch);
     if (c->epochs < 0 || c->steps < 0 || (c->epochs == 0 && c->steps == 0))
-        return BAD_SETTING(t, "give a positive number of epochs or steps (--epochs, --steps)");
+        return BAD_SETTING(t, "epochs",
+                           "give a positive number of epochs or steps (`epochs`, `steps`)");
     if (c->devices && !*c->devices)
-        return BAD_SETTING(t, "no devices named (--devices is empty; leave it out for cpu)");
+        return BAD_SETTING(t, "devices",
+                           "no devices named (`devices` is empty; leave it unset for cpu)");
     TD_CHECK(check_strategy_options(c));
     TD_CHECK(check_outputs(t));
     TD_CHECK(td__train_trace_check(t));
@@ -375,7 +385,8 @@ td_status td__train_setup(td__trainer *t) {
     TD_CHECK(td_model_describe(t->json, t->model_name, &mi, NULL, 0));
     TD_CHECK(open_data(t, &mi));
     if (t->state.batch > t->info.size)
-        return BAD_SETTING(t, "batch %lld is more than the %lld training samples of %s (--batch)",
+        return BAD_SETTING(t, "batch",
+                           "batch %lld is more than the %lld training samples of %s (`batch`)",
                            (long long)t->state.batch, (long long)t->info.size, c->data_path);
     TD_CHECK(td_loader_create(t->train, t->state.batch, t->state.seed, 1, &t->loader));
     fit_schedule(t);

@@ -22,6 +22,29 @@ static void message_is_per_thread_and_prefixable(void **state) {
     assert_string_equal(td_last_error(), "model.json: field lr");
 }
 
+static void a_message_about_a_setting_names_it(void **state) {
+    td_clear_error();
+    assert_null(td_last_error_setting());
+    assert_int_equal(
+        td__error_setting(TD_ERR_INVALID_ARG, "batch", "batch %d: at least 1 (`batch`)", 0),
+        TD_ERR_INVALID_ARG);
+    assert_string_equal(td_last_error(), "batch 0: at least 1 (`batch`)");
+    assert_string_equal(td_last_error_setting(), "batch");
+    /* A prefix adds context to the same failure; a new failure is its own. */
+    td__error_prefix(TD_ERR_INVALID_ARG, "run: ");
+    assert_string_equal(td_last_error_setting(), "batch");
+    td__error(TD_ERR_IO, "x.json: cannot read");
+    assert_null(td_last_error_setting());
+    /* A message carried from another thread keeps the setting it came with. */
+    td__error_set("cpu:1 has no f64 arithmetic (`dtype` f64)", "dtype");
+    assert_string_equal(td_last_error_setting(), "dtype");
+    td__error_set_message("lost");
+    assert_null(td_last_error_setting());
+    td__error_setting(TD_ERR_INVALID_ARG, "seed", "seed");
+    td_clear_error();
+    assert_null(td_last_error_setting());
+}
+
 static void philox_matches_the_published_known_answers(void **state) {
     /* Known-answer vectors from Random123's kat_vectors for philox4x32_10. */
     uint32_t zero[4] = {0, 0, 0, 0}, out[4];
@@ -70,6 +93,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(names_and_messages_come_from_one_table),
         cmocka_unit_test(message_is_per_thread_and_prefixable),
+        cmocka_unit_test(a_message_about_a_setting_names_it),
         cmocka_unit_test(philox_matches_the_published_known_answers),
         cmocka_unit_test(uniform_and_normal_have_the_right_moments),
     };

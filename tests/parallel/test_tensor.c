@@ -200,6 +200,7 @@ static void a_model_without_units_is_refused(void **state) {
     TD_ASSERT_OK(td_group_create_spec("cpu*2", NULL, &g));
     TD_ASSERT_STATUS(create(g, cnn_json, &c, &s), TD_ERR_UNSUPPORTED);
     td_test_assert_message_contains("has no layer to split across devices");
+    assert_string_equal(td_last_error_setting(), "strategy");
     assert_null(s);
     td_group_destroy(g);
 }

@@ -45,6 +45,23 @@ static void help_describes_the_options(void **state) {
     expect("--help", 0, "train", NULL);
 }
 
+/* The library names a setting as its C API does (`metrics`, `checkpoint`);
+ * the command says the flag that sets it, and no field name or backquote
+ * reaches its user. */
+static void library_messages_name_the_flags(void **state) {
+    char cmd[2048], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd,
+             "'%s' train --model " MLP " --data " MNIST " --steps 1 --checkpoint /tmp/x.st "
+             "--metrics /tmp/x.st",
+             EXE);
+    assert_int_equal(td_test_run_command(cmd, &out, &err), 2);
+    assert_non_null(err);
+    if (!strstr(err, "--metrics and --checkpoint both name /tmp/x.st") || strchr(err, '`'))
+        fail_msg("stderr: %s", err);
+    free(out);
+    free(err);
+}
+
 static void bad_input_is_a_clear_error(void **state) {
     expect("train --model " MLP " --data " MNIST " --bogus", 2, NULL, "unknown option '--bogus'");
     expect("train --model " MLP " --data " MNIST " --epochs three", 2, NULL,
@@ -213,9 +230,9 @@ static void a_run_at_learning_rate_0_says_so(void **state) {
 
 static void resuming_refuses_flags_that_contradict_the_checkpoint(void **state) {
     static const char *const refused[][2] = {
-        {"--batch 64", "trained with batch 6000, not 64 (--batch)"},
+        {"--batch 64", "trained with batch 6000, not 64 (--batch): leave --batch unset to resume"},
         {"--seed 2", "trained with seed 1, not 2 (--seed)"},
-        {"--precision f64", "holds f32 weights, not f64 (--precision)"},
+        {"--precision f64", "holds f32 weights, not f64 (--precision): leave --precision unset"},
         {"--optimizer adamw", "holds the state of sgd, not adamw (--optimizer)"},
         {"--warmup 5", "a warm-up of 0 steps, not 5 (--warmup)"},
         {"--model " TD_SOURCE_DIR "/examples/lenet5.json", "holds (\"mnist_mlp\") (--model)"},
@@ -364,6 +381,7 @@ static void under_mpirun_only_rank_0_prints_progress(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(help_describes_the_options),
+        cmocka_unit_test(library_messages_name_the_flags),
         cmocka_unit_test(bad_input_is_a_clear_error),
         cmocka_unit_test(a_short_run_writes_metrics_and_a_checkpoint_that_eval_reads),
         cmocka_unit_test(resuming_a_cosine_run_for_more_epochs_goes_on_learning),

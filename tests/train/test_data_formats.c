@@ -353,7 +353,7 @@ static void npy_mistakes_are_named(void **state) {
                       NULL);
     /* Paths: a lone .npy, a missing labels file. */
     expect_open_error(td_test_tmp("x.npy"), &o, &mi, TD_ERR_INVALID_ARG,
-                      "give the features and the labels as --data X.npy,Y.npy", NULL);
+                      "give the features and the labels as `data_path` X.npy,Y.npy", NULL);
     snprintf(path, sizeof path, "%s,%s", td_test_tmp("x.npy"), td_test_tmp("none.npy"));
     expect_open_error(path, &o, &mi, TD_ERR_IO, "none.npy", NULL);
 #undef PAIR
@@ -470,8 +470,10 @@ static void csv_mistakes_name_the_line_and_column(void **state) {
                      "label 3 is outside the model's classes [0, 3)");
     expect_csv_error("a,b,label\n1,2,-1\n", "line 2, column 3", "label -1 is outside");
     expect_csv_error("a,b,label\n1,2,1.5\n", "line 2, column 3", "not a whole number");
-    expect_csv_error("a,b,class\n1,2,1\n", "line 1: no column named \"label\"", "--label-column");
+    expect_csv_error("a,b,class\n1,2,1\n", "line 1: no column named \"label\"", "`label_column`");
+    assert_string_equal(td_last_error_setting(), "label_column");
     expect_csv_error("a,label,label\n1,2,1\n", "columns 2 and 3 are both named", NULL);
+    assert_null(td_last_error_setting());
     expect_csv_error("a,b,label\n1,\"2,0\n", "line 2, column 2: a quoted cell never closes", NULL);
     expect_csv_error("a,b,label\n1,\"2\"x,0\n", "line 2, column 2", "text after the closing quote");
     expect_csv_error("a,b,label\n1,2\"3,0\n", "line 2, column 2", "a quote inside an unquoted");
@@ -489,20 +491,23 @@ static void split_and_test_data_rules(void **state) {
     static const char three[] = "a,b,label\n1,2,0\n3,4,1\n5,6,2\n";
     td_test_write_file(td_test_tmp("three.csv"), three, strlen(three));
     expect_open_error(td_test_tmp("three.csv"), &o, &mi, TD_ERR_INVALID_ARG,
-                      "holding out 0.1 of 3 samples leaves the test part empty", NULL);
+                      "holding out 0.1 of 3 samples leaves the test part empty", "(`split`)");
+    /* The library names settings as the C API does; a flag is the CLI's. */
+    assert_string_equal(td_last_error_setting(), "split");
     o.split = 0.9;
     expect_open_error(td_test_tmp("three.csv"), &o, &mi, TD_ERR_INVALID_ARG,
                       "leaves the training part empty", NULL);
     o.test_path = td_test_tmp("three.csv");
     expect_open_error(td_test_tmp("three.csv"), &o, &mi, TD_ERR_INVALID_ARG,
-                      "--split and --test-data", NULL);
+                      "`split` and `test_path` both say", NULL);
+    assert_string_equal(td_last_error_setting(), "split");
     o.split = 0;
     expect_open_error(TD_SOURCE_DIR "/data/mnist", &o, &mi, TD_ERR_INVALID_ARG,
                       "its own t10k test files", NULL);
     o.test_path = NULL;
     o.split = 0.2;
     expect_open_error(TD_SOURCE_DIR "/data/mnist", &o, &mi, TD_ERR_INVALID_ARG,
-                      "--split holds out part of one file", NULL);
+                      "`split` holds out part of one file", NULL);
     o.split = 0;
     expect_open_error(
         TD_SOURCE_DIR "/examples/mnist_mlp.json", &o, &mi, TD_ERR_INVALID_ARG,

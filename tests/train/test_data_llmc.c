@@ -112,7 +112,8 @@ static void mistakes_are_named(void **state) {
     write_tokens(path, tok, N, 1, N);
     o.test_path = td_test_tmp("v.csv");
     td_test_write_file(o.test_path, "a\n", 2);
-    expect_error(path, &o, &mi, TD_ERR_INVALID_ARG, "--test-data must be one too");
+    expect_error(path, &o, &mi, TD_ERR_INVALID_ARG, "`test_path` must be one too");
+    assert_string_equal(td_last_error_setting(), "test_path");
 }
 
 /* tandem train reads the files: a byte-level GPT-tiny on tokens < 256. */

@@ -298,6 +298,9 @@ static void bad_configurations_are_errors(void **state) {
     c.batch = 0;
     TD_ASSERT_STATUS(td_train_run(&c, &s), TD_ERR_INVALID_ARG);
     td_test_assert_message_contains("batch size 0");
+    /* The message and td_last_error_setting() name the field, not a flag. */
+    td_test_assert_message_contains("(`batch`)");
+    assert_string_equal(td_last_error_setting(), "batch");
     c.batch = 64;
     c.resume = td_test_tmp("no-checkpoint.st");
     TD_ASSERT_STATUS(td_train_run(&c, &s), TD_ERR_IO);
@@ -306,6 +309,7 @@ static void bad_configurations_are_errors(void **state) {
     c.checkpoint = td_test_tmp("no/such/folder/c.st");
     TD_ASSERT_STATUS(td_train_run(&c, &s), TD_ERR_IO);
     td_test_assert_message_contains("cannot write a checkpoint there");
+    assert_string_equal(td_last_error_setting(), "checkpoint");
     c.checkpoint = NULL;
     c.devices = "cpu:999";
     assert_true(td_train_run(&c, &s) != TD_OK);
