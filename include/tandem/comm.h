@@ -80,6 +80,8 @@ typedef enum td_collective_kind {
     TD_COLL_ALLGATHER = 3,
     TD_COLL_REDUCE_SCATTER = 4,
 } td_collective_kind;
+/* How many kinds there are, for tables indexed by kind. */
+#define TD_COLL_KINDS 5
 
 /* "allreduce", "broadcast", "reduce", "allgather", "reducescatter". Static. */
 TD_API const char *td_collective_name(td_collective_kind kind);

@@ -140,6 +140,14 @@ TD_API td_status td_device_sync(td_device *dev);
 /* The device whose host thread is calling, or NULL. */
 TD_API td_device *td_device_current(void);
 
+/* The {slowdown=F} and {latency=MS} options made real, for code that times a
+ * device through its own ops (tandem bench devices): called on dev's host
+ * thread after a stretch of work that began at start_ns (td_clock_ns), it
+ * spins (F - 1) times the stretch's length, plus MS milliseconds when
+ * with_latency, so the device looks as slow as the nn layer makes its passes.
+ * Does nothing when F is 1 and MS 0 (or with_latency is 0). */
+TD_API void td_device_throttle(td_device *dev, uint64_t start_ns, int with_latency);
+
 /* Memory. Allocation counts against the device's budget ({mem=...}) as well
  * as its real memory; going over either is TD_ERR_OUT_OF_MEMORY with the
  * device, the size asked and the size left in the message. */
@@ -159,6 +167,69 @@ TD_API td_status td_buffer_copy(td_buffer *dst, size_t dst_offset, const td_buff
 
 /* Bytes in use on the device through td_buffer_alloc. */
 TD_API uint64_t td_device_mem_used(const td_device *dev);
+
+/* The cache of `tandem bench devices`: what each device measured, kept per
+ * device and build in one JSON file so that a later run, and the data
+ * strategy's first shares, need not measure again. The library owns its
+ * place, keys, format and checks; the caller only reads and writes entries.
+ *
+ * Where the file is:
+ *   TANDEM_BENCH_CACHE=off        no cache: nothing read or written
+ *   TANDEM_BENCH_CACHE=PATH       that file
+ *   TANDEM_CACHE=DIR              DIR/bench-devices.json
+ *   XDG_CACHE_HOME, else HOME     .../tandem/bench-devices.json (~/.cache/tandem)
+ *
+ * Entries are a JSON object from key to entry. A device's key (from
+ * td_bench_device_key) names the build and every property and spec option
+ * that changes its speed; its entry holds "device", "build", "quick",
+ * "measured_unix", "gemm_f32_gflops", "gemm_f32_n", "gemm_f64_gflops" and
+ * "gemm_f64_n" (null without fp64), "mem_bw_gbs", "h2d_gbs", "d2h_gbs" and
+ * "launch_us". A copy's key (from td_bench_peer_key) holds "src", "dst",
+ * "build", "quick", "measured_unix", "bytes" and "gbs". */
+/* Bytes for any key td_bench_device_key and td_bench_peer_key make. */
+#define TD_BENCH_KEY_MAX      1024
+#define TD_BENCH_PEER_KEY_MAX (2 * TD_BENCH_KEY_MAX + 16)
+
+/* What reading the cache found. */
+typedef enum td_bench_cache_state {
+    TD_BENCH_CACHE_OFF = 0, /* switched off, or no place for it */
+    TD_BENCH_CACHE_MISSING, /* no file yet */
+    TD_BENCH_CACHE_OK,      /* read, every entry valid */
+    TD_BENCH_CACHE_PARTLY,  /* read, some entries left out (why says which) */
+    TD_BENCH_CACHE_INVALID, /* unreadable or not this format: all left out */
+} td_bench_cache_state;
+
+/* The cache file's path into out (n bytes). Returns 0 when the cache is off
+ * (or no home is known, or the path does not fit), else 1. */
+TD_API int td_bench_cache_path(char *out, size_t n);
+
+/* This build, as keys and entries name it: "0.1.0 release cuda opencl
+ * clblast". Static. */
+TD_API const char *td_bench_build_id(void);
+
+/* The cache key of dev into out (TD_BENCH_KEY_MAX bytes). Fails only when
+ * the device's properties cannot be read. */
+TD_API td_status td_bench_device_key(td_device *dev, char *out, size_t n);
+
+/* The cache key of a copy from the device keyed src_key to the one keyed
+ * dst_key, into out (TD_BENCH_PEER_KEY_MAX bytes). */
+TD_API void td_bench_peer_key(const char *src_key, const char *dst_key, char *out, size_t n);
+
+/* Reads the cache at path without trusting it: *entries_json receives the
+ * valid entries as a JSON object's text ("{}" when the file is missing or
+ * invalid; malloc'ed, the caller frees it). *state says what was found; why
+ * (may be NULL) gets a line on what was left out and why ("" when nothing).
+ * Fails only when memory runs out (*entries_json then NULL). */
+TD_API td_status td_bench_cache_read(const char *path, char **entries_json,
+                                     td_bench_cache_state *state, char *why, size_t why_size);
+
+/* Writes entries_json (a JSON object from key to entry, as read above with
+ * entries added or replaced) as the cache at path, atomically (a reader sees
+ * the old file or the new one), making its folder when missing; keeps the
+ * newest 256 entries. TD_ERR_PARSE when entries_json is not a JSON object;
+ * on any failure the old file (if any) is untouched and the message names
+ * the path. */
+TD_API td_status td_bench_cache_write(const char *path, const char *entries_json);
 
 #ifdef __cplusplus
 }

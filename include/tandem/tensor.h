@@ -55,6 +55,22 @@ TD_API td_status td_tensor_rand_uniform(td_tensor *t, uint64_t seed, uint64_t of
 TD_API td_status td_tensor_rand_normal(td_tensor *t, uint64_t seed, uint64_t offset, double mean,
                                        double stddev);
 
+/* Arithmetic, for code that runs a device's own kernels directly (tandem
+ * bench devices times them). Each runs on the tensors' device and must be
+ * called from its host thread (inside td_device_run or a group's function),
+ * else TD_ERR_INVALID_ARG; all tensors on one device and of one type. Work
+ * may still be queued on the device when they return: td_device_sync waits
+ * for it. */
+/* c (m, n) = alpha op(a) op(b) + beta c, each tensor seen as a matrix of
+ * (product of all but its last extent, last extent); trans_a and trans_b
+ * transpose a and b. TD_ERR_SHAPE when the extents do not match. */
+TD_API td_status td_tensor_matmul(td_tensor *c, const td_tensor *a, int trans_a, const td_tensor *b,
+                                  int trans_b, double alpha, double beta);
+/* y = a + b, element by element; the three have one element count. */
+TD_API td_status td_tensor_add(const td_tensor *a, const td_tensor *b, td_tensor *y);
+/* y = alpha x + beta y, element by element; x and y have one element count. */
+TD_API td_status td_tensor_axpby(double alpha, const td_tensor *x, double beta, td_tensor *y);
+
 typedef struct td_compare_result {
     double max_abs;     /* max |a - b| */
     double max_rel;     /* max |a - b| / max(|a|, |b|), 0 where both are 0 */

@@ -1,7 +1,8 @@
 /* tandem bench devices: how fast each device is, measured through tandem's
  * own tensor ops and copies, as a table ranked by f32 GEMM GFLOP/s or as
- * JSON, and cached (device/bench_cache.h) so that a later run, and the data
- * strategy's first shares, need not measure again.
+ * JSON, and cached (td_bench_cache_read and td_bench_cache_write, in
+ * tandem/device.h) so that a later run, and the data strategy's first
+ * shares, need not measure again.
  *
  * Per device, on its own host thread, one device after another (so that
  * they do not share the memory bus while measured):
@@ -25,13 +26,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "cli/bench_devices.h"
-#include "cli/cli.h"
-#include "core/alloc.h"
-#include "core/error.h"
-#include "device/bench_cache.h"
+#include "bench_devices.h"
+#include "cli.h"
 #include "tandem/tandem.h"
-#include "tensor/ops.h"
 
 #define MAX_REPS    1001
 #define MAX_DEVICES 64
@@ -122,10 +119,10 @@ static td_status gemm_once(td_device *dev, td_tensor *c, const td_tensor *a, con
                            double *s) {
     uint64_t t0 = td_clock_ns();
     td_status st;
-    if ((st = td__op_matmul(c, a, 0, b, 0, 1.0, 0.0)) != TD_OK ||
+    if ((st = td_tensor_matmul(c, a, 0, b, 0, 1.0, 0.0)) != TD_OK ||
         (st = td_device_sync(dev)) != TD_OK)
         return st;
-    td__device_throttle_part(dev, t0, 0);
+    td_device_throttle(dev, t0, 0);
     *s = seconds_since(t0);
     return TD_OK;
 }
@@ -141,17 +138,17 @@ static td_status time_gemm(td_device *dev, measure *m, td_dtype dt, int64_t *n_o
     td_status st = TD_OK;
     for (;;) {
         /* a, b, c: (n, n) */
-        TD_TRY(square(dev, dt, n, &a));
-        TD_TRY(square(dev, dt, n, &b));
-        TD_TRY(square(dev, dt, n, &c));
-        TD_TRY(td_tensor_rand_uniform(a, 1, 0, -1, 1));
-        TD_TRY(td_tensor_rand_uniform(b, 2, 0, -1, 1));
-        TD_TRY(td_tensor_fill(c, 0));
+        TD_CLI_TRY(square(dev, dt, n, &a));
+        TD_CLI_TRY(square(dev, dt, n, &b));
+        TD_CLI_TRY(square(dev, dt, n, &c));
+        TD_CLI_TRY(td_tensor_rand_uniform(a, 1, 0, -1, 1));
+        TD_CLI_TRY(td_tensor_rand_uniform(b, 2, 0, -1, 1));
+        TD_CLI_TRY(td_tensor_fill(c, 0));
         /* The first call may compile kernels or grow BLAS buffers; of the
          * next two the faster, as one may have been interrupted. */
-        TD_TRY(gemm_once(dev, c, a, b, &one));
-        TD_TRY(gemm_once(dev, c, a, b, &m->t[0]));
-        TD_TRY(gemm_once(dev, c, a, b, &m->t[1]));
+        TD_CLI_TRY(gemm_once(dev, c, a, b, &one));
+        TD_CLI_TRY(gemm_once(dev, c, a, b, &m->t[0]));
+        TD_CLI_TRY(gemm_once(dev, c, a, b, &m->t[1]));
         one = fmin(m->t[0], m->t[1]);
         if (one >= z->gemm_min_s || n * 2 > z->gemm_max_n ||
             3 * (uint64_t)(2 * n) * (uint64_t)(2 * n) * esize > m->mem_limit)
@@ -166,7 +163,7 @@ static td_status time_gemm(td_device *dev, measure *m, td_dtype dt, int64_t *n_o
     reps = (int)(z->gemm_budget_s / fmax(one, 1e-9));
     reps = reps < 3 ? 3 : reps > 51 ? 51 : reps;
     for (int i = 2; i < reps; i++)
-        TD_TRY(gemm_once(dev, c, a, b, &m->t[i]));
+        TD_CLI_TRY(gemm_once(dev, c, a, b, &m->t[i]));
     *n_out = n;
     *gflops = 2.0 * (double)n * (double)n * (double)n / median(m->t, reps) * 1e-9;
 fail:
@@ -188,7 +185,7 @@ typedef struct timed {
 } timed;
 
 static td_status run_add(timed *x) {
-    td_status st = td__op_add(x->a, x->b, x->y);
+    td_status st = td_tensor_add(x->a, x->b, x->y);
     return st != TD_OK ? st : td_device_sync(x->slowed);
 }
 static td_status run_write(timed *x) {
@@ -198,7 +195,7 @@ static td_status run_read(timed *x) {
     return td_tensor_read(x->y, x->host, x->bytes);
 }
 static td_status run_tiny(timed *x) {
-    td_status st = td__op_axpby(1.0, x->a, 0.5, x->y);
+    td_status st = td_tensor_axpby(1.0, x->a, 0.5, x->y);
     return st != TD_OK ? st : td_device_sync(x->slowed);
 }
 static td_status run_peer(timed *x) {
@@ -217,7 +214,7 @@ static td_status repeat(timed *x, int warm, double budget_s, int max, double *t,
         if (st != TD_OK)
             return st;
         if (x->slowed)
-            td__device_throttle_part(x->slowed, t0, x->with_latency);
+            td_device_throttle(x->slowed, t0, x->with_latency);
         s = seconds_since(t0);
         if (i >= 0)
             t[i] = s;
@@ -241,28 +238,31 @@ static td_status time_stream(td_device *dev, measure *m) {
     numel = (int64_t)(x.bytes / 4);
     x.bytes = (size_t)numel * 4;
     /* a, b, y: (numel) */
-    TD_TRY(td_tensor_create(dev, TD_F32, 1, &numel, &x.a));
-    TD_TRY(td_tensor_create(dev, TD_F32, 1, &numel, &x.b));
-    TD_TRY(td_tensor_create(dev, TD_F32, 1, &numel, &x.y));
-    TD_TRY(td_tensor_fill(x.a, 1));
-    TD_TRY(td_tensor_fill(x.b, 2));
-    TD_TRY(td_tensor_fill(x.y, 0));
+    TD_CLI_TRY(td_tensor_create(dev, TD_F32, 1, &numel, &x.a));
+    TD_CLI_TRY(td_tensor_create(dev, TD_F32, 1, &numel, &x.b));
+    TD_CLI_TRY(td_tensor_create(dev, TD_F32, 1, &numel, &x.y));
+    TD_CLI_TRY(td_tensor_fill(x.a, 1));
+    TD_CLI_TRY(td_tensor_fill(x.b, 2));
+    TD_CLI_TRY(td_tensor_fill(x.y, 0));
     x.fn = run_add;
     x.slowed = dev;
-    TD_TRY(repeat(&x, 1, z->stream_budget_s, z->stream_reps, m->t, &s));
+    TD_CLI_TRY(repeat(&x, 1, z->stream_budget_s, z->stream_reps, m->t, &s));
     m->r->mem_gbs = 3.0 * (double)x.bytes / s * 1e-9;
 
-    if (!(x.host = td__aligned_alloc(x.bytes, "benchmark host buffer"))) {
+    /* 64-byte aligned, as the library's buffers are; aligned_alloc wants a
+     * multiple of the alignment, and bytes is one (a multiple of 1 MiB). */
+    if (!(x.host = aligned_alloc(64, x.bytes))) {
+        td_clear_error(); /* the caller's "out of memory" names the device */
         st = TD_ERR_OUT_OF_MEMORY;
         goto fail;
     }
     memset(x.host, 0, x.bytes); /* every page touched before timing */
     x.slowed = NULL;
     x.fn = run_write;
-    TD_TRY(repeat(&x, 1, z->stream_budget_s, z->stream_reps, m->t, &s));
+    TD_CLI_TRY(repeat(&x, 1, z->stream_budget_s, z->stream_reps, m->t, &s));
     m->r->h2d_gbs = (double)x.bytes / s * 1e-9;
     x.fn = run_read;
-    TD_TRY(repeat(&x, 1, z->stream_budget_s, z->stream_reps, m->t, &s));
+    TD_CLI_TRY(repeat(&x, 1, z->stream_budget_s, z->stream_reps, m->t, &s));
     m->r->d2h_gbs = (double)x.bytes / s * 1e-9;
 fail:
     free(x.host);
@@ -279,14 +279,14 @@ static td_status time_launch(td_device *dev, measure *m) {
     timed x = {0};
     double s;
     td_status st;
-    TD_TRY(td_tensor_create(dev, TD_F32, 1, &one, &x.a));
-    TD_TRY(td_tensor_create(dev, TD_F32, 1, &one, &x.y));
-    TD_TRY(td_tensor_fill(x.a, 1));
-    TD_TRY(td_tensor_fill(x.y, 0));
+    TD_CLI_TRY(td_tensor_create(dev, TD_F32, 1, &one, &x.a));
+    TD_CLI_TRY(td_tensor_create(dev, TD_F32, 1, &one, &x.y));
+    TD_CLI_TRY(td_tensor_fill(x.a, 1));
+    TD_CLI_TRY(td_tensor_fill(x.y, 0));
     x.fn = run_tiny;
     x.slowed = dev;
     x.with_latency = 1;
-    TD_TRY(repeat(&x, 10, 0, m->z->launch_reps, m->t, &s));
+    TD_CLI_TRY(repeat(&x, 10, 0, m->z->launch_reps, m->t, &s));
     m->r->launch_us = s * 1e6;
 fail:
     td_tensor_destroy(x.a);
@@ -297,10 +297,10 @@ fail:
 static td_status measure_task(td_device *dev, void *arg) {
     measure *m = arg;
     dev_result *r = m->r;
-    TD_CHECK(time_gemm(dev, m, TD_F32, &r->f32_n, &r->f32_gflops));
+    TD_CLI_CHECK(time_gemm(dev, m, TD_F32, &r->f32_n, &r->f32_gflops));
     if (r->info.fp64)
-        TD_CHECK(time_gemm(dev, m, TD_F64, &r->f64_n, &r->f64_gflops));
-    TD_CHECK(time_stream(dev, m));
+        TD_CLI_CHECK(time_gemm(dev, m, TD_F64, &r->f64_n, &r->f64_gflops));
+    TD_CLI_CHECK(time_stream(dev, m));
     return time_launch(dev, m);
 }
 
@@ -310,13 +310,13 @@ static td_status measure_device(dev_result *r, const sizing *z) {
     td_status st;
     /* Half of what is free: a GPU shared with others, a budget. */
     m.mem_limit = mem ? mem / 2 : (uint64_t)1 << 30;
-    if (!(m.t = td__calloc(sizeof *m.t * MAX_REPS, "benchmark times")))
+    if (!(m.t = calloc(MAX_REPS, sizeof *m.t))) {
+        td_clear_error();
         return TD_ERR_OUT_OF_MEMORY;
+    }
     st = td_device_run(r->dev, measure_task, &m);
     free(m.t);
-    if (st != TD_OK)
-        return td__error_prefix(st, "%s: ", r->info.name);
-    return TD_OK;
+    return st;
 }
 
 /* A copy from one device to another, from the calling thread. */
@@ -332,20 +332,19 @@ static td_status measure_peer(const dev_result *rs, peer_result *p, const sizing
            (2 * (uint64_t)x.bytes > free_s || 2 * (uint64_t)x.bytes > free_d))
         x.bytes /= 2;
     p->bytes = x.bytes;
-    TD_TRY(td_buffer_alloc(s->dev, x.bytes, &x.src));
-    TD_TRY(td_buffer_alloc(d->dev, x.bytes, &x.dst));
-    if (!(x.host = td__calloc(x.bytes, "benchmark host buffer"))) {
+    TD_CLI_TRY(td_buffer_alloc(s->dev, x.bytes, &x.src));
+    TD_CLI_TRY(td_buffer_alloc(d->dev, x.bytes, &x.dst));
+    if (!(x.host = calloc(x.bytes, 1))) {
+        td_clear_error();
         st = TD_ERR_OUT_OF_MEMORY;
         goto fail;
     }
-    TD_TRY(td_buffer_write(x.src, 0, x.host, x.bytes));
-    TD_TRY(td_buffer_write(x.dst, 0, x.host, x.bytes));
+    TD_CLI_TRY(td_buffer_write(x.src, 0, x.host, x.bytes));
+    TD_CLI_TRY(td_buffer_write(x.dst, 0, x.host, x.bytes));
     x.fn = run_peer;
-    TD_TRY(repeat(&x, 1, z->stream_budget_s, z->stream_reps, t, &sec));
+    TD_CLI_TRY(repeat(&x, 1, z->stream_budget_s, z->stream_reps, t, &sec));
     p->gbs = (double)x.bytes / sec * 1e-9;
 fail:
-    if (st != TD_OK)
-        st = td__error_prefix(st, "copy %s -> %s: ", s->info.name, d->info.name);
     free(x.host);
     td_buffer_free(x.src);
     td_buffer_free(x.dst);
@@ -379,7 +378,7 @@ static json_t *real_or_null(double v) {
 
 static json_t *to_entry(const dev_result *r, int quick) {
     return json_pack("{s:s, s:s, s:b, s:I, s:f, s:I, s:o, s:o, s:f, s:f, s:f, s:f}", "device",
-                     r->info.name, "build", td__bench_build_id(), "quick", quick, "measured_unix",
+                     r->info.name, "build", td_bench_build_id(), "quick", quick, "measured_unix",
                      (json_int_t)time(NULL), "gemm_f32_gflops", r->f32_gflops, "gemm_f32_n",
                      (json_int_t)r->f32_n, "gemm_f64_gflops", real_or_null(r->f64_gflops),
                      "gemm_f64_n", r->f64_n ? json_integer(r->f64_n) : json_null(), "mem_bw_gbs",
@@ -389,7 +388,7 @@ static json_t *to_entry(const dev_result *r, int quick) {
 
 static json_t *peer_entry(const dev_result *rs, const peer_result *p, int quick) {
     return json_pack("{s:s, s:s, s:s, s:b, s:I, s:I, s:f}", "src", rs[p->src].info.name, "dst",
-                     rs[p->dst].info.name, "build", td__bench_build_id(), "quick", quick,
+                     rs[p->dst].info.name, "build", td_bench_build_id(), "quick", quick,
                      "measured_unix", (json_int_t)time(NULL), "bytes", (json_int_t)p->bytes, "gbs",
                      p->gbs);
 }
@@ -457,7 +456,7 @@ static void print_table(dev_result **ranked, int nd, const dev_result *rs, const
         for (int i = 0; i < np; i++) {
             char sz[32];
             printf("  %-12s -> %-12s %9.2f   (%s, %s)\n", rs[ps[i].src].info.name,
-                   rs[ps[i].dst].info.name, ps[i].gbs, td__format_bytes((double)ps[i].bytes, sz),
+                   rs[ps[i].dst].info.name, ps[i].gbs, td_cli_format_bytes((double)ps[i].bytes, sz),
                    ps[i].from_cache ? "cache" : "measured");
         }
     }
@@ -496,7 +495,7 @@ static void print_json(dev_result **ranked, int nd, const dev_result *rs, const 
                        td_bench_cache_state state, const char *why, int written, double wall_s) {
     json_t *root = json_object(), *devs = json_array(), *peers = json_array(), *cache;
     json_object_set_new(root, "version", json_string(TD_VERSION_STRING));
-    json_object_set_new(root, "build", json_string(td__bench_build_id()));
+    json_object_set_new(root, "build", json_string(td_bench_build_id()));
     json_object_set_new(root, "devices_spec", json_string(spec));
     json_object_set_new(root, "quick", json_boolean(quick));
     for (int k = 0; k < nd; k++)
@@ -521,7 +520,7 @@ static void print_json(dev_result **ranked, int nd, const dev_result *rs, const 
 
 /* The command ---------------------------------------------------------------- */
 
-int td__cli_bench_devices(int argc, char **argv) {
+int td_cli_bench_devices(int argc, char **argv) {
     static const struct option opts[] = {
         {"devices", required_argument, NULL, 'd'}, {"json", no_argument, NULL, 'j'},
         {"quick", no_argument, NULL, 'q'},         {"no-cache", no_argument, NULL, 'n'},
@@ -564,27 +563,35 @@ int td__cli_bench_devices(int argc, char **argv) {
         fprintf(stderr, "tandem bench devices: %d devices; at most %d at once\n", nd, MAX_DEVICES);
         goto done;
     }
-    rs = td__calloc(sizeof *rs * (size_t)nd, "benchmark results");
-    ps = td__calloc(sizeof *ps * (size_t)(nd * nd + 1), "benchmark results");
-    t = td__calloc(sizeof *t * MAX_REPS, "benchmark times");
+    rs = calloc((size_t)nd, sizeof *rs);
+    ps = calloc((size_t)(nd * nd + 1), sizeof *ps);
+    t = calloc(MAX_REPS, sizeof *t);
     if (!rs || !ps || !t) {
+        td_clear_error();
         rc = td_cli_fail("bench devices", TD_ERR_OUT_OF_MEMORY);
         goto done;
     }
     for (int i = 0; i < nd; i++) {
         rs[i].dev = td_device_list_get(list, i);
         if ((st = td_device_get_info(rs[i].dev, &rs[i].info)) != TD_OK ||
-            (st = td__bench_device_key(rs[i].dev, rs[i].key, sizeof rs[i].key)) != TD_OK) {
+            (st = td_bench_device_key(rs[i].dev, rs[i].key, sizeof rs[i].key)) != TD_OK) {
             rc = td_cli_fail("bench devices", st);
             goto done;
         }
         ranked[i] = &rs[i];
     }
 
-    if (td__bench_cache_path(cache_path, sizeof cache_path)) {
-        entries = td__bench_cache_load(cache_path, &state, why, sizeof why);
+    if (td_bench_cache_path(cache_path, sizeof cache_path)) {
+        char *text = NULL;
+        if ((st = td_bench_cache_read(cache_path, &text, &state, why, sizeof why)) != TD_OK) {
+            rc = td_cli_fail("bench devices", st);
+            goto done;
+        }
+        entries = json_loads(text, 0, NULL);
+        free(text);
         if (!entries) {
-            rc = td_cli_fail("bench devices", TD_ERR_OUT_OF_MEMORY);
+            td_clear_error();
+            rc = td_cli_fail("bench devices: reading the cache", TD_ERR_OUT_OF_MEMORY);
             goto done;
         }
         /* What was left out is rewritten below, whatever else happens. */
@@ -607,7 +614,9 @@ int td__cli_bench_devices(int argc, char **argv) {
             fprintf(stderr, "measuring %s ...\n", rs[i].info.name);
         }
         if ((st = measure_device(&rs[i], z)) != TD_OK) {
-            rc = td_cli_fail("bench devices", st);
+            char what[128];
+            snprintf(what, sizeof what, "bench devices: %s", rs[i].info.name);
+            rc = td_cli_fail(what, st);
             goto done;
         }
         if (entries)
@@ -623,7 +632,7 @@ int td__cli_bench_devices(int argc, char **argv) {
                 continue;
             p->src = i;
             p->dst = j;
-            td__bench_peer_key(rs[i].key, rs[j].key, key, sizeof key);
+            td_bench_peer_key(rs[i].key, rs[j].key, key, sizeof key);
             e = entries && !no_cache ? json_object_get(entries, key) : NULL;
             if (entry_serves(e, quick)) {
                 p->gbs = json_number_value(json_object_get(e, "gbs"));
@@ -631,7 +640,10 @@ int td__cli_bench_devices(int argc, char **argv) {
                 p->from_cache = 1;
             } else {
                 if ((st = measure_peer(rs, p, z, t)) != TD_OK) {
-                    rc = td_cli_fail("bench devices", st);
+                    char what[160];
+                    snprintf(what, sizeof what, "bench devices: copy %s -> %s", rs[i].info.name,
+                             rs[j].info.name);
+                    rc = td_cli_fail(what, st);
                     goto done;
                 }
                 if (entries)
@@ -642,11 +654,15 @@ int td__cli_bench_devices(int argc, char **argv) {
         }
 
     if (entries && dirty) {
-        if ((st = td__bench_cache_save(cache_path, entries)) == TD_OK)
+        char *text = json_dumps(entries, JSON_COMPACT);
+        if (!text)
+            fprintf(stderr, "tandem bench devices: the cache was not written: out of memory\n");
+        else if ((st = td_bench_cache_write(cache_path, text)) == TD_OK)
             written = 1;
         else
             fprintf(stderr, "tandem bench devices: the cache was not written: %s\n",
                     td_last_error());
+        free(text);
     }
     qsort(ranked, (size_t)nd, sizeof *ranked, by_f32_desc);
     if (as_json)

@@ -4,6 +4,6 @@
 
 /* Runs `tandem bench devices` with argv[0] "devices"; returns the exit
  * status: 0, 1 on failure (message printed), 2 on a usage error. */
-int td__cli_bench_devices(int argc, char **argv);
+int td_cli_bench_devices(int argc, char **argv);
 
 #endif

@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cli/cli.h"
+#include "cli.h"
 #include "tandem/tandem.h"
 
 static void usage(FILE *out) {
@@ -15,19 +15,6 @@ static void usage(FILE *out) {
                  "  --devices SPEC  devices to show, such as 'cpu*2', 'cpu:0{mem=512M}', 'cuda:*'\n"
                  "  --json          print JSON instead of a table\n"
                  "  --help          show this help\n");
-}
-
-/* "23.5 GiB", "512.0 MiB". */
-static const char *human(uint64_t b, char buf[32]) {
-    static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    double v = (double)b;
-    int u = 0;
-    while (v >= 1024.0 && u < 4) {
-        v /= 1024.0;
-        u++;
-    }
-    snprintf(buf, 32, u ? "%.1f %s" : "%.0f %s", v, units[u]);
-    return buf;
 }
 
 static void print_text(const td_device_info *d) {
@@ -47,8 +34,9 @@ static void print_text(const td_device_info *d) {
     if (d->clock_mhz)
         printf("  %-16s %d MHz\n", "clock", d->clock_mhz);
     char total[32], free_b[32];
-    printf("  %-16s %s total, %s free%s\n", "memory", human(d->mem_total, total),
-           human(d->mem_free, free_b), d->mem_budget ? " (budget)" : "");
+    printf("  %-16s %s total, %s free%s\n", "memory",
+           td_cli_format_bytes((double)d->mem_total, total),
+           td_cli_format_bytes((double)d->mem_free, free_b), d->mem_budget ? " (budget)" : "");
     if (d->fp64_rate > 0)
         printf("  %-16s %s (fp64:fp32 = 1:%g)\n", "fp64", d->fp64 ? "yes" : "no",
                1.0 / d->fp64_rate);

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli/cli.h"
+#include "cli.h"
 #include "tandem/tandem.h"
 
 /* Each byte is a token, as tandem train reads text for a 256-token model. */

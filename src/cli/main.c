@@ -2,7 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cli/cli.h"
+#include "cli.h"
 #include "tandem/tandem.h"
 
 typedef struct command {
@@ -29,7 +29,8 @@ static void usage(FILE *out) {
 }
 
 int td_cli_fail(const char *what, int status) {
-    const char *detail = td_last_error();
+    char detail[4096];
+    td_cli_message_flags(td_last_error(), td_last_error_setting(), detail, sizeof detail);
     fprintf(stderr, "tandem: %s: %s%s%s\n", what, td_status_str((td_status)status),
             *detail ? ": " : "", detail);
     return 1;

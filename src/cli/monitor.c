@@ -29,7 +29,7 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
-#include "cli/monitor.h"
+#include "monitor.h"
 #include "tandem/tandem.h"
 
 /* The few NVML declarations used (nvml.h, which is not needed to build). */

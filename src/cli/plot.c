@@ -19,8 +19,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli/cli.h"
-#include "cli/plot.h"
+#include "cli.h"
+#include "plot.h"
 
 static void usage(FILE *out) {
     fprintf(out, "usage: tandem plot METRICS.jsonl -o OUT.svg\n"

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli/plot.h"
+#include "plot.h"
 
 /* Page and panel geometry, in pixels. */
 enum {

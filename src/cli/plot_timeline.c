@@ -16,7 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli/plot.h"
+#include "plot.h"
 
 /* A track as the events name it. */
 typedef struct row {

@@ -6,8 +6,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli/cli.h"
-#include "cli/monitor.h"
+#include "cli.h"
+#include "monitor.h"
 #include "tandem/tandem.h"
 
 /* The table of the members of a run over several devices: each one's share

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli/cli.h"
+#include "cli.h"
 #include "tandem/tandem.h"
 
 void td_cli_train_usage(FILE *out) {

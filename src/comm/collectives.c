@@ -79,7 +79,7 @@ static td_status check_call(td_group *g, td__member *m, const td_collective *c, 
     char msg[512];
     size_t nsend, nrecv, es;
     msg[0] = '\0';
-    if ((unsigned)c->kind >= TD_COMM_KINDS)
+    if ((unsigned)c->kind >= TD_COLL_KINDS)
         snprintf(msg, sizeof msg, "unknown collective kind %d", (int)c->kind);
     else if (c->dtype != TD_F32 && c->dtype != TD_F64)
         snprintf(msg, sizeof msg, "unknown dtype %d", (int)c->dtype);

@@ -15,7 +15,6 @@
 #define TD_COMM_RECORD    16 /* collectives remembered per member */
 #define TD_COMM_FIFO      8  /* ring pipeline slots per member */
 #define TD_COMM_MAX_FAULT 8
-#define TD_COMM_KINDS     5
 
 /* The switch point used when neither the config, TANDEM_ALLREDUCE_SWITCH_BYTES
  * nor td_group_calibrate() gave one: measured with `bench_collectives

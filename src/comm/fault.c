@@ -36,14 +36,14 @@ struct td__fault_plan {
     atomic_int fired[TD_COMM_MAX_FAULT];
     size_t ndevs;
     td_device **devs;                       /* the first group's local devices */
-    atomic_int (*calls)[TD_COMM_KINDS + 1]; /* per device: collectives per kind, and in all */
+    atomic_int (*calls)[TD_COLL_KINDS + 1]; /* per device: collectives per kind, and in all */
 };
 
-static const char *const kind_names[TD_COMM_KINDS] = {"allreduce", "broadcast", "reduce",
+static const char *const kind_names[TD_COLL_KINDS] = {"allreduce", "broadcast", "reduce",
                                                       "allgather", "reducescatter"};
 
 const char *td_collective_name(td_collective_kind kind) {
-    return (unsigned)kind < TD_COMM_KINDS ? kind_names[kind] : "?";
+    return (unsigned)kind < TD_COLL_KINDS ? kind_names[kind] : "?";
 }
 
 static td_status parse_item(const char *item, td__fault *f) {
@@ -73,7 +73,7 @@ static td_status parse_item(const char *item, td__fault *f) {
     f->kind = -2;
     if (!strcmp(kind, "any"))
         f->kind = -1;
-    for (int k = 0; k < TD_COMM_KINDS; k++)
+    for (int k = 0; k < TD_COLL_KINDS; k++)
         if (!strcmp(kind, kind_names[k]))
             f->kind = k;
     if (f->kind == -2)
@@ -160,7 +160,7 @@ td_status td__fault_parse(td_group *g, const char *text, td_device *const *devs,
     p->ndevs = n;
     for (size_t i = 0; i < n; i++) {
         p->devs[i] = devs[i];
-        for (int k = 0; k <= TD_COMM_KINDS; k++)
+        for (int k = 0; k <= TD_COLL_KINDS; k++)
             atomic_init(&p->calls[i][k], 0);
     }
     snprintf(p->text, sizeof p->text, "%s", text);
@@ -233,7 +233,7 @@ td_status td__fault_check(td__member *m, td_collective_kind kind) {
     if (!p || m->fault_slot < 0)
         return TD_OK;
     n_kind = atomic_fetch_add(&p->calls[m->fault_slot][kind], 1) + 1;
-    n_any = atomic_fetch_add(&p->calls[m->fault_slot][TD_COMM_KINDS], 1) + 1;
+    n_any = atomic_fetch_add(&p->calls[m->fault_slot][TD_COLL_KINDS], 1) + 1;
     for (int i = 0; i < p->nitems; i++) {
         const td__fault *f = &p->items[i];
         if (strcmp(f->device, td_device_name(m->dev)) || !this_process(g, f->process))

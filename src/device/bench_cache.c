@@ -17,7 +17,7 @@
 #define MAX_ENTRIES 256
 #define PEER_PREFIX "peer "
 
-int td__bench_cache_path(char *out, size_t n) {
+int td_bench_cache_path(char *out, size_t n) {
     const char *v = getenv("TANDEM_BENCH_CACHE");
     int len;
     if (v && (!*v || !strcmp(v, "off") || !strcmp(v, "0") || !strcmp(v, "no")))
@@ -35,7 +35,7 @@ int td__bench_cache_path(char *out, size_t n) {
     return len > 0 && (size_t)len < n;
 }
 
-const char *td__bench_build_id(void) {
+const char *td_bench_build_id(void) {
     /* What changes the speed of one device: optimisation, sanitizers, and
      * which backends and libraries are in. The version stands for the rest. */
     return TD_VERSION_STRING
@@ -59,7 +59,7 @@ const char *td__bench_build_id(void) {
         ;
 }
 
-td_status td__bench_device_key(td_device *dev, char *out, size_t n) {
+td_status td_bench_device_key(td_device *dev, char *out, size_t n) {
     td_device_info d;
     const td_device_options *o = &dev->opts;
     td_status st;
@@ -70,14 +70,14 @@ td_status td__bench_device_key(td_device *dev, char *out, size_t n) {
     snprintf(out, n,
              "build=%s;backend=%s;name=%s;model=%s;vendor=%s;driver=%s;units=%d;cores=%s;"
              "isa=%s;fp64=%d;slowdown=%g;latency=%g;split=%d;denormals=%d",
-             td__bench_build_id(), d.backend, d.name, d.model, d.vendor, d.driver, d.compute_units,
+             td_bench_build_id(), d.backend, d.name, d.model, d.vendor, d.driver, d.compute_units,
              d.cores, d.isa, d.fp64, o->has_slowdown ? o->slowdown : 1.0,
              o->has_latency ? o->latency_ms : 0.0, o->has_split ? o->split : 0,
              o->has_denormals ? o->denormals : -1);
     return TD_OK;
 }
 
-void td__bench_peer_key(const char *src_key, const char *dst_key, char *out, size_t n) {
+void td_bench_peer_key(const char *src_key, const char *dst_key, char *out, size_t n) {
     snprintf(out, n, PEER_PREFIX "%s -> %s", src_key, dst_key);
 }
 
@@ -256,19 +256,43 @@ fail:
     return st;
 }
 
+td_status td_bench_cache_read(const char *path, char **entries_json, td_bench_cache_state *state,
+                              char *why, size_t why_size) {
+    json_t *entries = td__bench_cache_load(path, state, why, why_size);
+    *entries_json = entries ? json_dumps(entries, JSON_COMPACT) : NULL;
+    json_decref(entries);
+    if (!*entries_json)
+        return td__error(TD_ERR_OUT_OF_MEMORY, "reading the bench cache %s", path);
+    return TD_OK;
+}
+
+td_status td_bench_cache_write(const char *path, const char *entries_json) {
+    json_error_t jerr;
+    json_t *entries = json_loads(entries_json, JSON_REJECT_DUPLICATES, &jerr);
+    td_status st;
+    if (!json_is_object(entries)) {
+        json_decref(entries);
+        return td__error(TD_ERR_PARSE, "bench cache %s: entries to write are not a JSON object",
+                         path);
+    }
+    st = td__bench_cache_save(path, entries);
+    json_decref(entries);
+    return st;
+}
+
 int td__bench_cache_gflops(td_device *const *devs, int n, double *gflops) {
     char path[4096], key[TD_BENCH_KEY_MAX];
     td_bench_cache_state state;
     json_t *entries;
     int found = 0;
-    if (!td__bench_cache_path(path, sizeof path))
+    if (!td_bench_cache_path(path, sizeof path))
         return 0;
     entries = td__bench_cache_load(path, &state, NULL, 0);
     if (!entries)
         return 0;
     for (int i = 0; i < n; i++) {
         const json_t *e;
-        if (td__bench_device_key(devs[i], key, sizeof key) != TD_OK)
+        if (td_bench_device_key(devs[i], key, sizeof key) != TD_OK)
             break;
         /* Only valid entries were kept; the key carries the build. */
         if (!(e = json_object_get(entries, key)))

@@ -13,11 +13,7 @@
  * whose figures are not positive finite numbers in a plausible range, is
  * left out and rewritten at the next measurement.
  *
- * Where the file is:
- *   TANDEM_BENCH_CACHE=off        no cache: nothing read or written
- *   TANDEM_BENCH_CACHE=PATH       that file
- *   TANDEM_CACHE=DIR              DIR/bench-devices.json
- *   XDG_CACHE_HOME, else HOME     .../tandem/bench-devices.json (~/.cache/tandem)
+ * Where the file is, and what an entry holds: tandem/device.h.
  * The tests set TANDEM_BENCH_CACHE=off (tests/CMakeLists.txt), so a
  * developer's cache never reaches them. */
 #ifndef TD_DEVICE_BENCH_CACHE_H
@@ -30,33 +26,12 @@
 
 #define TD_BENCH_CACHE_FORMAT  "tandem-bench-devices"
 #define TD_BENCH_CACHE_VERSION 1
-/* Enough for any key td__bench_device_key and td__bench_peer_key make. */
-#define TD_BENCH_KEY_MAX      1024
-#define TD_BENCH_PEER_KEY_MAX (2 * TD_BENCH_KEY_MAX + 16)
 
-/* What reading the cache found. */
-typedef enum td_bench_cache_state {
-    TD_BENCH_CACHE_OFF = 0, /* switched off, or no place for it */
-    TD_BENCH_CACHE_MISSING, /* no file yet */
-    TD_BENCH_CACHE_OK,      /* read, every entry valid */
-    TD_BENCH_CACHE_PARTLY,  /* read, some entries left out (why says which) */
-    TD_BENCH_CACHE_INVALID, /* unreadable or not this format: all left out */
-} td_bench_cache_state;
-
-/* The cache file's path into out. Returns 0 when the cache is off (or no
- * home is known), else 1; a path that does not fit is off. */
-int td__bench_cache_path(char *out, size_t n);
-
-/* This build, as keys name it: "0.1.0 release cuda opencl clblast". Static. */
-const char *td__bench_build_id(void);
-
-/* The cache key of dev (see above) into out (TD_BENCH_KEY_MAX bytes). Fails
- * only when the device's properties cannot be read. */
-td_status td__bench_device_key(td_device *dev, char *out, size_t n);
-
-/* The cache key of a copy from src to dst, made from their keys, into out
- * (TD_BENCH_PEER_KEY_MAX bytes). */
-void td__bench_peer_key(const char *src_key, const char *dst_key, char *out, size_t n);
+/* The path, the build id, the keys and the state are public (tandem/device.h:
+ * td_bench_cache_path, td_bench_build_id, td_bench_device_key,
+ * td_bench_peer_key, td_bench_cache_state), as are reading and writing the
+ * entries as JSON text (td_bench_cache_read, td_bench_cache_write), which
+ * wrap the two below. */
 
 /* Reads the cache at path: a new object of its valid entries (key to entry;
  * empty when the file is missing or invalid), never NULL unless memory runs
@@ -73,7 +48,7 @@ td_status td__bench_cache_save(const char *path, json_t *entries);
 
 /* Whether an entry's figures can be trusted: every required figure a
  * positive finite number in a plausible range. Peer entries (keys made by
- * td__bench_peer_key) need only their copy rate. */
+ * td_bench_peer_key) need only their copy rate. */
 int td__bench_entry_valid(const char *key, const json_t *entry);
 
 /* The cached f32 GEMM GFLOP/s of each of devs[0..n) into gflops[], for the

@@ -205,7 +205,7 @@ static td_status open_backend_item(const td_backend_ops *b, const td_spec_item *
         {
             char msg[2048];
             snprintf(msg, sizeof msg, "%s. Devices here: %s", td_last_error(), here);
-            td__error_set_message(msg);
+            td__error_set(msg, td_last_error_setting());
         }
     }
     return st;
@@ -365,6 +365,10 @@ double td__device_slowdown(const td_device *dev) {
 
 void td__device_throttle(td_device *dev, uint64_t start_ns) {
     td__device_throttle_part(dev, start_ns, 1);
+}
+
+void td_device_throttle(td_device *dev, uint64_t start_ns, int with_latency) {
+    td__device_throttle_part(dev, start_ns, with_latency);
 }
 
 void td__device_throttle_part(td_device *dev, uint64_t start_ns, int with_latency) {

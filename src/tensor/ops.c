@@ -229,6 +229,19 @@ td_status td__op_axpby(double alpha, const td_tensor *x, double beta, td_tensor 
     }
 }
 
+td_status td_tensor_matmul(td_tensor *c, const td_tensor *a, int trans_a, const td_tensor *b,
+                           int trans_b, double alpha, double beta) {
+    return td__op_matmul(c, a, trans_a, b, trans_b, alpha, beta);
+}
+
+td_status td_tensor_add(const td_tensor *a, const td_tensor *b, td_tensor *y) {
+    return td__op_add(a, b, y);
+}
+
+td_status td_tensor_axpby(double alpha, const td_tensor *x, double beta, td_tensor *y) {
+    return td__op_axpby(alpha, x, beta, y);
+}
+
 td_status td__op_copy(const td_tensor *x, td_tensor *y) {
     return td__op_axpby(1.0, x, 0.0, y);
 }

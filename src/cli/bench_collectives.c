@@ -1,14 +1,18 @@
-/* The collectives benchmark behind bench_collectives and `tandem bench
- * collectives`: algbw and busbw as nccl-tests defines them, for the local
- * transport and (under mpirun, started by the benchmark itself) the MPI
- * transport, beside a single-core memcpy and Open MPI's own MPI_Allreduce,
- * with the floors the comm layer promises checked at the end.
+/* `tandem bench collectives` (and bench/bench_collectives): algbw and busbw
+ * as nccl-tests defines them, for the local transport and (under mpirun,
+ * started by the benchmark itself) the MPI transport, beside a single-core
+ * memcpy and Open MPI's own MPI_Allreduce, with the floors the comm layer
+ * promises checked: all-reduce busbw at 64 MiB and up >= 0.8x memcpy and an
+ * 8-byte all-reduce within 5 us (two local devices), and the MPI transport
+ * at least as fast as MPI_Allreduce at every size (medians). Only the public
+ * API: the CLI is a user of the library like any other.
  *
  * nccl-tests' definitions, for n members, S bytes and time t:
  *   algbw = S / t
  *   busbw = algbw * 2(n-1)/n   all-reduce
  *         = algbw * (n-1)/n    all-gather, reduce-scatter (S: the whole gathered size)
  *         = algbw              broadcast, reduce */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,13 +23,12 @@
 #include <mpi.h>
 #endif
 
-#include "comm/bench.h"
-#include "comm/comm-impl.h"
-#include "core/alloc.h"
-#include "core/error.h"
-#include "device/spec.h"
+#include "bench_collectives.h"
+#include "cli.h"
+#include "tandem/tandem.h"
 
 #define MAX_SIZES 32
+#define MAX_REPS  4000 /* the most repetitions reps_for asks */
 
 typedef struct bench_opts {
     const char *devices;
@@ -43,8 +46,10 @@ typedef struct bench_run {
     const bench_opts *o;
     size_t sizes[MAX_SIZES];
     int nsizes;
-    double ns[TD_COMM_KINDS][MAX_SIZES]; /* median per op, 0: not run */
-    int mpi; /* the MPI section: fewer repetitions at big sizes (MPI is slow here) */
+    double ns[TD_COLL_KINDS][MAX_SIZES]; /* median per op, 0: not run */
+    int mpi;           /* the MPI section: fewer repetitions at big sizes (MPI is slow here) */
+    const void *zeros; /* (sizes[nsizes - 1]) bytes of 0, read by every member */
+    double *times;     /* (group size, MAX_REPS): each member's repetitions, by rank */
 } bench_run;
 
 static int cmp_double(const void *a, const void *b) {
@@ -82,21 +87,14 @@ static td_status bench_fn(td_group *g, td_device *dev, int rank, int n, void *ar
     bench_run *r = arg;
     size_t max = r->sizes[r->nsizes - 1];
     td_buffer *send = NULL, *recv = NULL;
-    double *t = NULL;
+    double *t = r->times + (size_t)rank * MAX_REPS;
     td_status st = TD_OK;
-    void *zeros = NULL;
-    TD_TRY(td_buffer_alloc(dev, max, &send));
-    TD_TRY(td_buffer_alloc(dev, max, &recv));
-    zeros = td__calloc(max, "benchmark data");
-    t = td__calloc(sizeof *t * 4000, "benchmark times");
-    if (!zeros || !t) {
-        st = TD_ERR_OUT_OF_MEMORY;
-        goto fail;
-    }
+    TD_CLI_TRY(td_buffer_alloc(dev, max, &send));
+    TD_CLI_TRY(td_buffer_alloc(dev, max, &recv));
     /* Touch every page before timing; zeros keep sums finite. */
-    TD_TRY(td_buffer_write(send, 0, zeros, max));
-    TD_TRY(td_buffer_write(recv, 0, zeros, max));
-    for (int kind = 0; kind < TD_COMM_KINDS; kind++) {
+    TD_CLI_TRY(td_buffer_write(send, 0, r->zeros, max));
+    TD_CLI_TRY(td_buffer_write(recv, 0, r->zeros, max));
+    for (int kind = 0; kind < TD_COLL_KINDS; kind++) {
         if (!(r->o->kinds_mask & (1 << kind)))
             continue;
         for (int s = 0; s < r->nsizes; s++) {
@@ -110,7 +108,7 @@ static td_status bench_fn(td_group *g, td_device *dev, int rank, int n, void *ar
             c.count = count;
             for (int i = -2; i < reps; i++) {
                 uint64_t t0 = td_clock_ns();
-                TD_TRY(td_collective_run(g, &c));
+                TD_CLI_TRY(td_collective_run(g, &c));
                 if (i >= 0)
                     t[i] = (double)(td_clock_ns() - t0);
             }
@@ -119,8 +117,6 @@ static td_status bench_fn(td_group *g, td_device *dev, int rank, int n, void *ar
         }
     }
 fail:
-    free(zeros);
-    free(t);
     td_buffer_free(send);
     td_buffer_free(recv);
     return st;
@@ -128,7 +124,7 @@ fail:
 
 static double memcpy_ns(size_t bytes, char *a, char *b) {
     int reps = reps_for(bytes, 0);
-    double t[4000];
+    double t[MAX_REPS];
     for (int i = -2; i < reps; i++) {
         uint64_t t0 = td_clock_ns();
         memcpy(b, a, bytes);
@@ -172,6 +168,33 @@ static int make_sizes(const bench_opts *o, size_t max, size_t *sizes) {
     return n;
 }
 
+/* The benchmark's own host memory: the zeros every member writes from and
+ * n members' repetition times. 0, or 1 after saying what was short. */
+static int alloc_run(bench_run *r, size_t zero_bytes, int n, const char *section) {
+    r->zeros = calloc(zero_bytes, 1);
+    r->times = calloc((size_t)n * MAX_REPS, sizeof *r->times);
+    if (!r->zeros || !r->times) {
+        fprintf(stderr, "bench collectives%s: out of host memory for %zu bytes of data\n", section,
+                zero_bytes);
+        return 1;
+    }
+    return 0;
+}
+
+static void free_run(bench_run *r) {
+    if (r) {
+        free((void *)r->zeros);
+        free(r->times);
+        free(r);
+    }
+}
+
+/* 64-byte aligned host memory for the memcpy reference (aligned_alloc wants
+ * a multiple of the alignment). */
+static char *alloc_aligned(size_t bytes) {
+    return aligned_alloc(64, (bytes + 63) / 64 * 64);
+}
+
 static int run_local(const bench_opts *o) {
     td_group_config cfg = TD_GROUP_CONFIG_INIT;
     td_group *g = NULL;
@@ -181,9 +204,10 @@ static int run_local(const bench_opts *o) {
     int n, rc = 1, floors_ok = 1;
     td_status st;
     cfg.fault = "";
-    r = td__calloc(sizeof *r, "a benchmark");
-    if (!r)
+    if (!(r = calloc(1, sizeof *r))) {
+        fprintf(stderr, "bench collectives: out of host memory\n");
         return 1;
+    }
     r->o = o;
     r->nsizes = make_sizes(o, o->max_bytes, r->sizes);
     if ((st = td_group_create_spec(o->devices, &cfg, &g)) != TD_OK) {
@@ -191,6 +215,8 @@ static int run_local(const bench_opts *o) {
         goto done;
     }
     n = td_group_size(g);
+    if (alloc_run(r, r->sizes[r->nsizes - 1], n, ""))
+        goto done;
     if (o->calibrate) {
         size_t sw = 0;
         if ((st = td_group_calibrate(g, &sw)) != TD_OK) {
@@ -210,17 +236,20 @@ static int run_local(const bench_opts *o) {
         fprintf(stderr, "bench collectives: %s: %s\n", td_status_name(st), td_last_error());
         goto done;
     }
-    a = td__aligned_alloc(o->max_bytes, "memcpy source");
-    b = td__aligned_alloc(o->max_bytes, "memcpy destination");
-    if (!a || !b)
+    a = alloc_aligned(o->max_bytes);
+    b = alloc_aligned(o->max_bytes);
+    if (!a || !b) {
+        fprintf(stderr, "bench collectives: out of host memory for memcpy's 2 x %zu bytes\n",
+                o->max_bytes);
         goto done;
+    }
     memset(a, 1, o->max_bytes);
     memset(b, 2, o->max_bytes);
     for (int s = 0; s < r->nsizes; s++)
         copy_ns[s] = memcpy_ns(r->sizes[s], a, b);
     printf("%-14s %10s %12s %12s %12s %12s %14s\n", "collective", "size", "time(us)", "algbw(GB/s)",
            "busbw(GB/s)", "memcpy(GB/s)", "busbw/memcpy");
-    for (int kind = 0; kind < TD_COMM_KINDS; kind++) {
+    for (int kind = 0; kind < TD_COLL_KINDS; kind++) {
         for (int s = 0; s < r->nsizes; s++) {
             double t = r->ns[kind][s], algbw, busbw, cbw;
             char sz[32];
@@ -264,54 +293,78 @@ done:
     free(a);
     free(b);
     td_group_destroy(g);
-    free(r);
+    free_run(r);
     return rc;
 }
 
 #ifdef TD_HAVE_MPI
+/* The MPI floor, on process 0 (the one with the medians): tandem's MPI
+ * transport no slower than MPI_Allreduce on the same processes at any size.
+ * Times, not busbw, are compared, so that one process (busbw 0) works too.
+ * Returns 1 when it holds. */
+static int mpi_floor(const bench_run *r, const double *mpi_ns) {
+    double worst = 0;
+    int worst_s = -1;
+    char sz[32];
+    for (int s = 0; s < r->nsizes; s++) {
+        double ratio = mpi_ns[s] / r->ns[0][s]; /* tandem speed / MPI speed */
+        if (worst_s < 0 || ratio < worst) {
+            worst = ratio;
+            worst_s = s;
+        }
+    }
+    if (worst_s < 0)
+        return 1;
+    printf("floor: mpi transport >= 1.0x MPI_Allreduce at every size (medians): worst %.2f at %s: "
+           "%s\n",
+           worst, fmt_size(r->sizes[worst_s], sz), worst >= 1.0 ? "PASS" : "FAIL");
+    return worst >= 1.0;
+}
+
 /* One device per process, so the MPI transport's numbers compare with
- * MPI_Allreduce on the same processes. */
+ * MPI_Allreduce on the same processes. Returns 0, 1 on failure, or 3 when
+ * the floor fails; every process returns the same floor verdict, so that
+ * mpirun's exit status carries it whichever process it reports. */
 static int run_mpi_child(const bench_opts *o) {
     td_group_config cfg = TD_GROUP_CONFIG_INIT;
     td_group *g = NULL;
     bench_run *r = NULL;
     bench_opts mo = *o;
-    char spec[32];
-    int process = 0, nprocs = 1, rc = 1;
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int process = 0, nprocs = 1, rc = 1, floor_ok = 1;
     td_status st;
-    double raw[MAX_SIZES];
+    double mpi_ns[MAX_SIZES];
     char *buf = NULL;
     cfg.transport = TD_TRANSPORT_MPI;
     cfg.fault = "";
     mo.kinds_mask = 1;
-    r = td__calloc(sizeof *r, "a benchmark");
-    if (!r)
+    if (!(r = calloc(1, sizeof *r))) {
+        fprintf(stderr, "bench collectives (mpi): out of host memory\n");
         return 1;
+    }
     r->o = &mo;
     r->mpi = 1;
     r->nsizes = make_sizes(o, o->mpi_max_bytes, r->sizes);
-    /* tandem initialises MPI with the group; the spec needs the rank first. */
-    td_comm_launch(&process, NULL);
-    /* mpirun binds each process to its own core: "cpu" is that core. */
-    snprintf(spec, sizeof spec, "cpu");
-    (void)cpus;
-    if ((st = td_group_create_spec(spec, &cfg, &g)) != TD_OK) {
+    /* mpirun binds each process to its own core: "cpu" is that core. tandem
+     * initialises MPI with the group. */
+    if ((st = td_group_create_spec("cpu", &cfg, &g)) != TD_OK) {
         fprintf(stderr, "bench collectives (mpi): %s: %s\n", td_status_name(st), td_last_error());
         goto done;
     }
     MPI_Comm_rank(MPI_COMM_WORLD, &process);
     MPI_Comm_size(MPI_COMM_WORLD, &nprocs);
+    if (alloc_run(r, r->sizes[r->nsizes - 1], td_group_size(g), " (mpi)"))
+        goto done;
     if ((st = td_group_run(g, bench_fn, r)) != TD_OK) {
         fprintf(stderr, "bench collectives (mpi): %s: %s\n", td_status_name(st), td_last_error());
         goto done;
     }
-    buf = td__calloc(r->sizes[r->nsizes - 1], "MPI benchmark data");
-    if (!buf)
+    if (!(buf = calloc(r->sizes[r->nsizes - 1], 1))) {
+        fprintf(stderr, "bench collectives (mpi): out of host memory\n");
         goto done;
+    }
     for (int s = 0; s < r->nsizes; s++) {
         int reps = reps_for(r->sizes[s], 1);
-        double t[4000];
+        double t[MAX_REPS];
         if (reps > 1000)
             reps = 1000;
         for (int i = -2; i < reps; i++) {
@@ -321,7 +374,7 @@ static int run_mpi_child(const bench_opts *o) {
             if (i >= 0)
                 t[i] = (double)(td_clock_ns() - t0);
         }
-        raw[s] = median(t, reps);
+        mpi_ns[s] = median(t, reps);
     }
     if (process == 0) {
         printf("\n# tandem all-reduce, mpi transport: %d processes, one device each, f32 sum\n",
@@ -332,27 +385,41 @@ static int run_mpi_child(const bench_opts *o) {
             char sz[32];
             double f = bus_factor(TD_COLL_ALLREDUCE, nprocs);
             double bw = (double)r->sizes[s] / r->ns[0][s] * f;
-            double mbw = (double)r->sizes[s] / raw[s] * f;
+            double mbw = (double)r->sizes[s] / mpi_ns[s] * f;
             printf("%-14s %10s %12.2f %12.3f %14.2f %14.3f %12.2f\n", "allreduce",
-                   fmt_size(r->sizes[s], sz), r->ns[0][s] / 1e3, bw, raw[s] / 1e3, mbw, bw / mbw);
+                   fmt_size(r->sizes[s], sz), r->ns[0][s] / 1e3, bw, mpi_ns[s] / 1e3, mbw,
+                   mpi_ns[s] / r->ns[0][s]);
         }
+        floor_ok = mpi_floor(r, mpi_ns);
         fflush(stdout);
     }
-    rc = 0;
+    MPI_Bcast(&floor_ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    rc = floor_ok ? 0 : 3;
 done:
     free(buf);
     td_group_destroy(g);
-    free(r);
+    free_run(r);
+    /* Every process finished and agrees on the verdict: finalise MPI now, so
+     * that a failed floor ends the job as an exit status, not as the
+     * MPI_Abort tandem's main sends after a process fails (which a crash,
+     * rc 1, still gets, to end processes waiting for this one). */
+    if (rc != 1)
+        td_comm_mpi_finalize();
     return rc;
 }
 #endif
 
+/* Runs the MPI section as o->np processes under mpirun, each this program
+ * again with --mpi-child. Returns 0, 3 when its floor failed, or 1 when it
+ * could not run or crashed (mpirun's own status is neither 0 nor 3). */
 static int spawn_mpi(const bench_opts *o) {
     char cmd[1024], self[512];
     ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
     int status;
-    if (len <= 0)
+    if (len <= 0) {
+        fprintf(stderr, "bench collectives: cannot find this program to start it under mpirun\n");
         return 1;
+    }
     self[len] = '\0';
     fflush(stdout);
     snprintf(cmd, sizeof cmd,
@@ -360,11 +427,16 @@ static int spawn_mpi(const bench_opts *o) {
              "--max-bytes %zu --min-bytes %zu",
              o->np, self, o->respawn, o->mpi_max_bytes, o->min_bytes);
     status = system(cmd);
-    if (status != 0) {
-        fprintf(stderr, "bench collectives: the MPI section failed (%s)\n", cmd);
-        return 1;
-    }
-    return 0;
+    if (status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        return 0;
+    if (status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 3)
+        return 3;
+    if (status != -1 && WIFEXITED(status))
+        fprintf(stderr, "bench collectives: the MPI section failed with exit status %d (%s)\n",
+                WEXITSTATUS(status), cmd);
+    else
+        fprintf(stderr, "bench collectives: the MPI section did not finish (%s)\n", cmd);
+    return 1;
 }
 
 static int usage(FILE *f) {
@@ -376,7 +448,7 @@ static int usage(FILE *f) {
     return f == stdout ? 0 : 2;
 }
 
-int td__comm_bench(int argc, char **argv, const char *respawn) {
+int td_cli_bench_collectives(int argc, char **argv, const char *respawn) {
     bench_opts o;
     int rc;
     memset(&o, 0, sizeof o);
@@ -384,7 +456,7 @@ int td__comm_bench(int argc, char **argv, const char *respawn) {
     o.min_bytes = 8;
     o.max_bytes = 256u << 20;
     o.mpi_max_bytes = 256u << 20;
-    o.kinds_mask = (1 << TD_COMM_KINDS) - 1;
+    o.kinds_mask = (1 << TD_COLL_KINDS) - 1;
     o.np = 2;
     o.respawn = respawn ? respawn : "";
 #ifdef TD_HAVE_MPI
@@ -410,7 +482,7 @@ int td__comm_bench(int argc, char **argv, const char *respawn) {
             o.np = atoi(v), i++;
         } else if (!strcmp(a, "--only")) {
             o.kinds_mask = 0;
-            for (int k = 0; k < TD_COMM_KINDS; k++)
+            for (int k = 0; k < TD_COLL_KINDS; k++)
                 if (!strcmp(v, td_collective_name((td_collective_kind)k)))
                     o.kinds_mask = 1 << k;
             if (!o.kinds_mask)
@@ -418,7 +490,7 @@ int td__comm_bench(int argc, char **argv, const char *respawn) {
             i++;
         } else if (!strcmp(a, "--min-bytes") || !strcmp(a, "--max-bytes") ||
                    !strcmp(a, "--mpi-max-bytes")) {
-            if (td__parse_bytes(v, &bytes) != 0 || bytes < 4)
+            if (td_cli_parse_bytes(v, &bytes) != 0 || bytes < 4)
                 return usage(stderr);
             if (!strcmp(a, "--min-bytes"))
                 o.min_bytes = (size_t)bytes;
@@ -446,10 +518,13 @@ int td__comm_bench(int argc, char **argv, const char *respawn) {
 #endif
     rc = run_local(&o);
     if (o.mpi && o.mpi_max_bytes >= o.min_bytes) {
+        int mpi_rc;
         if (o.mpi_max_bytes > o.max_bytes)
             o.mpi_max_bytes = o.max_bytes;
-        if (spawn_mpi(&o) != 0 && rc == 0)
-            rc = 1;
+        mpi_rc = spawn_mpi(&o);
+        /* A failure outranks a failed floor: its numbers are missing. */
+        if (mpi_rc == 1 || (mpi_rc == 3 && rc == 0))
+            rc = mpi_rc;
     } else if (!o.mpi) {
         printf("\n# mpi section skipped (--no-mpi, or no MPI in this build)\n");
     }
