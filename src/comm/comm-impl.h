@@ -226,6 +226,7 @@ int td__reduce2_stream(void *const *outs, int nout, const void *a, const void *b
 #ifdef TD_HAVE_MPI
 /* This process's rank in MPI_COMM_WORLD (0 when MPI is not initialised). */
 int td__mpi_process(const td_group *g);
+int td__mpi_shared_memory(const td_group *g); /* all-reduces through shared memory */
 td_status td__mpi_group_init(td_group *g);
 void td__mpi_group_deinit(td_group *g);
 td_status td__mpi_run(td__member *m, const td__op *op);
