@@ -115,12 +115,12 @@ int td__mpi_shared_memory(const td_group *g) {
     return s && s->shm;
 }
 
-int td__mpi_process(const td_group *g) {
+static int process_index(const td_group *g) {
     const mpi_state *s = g->mpi;
     return s ? s->world_rank : 0;
 }
 
-td_status td__mpi_group_init(td_group *g) {
+static td_status group_init(td_group *g) {
     mpi_state *s = NULL;
     const td_group *parent = g->mpi_parent;
     MPI_Comm base;
@@ -162,7 +162,7 @@ fail:
     return st;
 }
 
-void td__mpi_group_deinit(td_group *g) {
+static void group_deinit(td_group *g) {
     mpi_state *s = g->mpi;
     int fin = 0;
     if (!s)
@@ -181,7 +181,7 @@ void td__mpi_group_deinit(td_group *g) {
     g->mpi = NULL;
 }
 
-td_status td__mpi_agree_failed(td_group *g, unsigned char *failed) {
+static td_status agree_failed(td_group *g, unsigned char *failed) {
     mpi_state *s = g->mpi;
     int rc;
     if (!s || s->comm == MPI_COMM_NULL)
@@ -424,7 +424,7 @@ fail:
     return st;
 }
 
-td_status td__mpi_run(td__member *m, const td__op *o) {
+static td_status run(td__member *m, const td__op *o) {
     td_group *g = m->g;
     const mpi_state *s = g->mpi;
     const int whole = o->kind == TD_COLL_ALLGATHER || o->kind == TD_COLL_REDUCE_SCATTER;
@@ -464,7 +464,7 @@ td_status td__mpi_run(td__member *m, const td__op *o) {
  * half way through: Cristian's method, within half that trip. On the control
  * communicator, from the thread that creates groups, with no collective in
  * flight. */
-td_status td__mpi_clock_sync(td_group *g, int64_t *offset_ns, uint64_t *base_ns) {
+static td_status clock_sync(td_group *g, int64_t *offset_ns, uint64_t *base_ns) {
     mpi_state *s = g->mpi;
     uint64_t base = td_clock_ns(), best = UINT64_MAX;
     int64_t offset = 0;
@@ -502,7 +502,7 @@ fail:
     return st;
 }
 
-td_status td__mpi_gather_text(td_group *g, const char *text, size_t n, char **all, size_t *all_n) {
+static td_status gather_text(td_group *g, const char *text, size_t n, char **all, size_t *all_n) {
     mpi_state *s = g->mpi;
     long long mine = (long long)n, total = 0, *sizes = NULL;
     int *counts = NULL, *displs = NULL, fits = 1;
@@ -548,3 +548,15 @@ fail:
     free(displs);
     return st;
 }
+
+const td__transport td__transport_mpi = {
+    .name = "mpi",
+    .spans_processes = 1,
+    .span = group_init,
+    .release = group_deinit,
+    .run = run,
+    .agree_failed = agree_failed,
+    .process = process_index,
+    .clock_sync = clock_sync,
+    .gather_text = gather_text,
+};
