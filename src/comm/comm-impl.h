@@ -246,6 +246,9 @@ struct td__transport {
     td_status (*run)(td__member *m, const td__op *o);
     /* Agrees across processes which global ranks failed (OR of masks). */
     td_status (*agree_failed)(td_group *g, unsigned char *failed);
+    /* The group just failed here (any thread): tell the other processes
+     * that can be told without a collective. */
+    void (*failed)(td_group *g);
     /* This process's index among the job's (0 when alone). */
     int (*process)(const td_group *g);
     /* td__group_clock_sync and td__group_gather_text (comm/process.h). */

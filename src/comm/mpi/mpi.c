@@ -549,6 +549,12 @@ fail:
     return st;
 }
 
+static void group_failed(td_group *g) {
+    mpi_state *s = g->mpi;
+    if (s && s->shm)
+        td__shm_failed(s->shm);
+}
+
 const td__transport td__transport_mpi = {
     .name = "mpi",
     .spans_processes = 1,
@@ -556,6 +562,7 @@ const td__transport td__transport_mpi = {
     .release = group_deinit,
     .run = run,
     .agree_failed = agree_failed,
+    .failed = group_failed,
     .process = process_index,
     .clock_sync = clock_sync,
     .gather_text = gather_text,

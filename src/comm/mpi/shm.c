@@ -20,7 +20,8 @@
  * overwritten while a slower process still reads it: a process writes the
  * slots of tick t+2 only after everyone published t+1, which each does only
  * after reading what tick t left. Waits poll, so a process that never comes
- * costs the group's timeout, named, rather than a hang. */
+ * costs the group's timeout, named, rather than a hang; one whose group
+ * failed says so beside its tick, and the others stop waiting at once. */
 #include <fcntl.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -49,6 +50,7 @@
 
 typedef struct shm_flag {
     _Alignas(SHM_LINE) atomic_uint_least64_t tick;
+    atomic_int failed; /* its group failed: it will not come */
 } shm_flag;
 
 struct td__shm {
@@ -202,6 +204,17 @@ static td_status timed_out(td__shm *s, td__member *m, const td__op *o, int late)
     return td__group_lost(g);
 }
 
+void td__shm_failed(td__shm *s) {
+    atomic_store_explicit(&s->flags[s->process].failed, 1, memory_order_release);
+}
+
+static td_status peer_failed(td__shm *s, td__member *m, const td__op *o, int q) {
+    td_group *g = m->g;
+    td__group_fail(g, -1, "collective #%llu (%s): MPI process %d failed and will not come",
+                   (unsigned long long)o->seq, td_collective_name(o->kind), s->world[q]);
+    return td__group_lost(g);
+}
+
 /* Publishes this process's tick t and waits until every process has. */
 static td_status barrier(td__shm *s, td__member *m, const td__op *o, uint64_t t) {
     td_group *g = m->g;
@@ -219,6 +232,8 @@ static td_status barrier(td__shm *s, td__member *m, const td__op *o, uint64_t t)
                 start = now;
             if (atomic_load_explicit(&g->aborted, memory_order_acquire))
                 return td__group_lost(g);
+            if (atomic_load_explicit(&s->flags[q].failed, memory_order_acquire))
+                return peer_failed(s, m, o, q);
             if (now - start > limit)
                 return timed_out(s, m, o, q);
             if (s->crowded || now - start > SPIN_NS) {

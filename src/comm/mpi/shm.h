@@ -19,6 +19,9 @@ void td__shm_close(td__shm *s);
 
 /* The leader's all-reduce of o->count elements from in to out (either may
  * be the other) across the group's processes. */
+/* This process's group failed: the others stop waiting for it at once. */
+void td__shm_failed(td__shm *s);
+
 td_status td__shm_allreduce(td__shm *s, td__member *m, const td__op *o, const void *in, void *out);
 
 #endif
