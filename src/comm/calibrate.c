@@ -48,9 +48,9 @@ static td_status cal_fn(td_group *g, td_device *dev, int rank, int size, void *p
         for (int algo = 0; algo < 2; algo++) {
             double t[CAL_REPS];
             /* Above the switch a local all-reduce takes the shared queue. */
-            td_comm_algorithm which = !algo                                ? TD_ALGO_DIRECT
-                                      : g->transport == TD_TRANSPORT_LOCAL ? TD_ALGO_SHARED
-                                                                           : TD_ALGO_RING;
+            td_comm_algorithm which = !algo                           ? TD_ALGO_DIRECT
+                                      : g->tr == &td__transport_local ? TD_ALGO_SHARED
+                                                                      : TD_ALGO_RING;
             for (int i = 0; i < 3; i++)
                 TD_TRY(td__collective_run_algo(g, &c, which));
             for (int i = 0; i < CAL_REPS; i++) {
@@ -114,10 +114,3 @@ td_status td_group_calibrate(td_group *g, size_t *switch_bytes) {
         *switch_bytes = g->switch_bytes;
     return TD_OK;
 }
-
-#ifndef TD_HAVE_MPI
-void td_comm_mpi_finalize(void) {}
-void td_comm_mpi_abort(int code) {
-    (void)code;
-}
-#endif

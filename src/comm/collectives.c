@@ -151,18 +151,6 @@ static void resolve(const td__member *m, const td_collective *c, const void **in
     (void)g;
 }
 
-static td_status run_transport(td__member *m, td__op *o) {
-    switch (m->g->transport) {
-#ifdef TD_HAVE_MPI
-    case TD_TRANSPORT_MPI: return td__mpi_run(m, o);
-#endif
-#ifdef TD_HAVE_NCCL
-    case TD_TRANSPORT_NCCL: return td__nccl_run(m, o);
-#endif
-    default: return td__local_run(m, o);
-    }
-}
-
 /* Runs c (already checked, seq assigned) on this member. */
 static td_status run_collective(td__member *m, const td_collective *c, uint64_t seq,
                                 td_comm_algorithm algo) {
@@ -193,7 +181,7 @@ static td_status run_collective(td__member *m, const td_collective *c, uint64_t 
     }
     resolve(m, c, &in, &out);
     extents(g, m, c, &nsend, &nrecv);
-    if (!m->host_memory && g->transport != TD_TRANSPORT_NCCL) {
+    if (!m->host_memory && !g->tr->device_memory) {
         /* The host cannot address this device's memory: stage through host
          * buffers (this is also the path when two logical devices share one
          * GPU, which NCCL refuses). The transport then works on host memory. */
@@ -222,7 +210,7 @@ static td_status run_collective(td__member *m, const td_collective *c, uint64_t 
     }
     o.in = in;
     o.out = out;
-    st = run_transport(m, &o);
+    st = g->tr->run(m, &o);
     if (st == TD_OK && host_out)
         st = td_buffer_write(c->recv, c->recv_offset, host_out, nrecv * es);
 done:
@@ -401,7 +389,7 @@ td_status td_collective_start(td_group *g, const td_collective *c, td_comm_reque
     r->m = m;
     r->c = *c;
     atomic_init(&r->done, 0);
-    if (g->size == 1 || (!m->host_memory && g->transport != TD_TRANSPORT_NCCL)) {
+    if (g->size == 1 || (!m->host_memory && !g->tr->device_memory)) {
         /* Alone, there is no one to wait for: the engine's hand-off would be
          * the whole cost. Staging reads the device through its host thread,
          * which may be waiting on this request. Either way: run it now. */

@@ -23,6 +23,8 @@
 #define TD_COMM_DEFAULT_CHUNK  (128u << 10)
 
 /* One operation as a transport sees it: host-addressable pointers. */
+typedef struct td__transport td__transport; /* below */
+
 typedef struct td__op {
     td_collective_kind kind;
     const void *in; /* NULL: not read by this member (reduce on non-roots is fine) */
@@ -105,7 +107,6 @@ typedef struct td__member {
 } td__member;
 
 struct td_group {
-    td_transport transport;
     int size;   /* global members */
     int nlocal; /* members in this process */
     int rank0;  /* global rank of local member 0 */
@@ -121,7 +122,7 @@ struct td_group {
     td__member *members; /* nlocal */
     td__slot *slots;     /* nlocal, cache-line aligned */
 
-    /* The shared all-reduce's work queue, by phase parity (local.c). */
+    /* The shared all-reduce's work queue, by phase parity (local/local.c). */
     _Alignas(TD_CACHE_LINE) atomic_uint_least64_t work_next[2];
     _Alignas(TD_CACHE_LINE) atomic_uint_least64_t work_done[2];
 
@@ -133,6 +134,7 @@ struct td_group {
     atomic_int running;   /* a td_group_run is in progress */
     uint64_t last_run_ns; /* the last td_group_run's duration, the caller's */
 
+    const td__transport *tr;
     void *mpi;                  /* the MPI transport's state, or NULL */
     const td_group *mpi_parent; /* during td_group_shrink: the group shrunk */
     void *nccl;                 /* the NCCL transport's state, or NULL */
@@ -222,23 +224,45 @@ void td__stream_fence(void);
 int td__reduce2_stream(void *const *outs, int nout, const void *a, const void *b, size_t n,
                        td_dtype dt, td_reduce_op op);
 
-#ifdef TD_HAVE_MPI
-/* This process's rank in MPI_COMM_WORLD (0 when MPI is not initialised). */
-int td__mpi_process(const td_group *g);
-td_status td__mpi_group_init(td_group *g);
-void td__mpi_group_deinit(td_group *g);
-td_status td__mpi_run(td__member *m, const td__op *op);
-/* Agrees across processes which global ranks failed (OR of masks). */
-td_status td__mpi_agree_failed(td_group *g, unsigned char *failed);
-/* td__group_clock_sync and td__group_gather_text (comm/process.h) across
- * processes. */
-td_status td__mpi_clock_sync(td_group *g, int64_t *offset_ns, uint64_t *base_ns);
-td_status td__mpi_gather_text(td_group *g, const char *text, size_t n, char **all, size_t *all_n);
-#endif
-#ifdef TD_HAVE_NCCL
-td_status td__nccl_group_init(td_group *g);
-void td__nccl_group_deinit(td_group *g);
-td_status td__nccl_run(td__member *m, const td__op *op);
-#endif
+/* Transports ------------------------------------------------------------------
+ *
+ * How the members of a group combine: one table per transport, each in its
+ * folder (local/, mpi/, nccl/); transports.c lists those built in. Hooks
+ * that are NULL do nothing. */
+struct td__transport {
+    const char *name; /* as td_group_transport says it */
+    /* A group may have members in other processes (g->size > g->nlocal),
+     * and none in this one after a shrink. */
+    int spans_processes;
+    /* Works on device memory itself: no staging through host memory. */
+    int device_memory;
+    /* Before the members are set up: joins the other processes, sets
+     * g->size and g->rank0. */
+    td_status (*span)(td_group *g);
+    /* After they are: connects them (NCCL's communicators). */
+    td_status (*connect)(td_group *g);
+    void (*release)(td_group *g);
+    td_status (*run)(td__member *m, const td__op *o);
+    /* Agrees across processes which global ranks failed (OR of masks). */
+    td_status (*agree_failed)(td_group *g, unsigned char *failed);
+    /* The group just failed here (any thread): tell the other processes
+     * that can be told without a collective. */
+    void (*failed)(td_group *g);
+    /* This process's index among the job's (0 when alone). */
+    int (*process)(const td_group *g);
+    /* td__group_clock_sync and td__group_gather_text (comm/process.h). */
+    td_status (*clock_sync)(td_group *g, int64_t *offset_ns, uint64_t *base_ns);
+    td_status (*gather_text)(td_group *g, const char *text, size_t n, char **all, size_t *all_n);
+};
+
+extern const td__transport td__transport_local;
+/* The transport `kind` names for the devs (TD_TRANSPORT_AUTO: NCCL for two
+ * or more devices it can serve, else local); an error naming what is
+ * missing when this build lacks it or the devices cannot use it. */
+td_status td__transport_choose(td_transport kind, td_device *const *devs, size_t n,
+                               const td__transport **out);
+
+/* Whether the MPI transport all-reduces g through shared memory (tests). */
+int td__mpi_shared_memory(const td_group *g);
 
 #endif

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "comm/comm-impl.h"
+#include "comm/process.h"
 #include "core/alloc.h"
 #include "core/error.h"
 
@@ -118,7 +119,7 @@ static td_status check_device(const td_group *g, const char *item, const td__fau
                               td_device *const *devs, size_t n) {
     char names[512] = "";
     size_t used = 0;
-    if (g->cfg.transport == TD_TRANSPORT_MPI)
+    if (g->tr->spans_processes)
         return TD_OK;
     for (size_t i = 0; i < n; i++) {
         if (!strcmp(f->device, td_device_name(devs[i])))
@@ -210,13 +211,7 @@ void td__fault_release(td_group *g) {
 }
 
 static int this_process(const td_group *g, int process) {
-    int here = 0;
-    if (process < 0)
-        return 1;
-#ifdef TD_HAVE_MPI
-    here = td__mpi_process(g);
-#endif
-    return here == process;
+    return process < 0 || td__group_process(g) == process;
 }
 
 /* Never comes back, as a GPU hung for good: the thread sleeps until the

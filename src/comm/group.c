@@ -65,11 +65,7 @@ int td_group_shares_cores(const td_group *g) {
 const char *td_group_transport(const td_group *g) {
     if (!g)
         return "none";
-    switch (g->transport) {
-    case TD_TRANSPORT_MPI: return "mpi";
-    case TD_TRANSPORT_NCCL: return "nccl";
-    default: return "local";
-    }
+    return g->tr->name;
 }
 
 /* Creation ------------------------------------------------------------------ */
@@ -151,26 +147,14 @@ void td_group_destroy(td_group *g) {
         return;
     for (int k = 0; g->members && k < g->nlocal; k++)
         member_deinit(&g->members[k]);
-#ifdef TD_HAVE_NCCL
-    td__nccl_group_deinit(g);
-#endif
-#ifdef TD_HAVE_MPI
-    td__mpi_group_deinit(g);
-#endif
+    if (g->tr && g->tr->release)
+        g->tr->release(g);
     free(g->members);
     free(g->slots);
     td__fault_release(g);
     pthread_mutex_destroy(&g->fail_lock);
     td_device_list_destroy(g->owned_list);
     free(g);
-}
-
-/* Whether NCCL can run the collectives of a group of devs. */
-static int all_nccl(td_device *const *devs, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        if (!(td_device_caps(devs[i]) & TD_DEVICE_CAP_NCCL))
-            return 0;
-    return n > 0;
 }
 
 /* Whether the members' host threads contend for cores: more members than
@@ -231,34 +215,8 @@ static td_status group_create(td_device *const *devs, size_t n, const td_group_c
     /* Members that share cores: a waiting member must give its core away
      * soon, since the peer it waits for may be queued behind it. */
     g->spin_rounds = members_share_cores(devs, n) ? 2 : 4096;
+    TD_TRY(td__transport_choose(cfg.transport, devs, n, &g->tr));
     TD_TRY(td__fault_parse(g, cfg.fault ? cfg.fault : getenv("TANDEM_FAULT"), devs, n));
-
-    g->transport = cfg.transport;
-    if (g->transport == TD_TRANSPORT_AUTO) {
-        g->transport = TD_TRANSPORT_LOCAL;
-#ifdef TD_HAVE_NCCL
-        if (all_nccl(devs, n) && n > 1)
-            g->transport = TD_TRANSPORT_NCCL;
-#endif
-    }
-#ifndef TD_HAVE_MPI
-    if (g->transport == TD_TRANSPORT_MPI) {
-        st = td__error(TD_ERR_UNSUPPORTED, "the mpi transport is not built into this tandem (no "
-                                           "MPI at configure time)");
-        goto fail;
-    }
-#endif
-#ifndef TD_HAVE_NCCL
-    if (g->transport == TD_TRANSPORT_NCCL) {
-        st = td__error(TD_ERR_UNSUPPORTED,
-                       "the nccl transport is not built into this tandem (no CUDA or NCCL)");
-        goto fail;
-    }
-#endif
-    if (g->transport == TD_TRANSPORT_NCCL && !all_nccl(devs, n)) {
-        st = td__error(TD_ERR_INVALID_ARG, "the nccl transport needs CUDA devices only");
-        goto fail;
-    }
 
     g->members = td__calloc(sizeof *g->members * (n ? n : 1), "group members");
     if (!g->members) {
@@ -275,10 +233,8 @@ static td_status group_create(td_device *const *devs, size_t n, const td_group_c
         atomic_init(&g->slots[i].posted, 0);
         atomic_init(&g->slots[i].prog, 0);
     }
-#ifdef TD_HAVE_MPI
-    if (g->transport == TD_TRANSPORT_MPI)
-        TD_TRY(td__mpi_group_init(g)); /* sets size and rank0 */
-#endif
+    if (g->tr->span)
+        TD_TRY(g->tr->span(g)); /* sets size and rank0 */
     for (size_t i = 0; i < n; i++) {
         td__member *m = &g->members[i];
         m->g = g;
@@ -302,10 +258,8 @@ static td_status group_create(td_device *const *devs, size_t n, const td_group_c
         TD_TRY(member_init(g, m));
     }
     td__fault_attach(g);
-#ifdef TD_HAVE_NCCL
-    if (g->transport == TD_TRANSPORT_NCCL)
-        TD_TRY(td__nccl_group_init(g));
-#endif
+    if (g->tr->connect)
+        TD_TRY(g->tr->connect(g));
     *out = g;
     return TD_OK;
 fail:
@@ -422,10 +376,8 @@ td_status td_group_shrink(td_group *g, const int *exclude, size_t n_exclude, td_
         for (int k = 0; k < g->nlocal; k++)
             if (td_group_member_failed(g, g->members[k].rank))
                 gone[g->members[k].rank] = 1;
-#ifdef TD_HAVE_MPI
-    if (g->transport == TD_TRANSPORT_MPI)
-        TD_TRY(td__mpi_agree_failed(g, gone));
-#endif
+    if (g->tr->agree_failed)
+        TD_TRY(g->tr->agree_failed(g, gone));
     for (int k = 0; k < g->nlocal; k++)
         if (!gone[g->members[k].rank])
             devs[n++] = g->members[k].dev;
@@ -434,7 +386,7 @@ td_status td_group_shrink(td_group *g, const int *exclude, size_t n_exclude, td_
     cfg.switch_bytes = g->switch_bytes;
     cfg.chunk_bytes = g->chunk_bytes;
     cfg.fault = ""; /* it shares g's plan instead (below) */
-    if (n == 0 && g->transport != TD_TRANSPORT_MPI) {
+    if (n == 0 && !g->tr->spans_processes) {
         st = none_left(g);
         goto fail;
     }

@@ -38,6 +38,8 @@ td_status td__group_fail(td_group *g, int rank, const char *fmt, ...) {
         if (rank >= g->rank0 && rank < g->rank0 + g->nlocal)
             atomic_store(&g->members[rank - g->rank0].failed, 1);
         atomic_store_explicit(&g->aborted, 1, memory_order_release);
+        if (g->tr && g->tr->failed)
+            g->tr->failed(g);
         TD_LOG_WARN("group failed: %s", g->fail_reason);
     }
     pthread_mutex_unlock(&g->fail_lock);

@@ -30,23 +30,16 @@ void td_comm_launch(int *rank, int *size) {
 }
 
 static int several_processes(const td_group *g) {
-    return g && g->transport == TD_TRANSPORT_MPI && g->nlocal < g->size;
+    return g && g->tr->spans_processes && g->nlocal < g->size;
 }
 
 int td__group_process(const td_group *g) {
-#ifdef TD_HAVE_MPI
-    if (g && g->transport == TD_TRANSPORT_MPI)
-        return td__mpi_process(g);
-#endif
-    (void)g;
-    return 0;
+    return g && g->tr->process ? g->tr->process(g) : 0;
 }
 
 td_status td__group_clock_sync(td_group *g, int64_t *offset_ns, uint64_t *base_ns) {
-#ifdef TD_HAVE_MPI
-    if (several_processes(g))
-        return td__mpi_clock_sync(g, offset_ns, base_ns);
-#endif
+    if (several_processes(g) && g->tr->clock_sync)
+        return g->tr->clock_sync(g, offset_ns, base_ns);
     *offset_ns = 0;
     *base_ns = td_clock_ns();
     return TD_OK;
@@ -54,10 +47,8 @@ td_status td__group_clock_sync(td_group *g, int64_t *offset_ns, uint64_t *base_n
 
 td_status td__group_gather_text(td_group *g, const char *text, size_t n, char **all,
                                 size_t *all_n) {
-#ifdef TD_HAVE_MPI
-    if (several_processes(g))
-        return td__mpi_gather_text(g, text, n, all, all_n);
-#endif
+    if (several_processes(g) && g->tr->gather_text)
+        return g->tr->gather_text(g, text, n, all, all_n);
     *all_n = 0;
     if (!(*all = td__calloc(n + 1, "a trace's text")))
         return TD_ERR_OUT_OF_MEMORY;

@@ -1,11 +1,13 @@
 /* The MPI transport under mpirun: every collective against the serial f64
- * reference across processes, with an uneven number of devices per process
+ * reference across processes (the all-reduce through shared memory, or
+ * through MPI with TANDEM_MPI_SHM=0), with an uneven number of devices per process
  * (1 in even processes, 2 in odd ones), then a shrink that drops one member.
  * Prints what failed and exits non-zero; run by tests/comm/tests.cmake with
  * mpirun -np 2 and -np 3. */
 #include <mpi.h>
 #include <stdatomic.h>
 
+#include "comm/comm-impl.h"
 #include "comm/common.h"
 
 static atomic_int failures;
@@ -90,6 +92,17 @@ int main(void) {
         fprintf(stderr, "process %d: group of %d (%s), expected %d (mpi)\n", process,
                 td_group_size(g), td_group_transport(g), want);
         goto done;
+    }
+    {
+        /* One machine: the leaders all-reduce through shared memory, unless
+         * told not to; then through MPI. */
+        const char *env = getenv("TANDEM_MPI_SHM");
+        int want_shm = !(env && !strcmp(env, "0"));
+        if (td__mpi_shared_memory(g) != want_shm) {
+            fprintf(stderr, "process %d: shared memory %s, expected %s\n", process,
+                    td__mpi_shared_memory(g) ? "used" : "not used", want_shm ? "used" : "not");
+            goto done;
+        }
     }
     if ((st = td_group_run(g, sweep_fn, NULL)) != TD_OK) {
         fprintf(stderr, "process %d: td_group_run: %s: %s\n", process, td_status_name(st),

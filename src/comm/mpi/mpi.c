@@ -3,12 +3,12 @@
  * Hierarchical: inside a process the members combine through the local
  * transport (shared memory, far faster than MPI between processes on one
  * machine), then one member per process, the leader (local member 0),
- * combines across processes with one MPI collective, and the result is
- * spread locally again. Across processes MPI's own collectives are the best
- * tool: MPI cannot read another process's memory the way our local transport
- * does, and Open MPI picks among recursive doubling, ring and Rabenseifner
- * per size and per network (shared memory here, InfiniBand or TCP elsewhere),
- * which no fixed algorithm of ours would match. They are started nonblocking
+ * combines across processes, and the result is spread locally again.
+ * Between processes on one machine the leaders all-reduce through a segment
+ * they all map (shm.c), which beats Open MPI at every size. Otherwise they
+ * use MPI's own collectives: Open MPI picks among recursive doubling, ring
+ * and Rabenseifner per size and per network (InfiniBand or TCP), which no
+ * fixed algorithm of ours would match. They are started nonblocking
  * (MPI_Iallreduce and friends) and polled with MPI_Test, so that a process
  * that never arrives costs a timeout, not a hang.
  *
@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "comm/comm-impl.h"
+#include "comm/mpi/shm.h"
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -37,6 +38,7 @@ typedef struct mpi_state {
     int *counts;  /* members per process */
     int *offsets; /* global rank of each process's first member */
     int counted;  /* counted in live_groups */
+    td__shm *shm; /* all-reduces through shared memory: NULL across machines */
 } mpi_state;
 
 static int tandem_owns_mpi;
@@ -108,12 +110,17 @@ static td_status ensure_mpi(void) {
     return TD_OK;
 }
 
-int td__mpi_process(const td_group *g) {
+int td__mpi_shared_memory(const td_group *g) {
+    const mpi_state *s = g->mpi;
+    return s && s->shm;
+}
+
+static int process_index(const td_group *g) {
     const mpi_state *s = g->mpi;
     return s ? s->world_rank : 0;
 }
 
-td_status td__mpi_group_init(td_group *g) {
+static td_status group_init(td_group *g) {
     mpi_state *s = NULL;
     const td_group *parent = g->mpi_parent;
     MPI_Comm base;
@@ -147,6 +154,7 @@ td_status td__mpi_group_init(td_group *g) {
         g->size += s->counts[p];
     }
     g->rank0 = s->offsets[s->process];
+    TD_TRY(td__shm_open(s->comm, s->process, s->nprocs, &s->shm));
     atomic_fetch_add(&live_groups, 1);
     s->counted = 1;
     return TD_OK;
@@ -154,7 +162,7 @@ fail:
     return st;
 }
 
-void td__mpi_group_deinit(td_group *g) {
+static void group_deinit(td_group *g) {
     mpi_state *s = g->mpi;
     int fin = 0;
     if (!s)
@@ -166,13 +174,14 @@ void td__mpi_group_deinit(td_group *g) {
         MPI_Comm_free(&s->comm);
     if (s->counted)
         atomic_fetch_sub(&live_groups, 1);
+    td__shm_close(s->shm);
     free(s->counts);
     free(s->offsets);
     free(s);
     g->mpi = NULL;
 }
 
-td_status td__mpi_agree_failed(td_group *g, unsigned char *failed) {
+static td_status agree_failed(td_group *g, unsigned char *failed) {
     mpi_state *s = g->mpi;
     int rc;
     if (!s || s->comm == MPI_COMM_NULL)
@@ -301,19 +310,26 @@ static td_status mpi_counts(const td__op *o, const mpi_state *s, int **counts, i
     return TD_OK;
 }
 
-/* Reduces within the process to its leader, across processes over MPI, and
- * hands the result on within the process. */
+/* The leader's all-reduce across processes: through shared memory on one
+ * machine, else MPI. */
+static td_status across_processes(td__member *m, const td__op *o, const void *in) {
+    mpi_state *s = m->g->mpi;
+    return s->shm ? td__shm_allreduce(s->shm, m, o, in, o->out) : mpi_pieces(m, o, in, o->out, 0);
+}
+
+/* Reduces within the process to its leader, across processes, and hands the
+ * result on within the process. */
 static td_status mpi_allreduce(td__member *m, const td__op *o) {
     td_status st = TD_OK;
     td_group *g = m->g;
     const int leader = m->local == 0;
-    if (g->nlocal == 1) /* alone in this process: straight to MPI, out of place as asked */
-        TD_TRY(mpi_pieces(m, o, o->in, o->out, 0));
+    if (g->nlocal == 1) /* alone in this process: straight across, out of place as asked */
+        TD_TRY(across_processes(m, o, o->in));
     else {
         TD_TRY(td__local_reduce(m, o->in, leader ? o->out : NULL, o->count, o->dtype,
                                 local_op(o->op), 0, 1));
         if (leader)
-            TD_TRY(mpi_pieces(m, o, o->out, o->out, 0));
+            TD_TRY(across_processes(m, o, o->out));
     }
     if (leader && o->op == TD_REDUCE_MEAN)
         td__scale(o->out, o->count, o->dtype, g->size);
@@ -408,7 +424,7 @@ fail:
     return st;
 }
 
-td_status td__mpi_run(td__member *m, const td__op *o) {
+static td_status run(td__member *m, const td__op *o) {
     td_group *g = m->g;
     const mpi_state *s = g->mpi;
     const int whole = o->kind == TD_COLL_ALLGATHER || o->kind == TD_COLL_REDUCE_SCATTER;
@@ -448,7 +464,7 @@ td_status td__mpi_run(td__member *m, const td__op *o) {
  * half way through: Cristian's method, within half that trip. On the control
  * communicator, from the thread that creates groups, with no collective in
  * flight. */
-td_status td__mpi_clock_sync(td_group *g, int64_t *offset_ns, uint64_t *base_ns) {
+static td_status clock_sync(td_group *g, int64_t *offset_ns, uint64_t *base_ns) {
     mpi_state *s = g->mpi;
     uint64_t base = td_clock_ns(), best = UINT64_MAX;
     int64_t offset = 0;
@@ -486,7 +502,7 @@ fail:
     return st;
 }
 
-td_status td__mpi_gather_text(td_group *g, const char *text, size_t n, char **all, size_t *all_n) {
+static td_status gather_text(td_group *g, const char *text, size_t n, char **all, size_t *all_n) {
     mpi_state *s = g->mpi;
     long long mine = (long long)n, total = 0, *sizes = NULL;
     int *counts = NULL, *displs = NULL, fits = 1;
@@ -532,3 +548,22 @@ fail:
     free(displs);
     return st;
 }
+
+static void group_failed(td_group *g) {
+    mpi_state *s = g->mpi;
+    if (s && s->shm)
+        td__shm_failed(s->shm);
+}
+
+const td__transport td__transport_mpi = {
+    .name = "mpi",
+    .spans_processes = 1,
+    .span = group_init,
+    .release = group_deinit,
+    .run = run,
+    .agree_failed = agree_failed,
+    .failed = group_failed,
+    .process = process_index,
+    .clock_sync = clock_sync,
+    .gather_text = gather_text,
+};

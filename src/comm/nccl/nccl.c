@@ -52,7 +52,7 @@ static td_status destroy_task(td_device *dev, void *p) {
     return nccl_status(ncclCommDestroy(comm), "ncclCommDestroy", dev);
 }
 
-td_status td__nccl_group_init(td_group *g) {
+static td_status group_init(td_group *g) {
     nccl_state *s;
     init_args *args = NULL;
     td_event **evs = NULL;
@@ -67,7 +67,7 @@ td_status td__nccl_group_init(td_group *g) {
                             "local transport through host memory",
                             td_device_name(g->members[i].dev), td_device_name(g->members[j].dev),
                             a);
-                g->transport = TD_TRANSPORT_LOCAL;
+                g->tr = &td__transport_local;
                 return TD_OK;
             }
         }
@@ -106,7 +106,7 @@ done:
     return st;
 }
 
-void td__nccl_group_deinit(td_group *g) {
+static void group_deinit(td_group *g) {
     nccl_state *s = g->nccl;
     if (!s)
         return;
@@ -177,7 +177,7 @@ static td_status nccl_wait(td__member *m, ncclComm_t comm, const td__op *o) {
     }
 }
 
-td_status td__nccl_run(td__member *m, const td__op *o) {
+static td_status run(td__member *m, const td__op *o) {
     nccl_state *s = m->g->nccl;
     cudaStream_t stream = td__cuda_stream(m->dev);
     ncclComm_t comm = s->comms[m->local];
@@ -217,3 +217,11 @@ td_status td__nccl_run(td__member *m, const td__op *o) {
     }
     return nccl_wait(m, comm, o);
 }
+
+const td__transport td__transport_nccl = {
+    .name = "nccl",
+    .device_memory = 1,
+    .connect = group_init,
+    .release = group_deinit,
+    .run = run,
+};

@@ -695,3 +695,8 @@ td_status td__local_gather(td__member *m, const void *in, void *out, size_t coun
     }
     return td__local_barrier(m);
 }
+
+const td__transport td__transport_local = {
+    .name = "local",
+    .run = td__local_run,
+};
