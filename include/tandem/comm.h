@@ -113,6 +113,10 @@ typedef struct td_group_config {
  * more, and it finalises MPI itself. On failure *out is NULL. */
 TD_API td_status td_group_create(td_device_list *devices, const td_group_config *cfg,
                                  td_group **out);
+/* The same over devs[0..n), devices already open (members of another group,
+ * say, for a group of some of them); they must outlive the group. */
+TD_API td_status td_group_create_devices(td_device *const *devs, size_t n,
+                                         const td_group_config *cfg, td_group **out);
 /* The same over the devices a spec names ("cpu*2"); the group owns the list. */
 TD_API td_status td_group_create_spec(const char *spec, const td_group_config *cfg, td_group **out);
 /* Waits for outstanding asynchronous collectives, then releases everything.

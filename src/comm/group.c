@@ -284,6 +284,16 @@ td_status td_group_create(td_device_list *devices, const td_group_config *cfg, t
     return st;
 }
 
+td_status td_group_create_devices(td_device *const *devs, size_t n, const td_group_config *cfg,
+                                  td_group **out) {
+    if (!out)
+        return td__error(TD_ERR_INVALID_ARG, "td_group_create_devices: out is NULL");
+    *out = NULL;
+    if (n && !devs)
+        return td__error(TD_ERR_INVALID_ARG, "td_group_create_devices: devs is NULL");
+    return group_create(devs, n, cfg, NULL, out);
+}
+
 td_status td_group_create_spec(const char *spec, const td_group_config *cfg, td_group **out) {
     td_device_list *list = NULL;
     td_status st;

@@ -19,8 +19,9 @@
  *
  * Checkpoints are whole-model files: saving gathers each parameter's slices
  * (and its optimizer state's) into the whole tensor in host memory; loading
- * scatters each member's slices out of the whole tensors. It runs within
- * one process. */
+ * scatters each member's slices out of the whole tensors. Under mpirun
+ * each process splits the model over its own devices and takes its rows of
+ * the batch (tensor_procs.c). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +41,15 @@
 #define MAX_MOVE (1.0 / 16)
 /* Speeds within this ratio count as alike: noise, or too close to gain from timing. */
 #define EQUAL_SPEEDS 1.5
+
+enum {
+    MODE_CALIBRATE,
+    MODE_STEP, /* forward, backward and update */
+    MODE_EVALUATE,
+    MODE_TIME,     /* time the shards */
+    MODE_BACKWARD, /* across processes: forward and backward, */
+    MODE_UPDATE,   /* then, the gradients summed, the update */
+};
 
 /* Per member and step, gathered: compute, communication and update seconds,
  * loss sum, correct, count. */
@@ -63,7 +73,8 @@ typedef struct member {
 
 typedef struct tensor_par {
     td_strategy *s;
-    td_group *g;
+    td_group *g; /* this process's members */
+    td__tp_procs procs;
     int size;
     td_model_info info;
     int64_t lps; /* labels per sample */
@@ -73,8 +84,10 @@ typedef struct tensor_par {
     member mb[TD_DP_MAX_MEMBERS];
 
     /* The call under way. */
-    int mode; /* 0: calibrate, 1: step, 2: evaluate, 3: time the shards */
+    int mode; /* a MODE_ */
     const td_batch *batch;
+    int64_t first; /* the batch's first sample in the global batch */
+    td_batch rows; /* across processes: this process's rows of it */
     uint64_t step;
     double grad_scale;
     const td_batch *evals;
@@ -329,12 +342,28 @@ static td_status time_shard(tensor_par *p, member *m) {
     return TD_OK;
 }
 
+static td_status backward(tensor_par *p, member *m) {
+    uint64_t t0 = td_clock_ns();
+    m->comm_s = m->compute_s = m->update_s = 0;
+    memset(&m->res, 0, sizeof m->res);
+    TD_CHECK(td_model_train_slice(m->m, p->batch, p->first, p->grad_scale, 0, p->step, &m->res));
+    m->compute_s = fmax(0, (double)(td_clock_ns() - t0) * 1e-9 - m->comm_s);
+    return TD_OK;
+}
+
+static td_status update(td_group *g, member *m) {
+    uint64_t t0 = td_clock_ns();
+    TD_CHECK(td_optimizer_step(m->opt, NULL));
+    m->update_s = (double)(td_clock_ns() - t0) * 1e-9;
+    return gather_stats(g, m);
+}
+
 static td_status member_run(td_group *g, td_device *dev, int rank, int size, void *arg) {
     tensor_par *p = arg;
     member *m = &p->mb[rank];
-    uint64_t t0, t1, t2;
     (void)dev;
-    if (p->mode == 0) {
+    switch (p->mode) {
+    case MODE_CALIBRATE: {
         /* one member at a time, so that they do not slow each other down */
         td_status st = TD_OK;
         for (int turn = 0; turn < size; turn++) {
@@ -346,11 +375,8 @@ static td_status member_run(td_group *g, td_device *dev, int rank, int size, voi
         }
         return TD_OK;
     }
-    if (p->mode == 3)
-        return time_shard(p, m);
-    m->comm_s = m->compute_s = m->update_s = 0;
-    memset(&m->res, 0, sizeof m->res);
-    if (p->mode == 2) {
+    case MODE_TIME: return time_shard(p, m);
+    case MODE_EVALUATE:
         for (size_t i = 0; i < p->nevals; i++) {
             td_step_result r;
             TD_CHECK(td_model_evaluate(m->m, &p->evals[i], &r));
@@ -358,15 +384,10 @@ static td_status member_run(td_group *g, td_device *dev, int rank, int size, voi
                 p->eval_res[i] = r;
         }
         return TD_OK;
+    case MODE_BACKWARD: return backward(p, m);
+    case MODE_UPDATE: return update(g, m);
+    default: TD_CHECK(backward(p, m)); return update(g, m);
     }
-    t0 = td_clock_ns();
-    TD_CHECK(td_model_train_step(m->m, p->batch, p->grad_scale, 0, p->step, &m->res));
-    t1 = td_clock_ns();
-    TD_CHECK(td_optimizer_step(m->opt, NULL));
-    t2 = td_clock_ns();
-    m->compute_s = fmax(0, (double)(t1 - t0) * 1e-9 - m->comm_s);
-    m->update_s = (double)(t2 - t1) * 1e-9;
-    return gather_stats(g, m);
 }
 
 static void fill_stats(tensor_par *p, const double *all, int64_t n, double step_s,
@@ -391,31 +412,51 @@ static void fill_stats(tensor_par *p, const double *all, int64_t n, double step_
     }
 }
 
+/* Across processes: this process's rows, then every member's gradients
+ * summed with its peers in the other processes, then the update; the
+ * step's numbers summed over the processes. */
+static td_status step_across(tensor_par *p, const td_batch *batch) {
+    p->rows = td__tp_procs_rows(&p->procs, batch, &p->info, &p->first);
+    p->batch = &p->rows;
+    p->mode = MODE_BACKWARD;
+    TD_CHECK(td_group_run(p->g, member_run, p));
+    for (int k = 0; k < p->size; k++) {
+        uint64_t t0 = td_clock_ns();
+        TD_CHECK(td__tp_procs_sum_grads(&p->procs, k, p->mb[k].m));
+        p->mb[k].comm_s += (double)(td_clock_ns() - t0) * 1e-9;
+    }
+    p->mode = MODE_UPDATE;
+    return td_group_run(p->g, member_run, p);
+}
+
 static td_status tp_step(void *impl, const td_batch *batch, uint64_t step, td_step_result *res,
                          td_step_stats *stats) {
     tensor_par *p = impl;
     double all[TD_DP_MAX_MEMBERS * STAT_WORDS];
     uint64_t t0 = td_clock_ns();
-    p->mode = 1;
-    p->batch = batch;
     p->step = step;
     p->grad_scale = 1.0 / (double)(batch->n * p->lps);
-    TD_CHECK(td_group_run(p->g, member_run, p));
+    p->first = 0;
+    p->batch = batch;
+    p->mode = MODE_STEP;
+    TD_CHECK(p->procs.nprocs > 1 ? step_across(p, batch) : td_group_run(p->g, member_run, p));
     TD_CHECK(
         td_buffer_read(p->mb[0].stats_all, 0, all, sizeof(double) * STAT_WORDS * (size_t)p->size));
-    /* every member computed the same loss: member 0's */
+    /* every member computed the same loss: member 0's; summed over processes */
+    TD_CHECK(td__tp_procs_agree(&p->procs, 0, all + 3, 3, TD_REDUCE_SUM));
     res->loss_sum = all[3];
     res->correct = (int64_t)all[4];
     res->count = (int64_t)all[5];
     if (stats)
-        fill_stats(p, all, batch->n, (double)(td_clock_ns() - t0) * 1e-9, stats);
+        fill_stats(p, all, p->batch->n, (double)(td_clock_ns() - t0) * 1e-9, stats);
+    p->batch = NULL;
     return TD_OK;
 }
 
 static td_status tp_evaluate(void *impl, const td_batch *batches, size_t n,
                              td_step_result *per_batch) {
     tensor_par *p = impl;
-    p->mode = 2;
+    p->mode = MODE_EVALUATE;
     p->evals = batches;
     p->nevals = n;
     p->eval_res = per_batch;
@@ -436,6 +477,8 @@ static td_status tp_save(void *impl, const char *path, const td_train_state *sta
     tensor_par *p = impl;
     td_model *shards[TD_DP_MAX_MEMBERS];
     td_optimizer *opts[TD_DP_MAX_MEMBERS];
+    if (p->procs.process != 0) /* every process holds the same model: one writes */
+        return TD_OK;
     shards_of(p, shards, opts);
     return td__tensor_save(shards, opts, p->size, path, state);
 }
@@ -511,16 +554,12 @@ static void tp_destroy(void *impl) {
         drop_member(&p->mb[k]);
         td_buffer_free(p->mb[k].scalar);
     }
+    td__tp_procs_close(&p->procs);
     free(p);
 }
 
 static td_status check_group(tensor_par *p) {
     td_strategy *s = p->s;
-    if (strcmp(td_group_transport(p->g), "local") || td_group_local_size(p->g) != p->size)
-        return td__error(TD_ERR_UNSUPPORTED,
-                         "tensor: runs within one process for now (the group's transport is "
-                         "%s); across processes use the data strategy",
-                         td_group_transport(p->g));
     if (p->size > TD_DP_MAX_MEMBERS)
         return td__error(TD_ERR_INVALID_ARG, "tensor: %d devices; at most %d", p->size,
                          TD_DP_MAX_MEMBERS);
@@ -559,13 +598,15 @@ static td_status rebalance(tensor_par *p) {
     if (p->size < 2 || !(lo > 0) || hi < EQUAL_SPEEDS * lo)
         return TD_OK;
     if ((st = sample_make(&p->info, &smp)) == TD_OK) {
-        p->mode = 3;
+        p->mode = MODE_TIME;
         p->batch = &smp.b;
         st = td_group_run(p->g, member_run, p);
         p->batch = NULL;
     }
     sample_free(&smp);
     TD_CHECK(st);
+    for (int k = 0; k < p->size; k++) /* the slowest process's, as in agree_speeds */
+        TD_CHECK(td__tp_procs_agree(&p->procs, k, &p->mb[k].shard_s, 1, TD_REDUCE_MAX));
     if (!refine_shares(p))
         return TD_OK;
     fit_memory(p);
@@ -577,14 +618,27 @@ static td_status rebalance(tensor_par *p) {
     return TD_OK;
 }
 
+/* Across processes every process must cut the same slices: each member's
+ * speed is taken as its slowest peer's, its memory as the least. */
+static td_status agree_speeds(tensor_par *p) {
+    for (int k = 0; k < p->size; k++) {
+        double v[2] = {p->mb[k].alone_s, -(double)p->mb[k].mem_free};
+        TD_CHECK(td__tp_procs_agree(&p->procs, k, v, 2, TD_REDUCE_MAX));
+        p->mb[k].alone_s = v[0];
+        p->mb[k].mem_free = (uint64_t)-v[1];
+    }
+    return TD_OK;
+}
+
 static td_status tp_create(td_strategy *s) {
     tensor_par *p = td__calloc(sizeof *p, "the tensor strategy");
     if (!p)
         return TD_ERR_OUT_OF_MEMORY;
     s->impl = p;
     p->s = s;
-    p->g = s->group;
-    p->size = td_group_size(s->group);
+    TD_CHECK(td__tp_procs_open(s->group, &p->procs));
+    p->g = p->procs.local ? p->procs.local : s->group;
+    p->size = td_group_size(p->g);
     TD_CHECK(check_group(p));
     TD_CHECK(td_model_describe(s->json, s->model_name, &p->info, NULL, 0));
     p->lps = p->info.kind == TD_INPUT_TOKENS ? p->info.in_shape[0] : 1;
@@ -602,8 +656,9 @@ static td_status tp_create(td_strategy *s) {
         p->mb[k].rank = k;
         TD_CHECK(td_buffer_alloc(p->mb[k].dev, sizeof(double), &p->mb[k].scalar));
     }
-    p->mode = 0;
+    p->mode = MODE_CALIBRATE;
     TD_CHECK(td_group_run(p->g, member_run, p));
+    TD_CHECK(agree_speeds(p));
     make_shares(p);
     fit_memory(p);
     make_plans(p);

@@ -1,4 +1,5 @@
-/* `mpirun -np 2 tandem train --strategy data`: one model trained across two
+/* `mpirun -np 2 tandem train --strategy data` (and `tensor`, tensor inside
+ * each process and data across them): one model trained across two
  * processes (Open MPI), against one device. Skipped where tandem was built
  * without MPI or mpirun is missing. */
 #include <jansson.h>
@@ -87,6 +88,37 @@ static void two_processes_train_with_zero_1(void **state) {
         fail_msg("ZeRO-1 over 2 processes differs from one device by %g", d);
 }
 
+/* 2-D: `tensor` over each process's two devices, the batch shared between
+ * the processes as `data` shares it. The same model as one device within
+ * 1e-12 in f64 (SGD, and AdamW with the gradient clipped: its norm summed
+ * over both devices' slices after the processes' sum) and 1e-5 in f32
+ * (SGD, clipped; AdamW's steps in f32 part by 1e-4 from one device even
+ * within one process, as it divides by roots of tiny numbers). */
+static void two_processes_split_every_layer_over_their_devices(void **state) {
+    static const struct {
+        const char *args, *name;
+        double tol;
+    } runs[] = {
+        {"--steps 12 --precision f64", "f64_sgd", 1e-12},
+        {"--steps 12 --precision f64 --optimizer adamw --lr 0.002 --clip 0.5", "f64_adamw", 1e-12},
+        {"--steps 12 --clip 0.5", "f32_sgd", 1e-5},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
+        char one[64], two[64], extra[256];
+        double d;
+        snprintf(one, sizeof one, "one_%s.safetensors", runs[i].name);
+        snprintf(two, sizeof two, "tensor_%s.safetensors", runs[i].name);
+        snprintf(extra, sizeof extra, "%s --strategy tensor", runs[i].args);
+        free(train(0, "cpu:0", runs[i].args, one));
+        free(train(2, "cpu*2", extra, two));
+        d = checkpoint_diff(two, one);
+        printf("tensor in 2 processes of 2 devices, %s: %.3g from one device\n", runs[i].name, d);
+        if (d > runs[i].tol)
+            fail_msg("tensor in 2 processes of 2 devices differs from one device by %g (%s)", d,
+                     runs[i].name);
+    }
+}
+
 /* A device lost in process 1: that process's run fails, and it ends the
  * job, so process 0 stops at once instead of waiting in its next collective
  * for the default timeout (five minutes; `timeout` stops the test long
@@ -113,6 +145,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(two_processes_train_one_model),
         cmocka_unit_test(two_processes_train_with_zero_1),
+        cmocka_unit_test(two_processes_split_every_layer_over_their_devices),
         cmocka_unit_test(a_failed_process_ends_the_job),
     };
 #ifndef TD_HAVE_MPI
