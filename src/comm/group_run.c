@@ -126,10 +126,11 @@ static td_status member_task(td_device *dev, void *p) {
     if (st != TD_OK && !atomic_load(&g->aborted)) {
         /* This member is the first to fail: its peers must not wait for it. */
         char msg[1024];
+        const char *setting = td_last_error_setting(); /* a static name, or NULL */
         snprintf(msg, sizeof msg, "%s", td_last_error());
         td__group_fail(g, m->rank, "%s (rank %d) failed: %s: %s", td_device_name(dev), m->rank,
                        td_status_name(st), msg);
-        td__error_set_message(msg);
+        td__error_set(msg, setting);
     }
     pthread_mutex_lock(&rs->lock);
     atomic_fetch_add_explicit(&rs->finished, 1, memory_order_release);
