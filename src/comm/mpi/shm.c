@@ -43,10 +43,11 @@
 #define cpu_relax() ((void)0)
 #endif
 
-#define SHM_LINE  64
-#define SHM_CHUNK ((size_t)256 << 10) /* stays in cache between writer and readers */
-#define SHM_SMALL ((size_t)16 << 10)  /* up to here every process reduces it all */
-#define SPIN_NS   20000u              /* then yield the core */
+#define SHM_LINE   64
+#define SHM_CHUNK  ((size_t)256 << 10) /* stays in cache between writer and readers */
+#define SHM_SMALL  ((size_t)16 << 10)  /* up to here every process reduces it all */
+#define SHM_STREAM ((size_t)4 << 20)   /* from here out is written past the caches */
+#define SPIN_NS    20000u              /* then yield the core */
 
 typedef struct shm_flag {
     _Alignas(SHM_LINE) atomic_uint_least64_t tick;
@@ -267,6 +268,7 @@ td_status td__shm_allreduce(td__shm *s, td__member *m, const td__op *o, const vo
     const size_t es = td_dtype_size(o->dtype), bytes = o->count * es;
     const td_reduce_op op = o->op == TD_REDUCE_MEAN ? TD_REDUCE_SUM : o->op;
     td_status st = TD_OK;
+    int streamed = 0;
     if (bytes <= SHM_SMALL) {
         uint64_t t = ++s->tick;
         memcpy(slot(s, t, s->process), in, bytes);
@@ -283,8 +285,13 @@ td_status td__shm_allreduce(td__shm *s, td__member *m, const td__op *o, const vo
         TD_TRY(barrier(s, m, o, t));
         reduce_slots(s, t, s->result[t & 1] + lo * es, lo * es, hi - lo, o->dtype, op);
         TD_TRY(barrier(s, m, o, ++s->tick));
-        memcpy((char *)out + done, s->result[t & 1], nb);
+        if (bytes >= SHM_STREAM)
+            streamed |= td__stream_copy((char *)out + done, s->result[t & 1], nb);
+        else
+            memcpy((char *)out + done, s->result[t & 1], nb);
     }
 fail:
+    if (streamed) /* before other threads of the process read out */
+        td__stream_fence();
     return st;
 }
