@@ -1,7 +1,7 @@
 #ifndef TD_BACKEND_BACKENDS_H
 #define TD_BACKEND_BACKENDS_H
 
-#include "device/device-impl.h"
+#include "device/backend.h"
 
 /* Each backend's operations, defined in its own folder. The device layer
  * never names them: it reaches them through td__backends(). */

@@ -359,19 +359,39 @@ uint64_t td_device_mem_used(const td_device *dev) {
     return dev ? atomic_load(&dev->mem_used) : 0;
 }
 
+const td_kernels *td__device_kernels(const td_device *dev) {
+    return dev ? dev->ops->kernels : NULL;
+}
+
+void *td__device_ctx(const td_device *dev) {
+    return dev->ctx;
+}
+
+void *td__device_backend_ctx(const td_device *dev, const td_backend_ops *ops) {
+    return dev && dev->ops == ops ? dev->ctx : NULL;
+}
+
+const char *td__device_backend_name(const td_device *dev) {
+    return dev->ops->name;
+}
+
+td_status td__device_write(td_device *dev, void *dst, const void *src, size_t nbytes) {
+    return dev->ops->write(dev->ctx, dst, src, nbytes);
+}
+
+td_status td__device_read(td_device *dev, void *dst, const void *src, size_t nbytes) {
+    return dev->ops->read(dev->ctx, dst, src, nbytes);
+}
+
 double td__device_slowdown(const td_device *dev) {
     return dev && dev->opts.has_slowdown ? dev->opts.slowdown : 1.0;
 }
 
 void td__device_throttle(td_device *dev, uint64_t start_ns) {
-    td__device_throttle_part(dev, start_ns, 1);
+    td_device_throttle(dev, start_ns, 1);
 }
 
 void td_device_throttle(td_device *dev, uint64_t start_ns, int with_latency) {
-    td__device_throttle_part(dev, start_ns, with_latency);
-}
-
-void td__device_throttle_part(td_device *dev, uint64_t start_ns, int with_latency) {
     double f = td__device_slowdown(dev);
     double extra_ms = with_latency && dev && dev->opts.has_latency ? dev->opts.latency_ms : 0.0;
     uint64_t now = td_clock_ns(), spent = now - start_ns;

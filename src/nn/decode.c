@@ -30,7 +30,7 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
-#include "device/device-impl.h"
+#include "device/internal.h"
 #include "nn/nn-impl.h"
 #include "tandem/generate.h"
 
@@ -486,7 +486,7 @@ static td_status read_logits(td_decoder *d, int64_t n, double *logits) {
         return TD_OK;
     out = d->vcount < d->vocab ? &d->head->out : &m->root->out;
     src = (const char *)out->data + (size_t)(n - 1) * row;
-    TD_CHECK(m->dev->ops->read(m->dev->ctx, d->host, src, row));
+    TD_CHECK(td__device_read(m->dev, d->host, src, row));
     for (int64_t i = 0; i < d->vcount; i++)
         logits[d->vfirst + i] = m->dtype == TD_F64 ? ((double *)d->host)[i] : ((float *)d->host)[i];
     return TD_OK;
@@ -503,8 +503,7 @@ static td_status run_task(td_device *dev, void *arg) {
     if (m->part_first > 0)
         TD_CHECK(first_rows(&m->input, a->n, &x)); /* copied in by td_decoder_part_pass */
     else
-        TD_CHECK(
-            dev->ops->write(dev->ctx, m->tokens.ptr, a->tokens, (size_t)a->n * sizeof(int32_t)));
+        TD_CHECK(td__device_write(dev, m->tokens.ptr, a->tokens, (size_t)a->n * sizeof(int32_t)));
     TD_CHECK(seq_decode(m->root, &x, &p));
     if (a->logits)
         TD_CHECK(read_logits(d, a->n, a->logits));

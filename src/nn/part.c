@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "device/device-impl.h"
+#include "device/internal.h"
 #include "nn/nn-impl.h"
 
 td_status td_model_load_part(const char *json, const char *name, td_device *dev, td_dtype dtype,

@@ -20,7 +20,6 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
-#include "device/device-impl.h"
 #include "nn/nn-impl.h"
 
 /* Slices ------------------------------------------------------------------------ */
@@ -123,7 +122,7 @@ td_status td__model_reduce(td_model *m, td_tensor *t) {
     if (!m->reduce)
         return TD_OK;
     /* A slowed device is slow at its compute, not at waiting for the others. */
-    td__device_throttle_part(m->dev, m->stretch_start, 0);
+    td_device_throttle(m->dev, m->stretch_start, 0);
     st = m->reduce(m->reduce_arg, t);
     m->stretch_start = td_clock_ns();
     return st;

@@ -14,8 +14,6 @@
 #include "core/trace.h"
 #include "device/bench_cache.h"
 #include "parallel/dp-impl.h"
-#include "tensor/ops.h"
-#include "tensor/tensor-impl.h"
 
 dp_member *td__dp_member(td_dp *dp, int rank) {
     for (int i = 0; i < dp->nlocal; i++)
@@ -68,14 +66,21 @@ static td_status plan_buckets(td_dp *dp, td_model *m) {
 static td_status start_reduction(dp_member *mb, size_t p) {
     td_dp *dp = mb->dp;
     td_tensor *gr = td_model_grad(mb->model, p);
-    td_collective c = {TD_COLL_ALLREDUCE, gr->buf,       0, gr->buf, 0, gr->numel,
-                       gr->dtype,         TD_REDUCE_SUM, 0};
+    td_collective c = {TD_COLL_ALLREDUCE,
+                       td_tensor_buffer(gr, NULL),
+                       0,
+                       td_tensor_buffer(gr, NULL),
+                       0,
+                       td_tensor_numel(gr),
+                       td_tensor_dtype(gr),
+                       TD_REDUCE_SUM,
+                       0};
     if (dp->cfg.zero) {
         if (!mb->shard_grads[p])
             return TD_OK;
         c.kind = TD_COLL_REDUCE_SCATTER;
-        c.recv = mb->shard_grads[p]->buf;
-        c.count = mb->shard_grads[p]->numel;
+        c.recv = td_tensor_buffer(mb->shard_grads[p], NULL);
+        c.count = td_tensor_numel(mb->shard_grads[p]);
     }
     return dp->overlap ? td_collective_start(mb->g, &c, &mb->reqs[p])
                        : td_collective_run(mb->g, &c);

@@ -12,7 +12,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "parallel/strategy-impl.h"
-#include "tensor/tensor-impl.h"
+#include "tensor/view.h"
 
 typedef struct data {
     td_strategy *s;

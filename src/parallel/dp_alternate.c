@@ -9,8 +9,6 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "parallel/dp-impl.h"
-#include "tensor/ops.h"
-#include "tensor/tensor-impl.h"
 
 /* Evaluation: the `alternate` strategy ------------------------------------------ */
 

@@ -10,8 +10,6 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "parallel/dp-impl.h"
-#include "tensor/ops.h"
-#include "tensor/tensor-impl.h"
 
 void td__dp_free_chunk_grads(dp_member *mb, size_t nparams) {
     for (size_t c = 0; c < mb->chunk_slots; c++) {
@@ -40,7 +38,10 @@ static td_status ensure_chunk_slots(td_dp *dp, dp_member *mb, size_t slots) {
             return TD_ERR_OUT_OF_MEMORY;
         for (size_t p = 0; p < dp->nparams; p++) {
             td_tensor *gr = td_model_grad(mb->model, p);
-            if ((st = td_tensor_create(mb->dev, gr->dtype, gr->ndim, gr->shape,
+            int64_t shape[TD_MAX_DIMS];
+            for (int i = 0; i < td_tensor_ndim(gr); i++)
+                shape[i] = td_tensor_dim(gr, i);
+            if ((st = td_tensor_create(mb->dev, td_tensor_dtype(gr), td_tensor_ndim(gr), shape,
                                        &mb->chunk_grads[c][p])) != TD_OK)
                 return st;
         }
@@ -84,7 +85,7 @@ td_status td__dp_step_member_deterministic(td_group *g, td_device *dev, int rank
         td_step_result r;
         TD_TRY(td_model_train_slice(mb->model, &slice, first, scale, 0, w->step, &r));
         for (size_t p = 0; p < dp->nparams; p++)
-            TD_TRY(td__op_copy(td_model_grad(mb->model, p), mb->chunk_grads[k][p]));
+            TD_TRY(td_tensor_axpby(1.0, td_model_grad(mb->model, p), 0.0, mb->chunk_grads[k][p]));
         res[chunk * 3 + 0] = r.loss_sum;
         res[chunk * 3 + 1] = (double)r.correct;
         res[chunk * 3 + 2] = (double)r.count;
@@ -101,9 +102,9 @@ td_status td__dp_step_member_deterministic(td_group *g, td_device *dev, int rank
                 for (size_t p = 0; p < dp->nparams; p++) {
                     td_tensor *gr = td_model_grad(mb->model, p);
                     if (w->offsets[rank] + k == 0)
-                        TD_TRY(td__op_copy(mb->chunk_grads[k][p], gr));
+                        TD_TRY(td_tensor_axpby(1.0, mb->chunk_grads[k][p], 0.0, gr));
                     else
-                        TD_TRY(td__op_axpby(1.0, mb->chunk_grads[k][p], 1.0, gr));
+                        TD_TRY(td_tensor_axpby(1.0, mb->chunk_grads[k][p], 1.0, gr));
                 }
         }
         for (size_t p = 0; p < dp->nparams; p++)
@@ -115,8 +116,9 @@ td_status td__dp_step_member_deterministic(td_group *g, td_device *dev, int rank
     /* Each chunk's numbers come from one rank and zeros from the others, so
      * the sum is exact; the fold over chunks happens in order on the host. */
     TD_TRY(td_tensor_write_f64(mb->chunk_results, res, (size_t)nchunks * 3));
-    TD_TRY(td_allreduce(g, mb->chunk_results->buf, 0, mb->chunk_results_all->buf, 0,
-                        (size_t)nchunks * 3, dp->stat_dtype, TD_REDUCE_SUM));
+    TD_TRY(td_allreduce(g, td_tensor_buffer(mb->chunk_results, NULL), 0,
+                        td_tensor_buffer(mb->chunk_results_all, NULL), 0, (size_t)nchunks * 3,
+                        dp->stat_dtype, TD_REDUCE_SUM));
     if (mb == w->reader)
         TD_TRY(td_tensor_read_f64(mb->chunk_results_all, w->chunk_rows, (size_t)nchunks * 3));
     st = td__dp_gather_stats(g, mb, w, v);

@@ -9,8 +9,6 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "parallel/dp-impl.h"
-#include "tensor/ops.h"
-#include "tensor/tensor-impl.h"
 
 /* Sharing per-rank numbers ------------------------------------------------------ */
 
@@ -24,8 +22,9 @@ td_status td__dp_gather_stats(td_group *g, dp_member *mb, const dp_work *w,
     td_status st;
     if ((st = td_tensor_write_f64(mb->stats_send, v, STAT_WORDS)) != TD_OK)
         return st;
-    if ((st = td_allgather(g, mb->stats_send->buf, 0, mb->stats_all->buf, 0, STAT_WORDS,
-                           mb->stats_send->dtype)) != TD_OK)
+    if ((st = td_allgather(g, td_tensor_buffer(mb->stats_send, NULL), 0,
+                           td_tensor_buffer(mb->stats_all, NULL), 0, STAT_WORDS,
+                           td_tensor_dtype(mb->stats_send))) != TD_OK)
         return st;
     if (mb != w->reader)
         return TD_OK;

@@ -10,8 +10,6 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "parallel/dp-impl.h"
-#include "tensor/ops.h"
-#include "tensor/tensor-impl.h"
 
 /* ZeRO-1, once the reduce-scatters are done: each shard into its place in
  * the gradient, and the tails (the elements past the last whole shard,
@@ -21,13 +19,16 @@ td_status td__dp_place_shards(dp_member *mb) {
     td_status st = TD_OK;
     for (size_t p = 0; p < dp->nparams && st == TD_OK; p++) {
         td_tensor *gr = td_model_grad(mb->model, p);
-        size_t es = td_dtype_size(gr->dtype), first, count, tail_first, tail;
-        td_optimizer_shard_range(gr->numel, mb->rank, dp->size, &first, &count, &tail_first, &tail);
+        td_buffer *gbuf = td_tensor_buffer(gr, NULL);
+        size_t es = td_dtype_size(td_tensor_dtype(gr)), first, count, tail_first, tail;
+        td_optimizer_shard_range(td_tensor_numel(gr), mb->rank, dp->size, &first, &count,
+                                 &tail_first, &tail);
         if (count)
-            st = td_buffer_copy(gr->buf, first * es, mb->shard_grads[p]->buf, 0, count * es);
+            st = td_buffer_copy(gbuf, first * es, td_tensor_buffer(mb->shard_grads[p], NULL), 0,
+                                count * es);
         if (st == TD_OK && tail)
-            st = td_allreduce(mb->g, gr->buf, tail_first * es, gr->buf, tail_first * es, tail,
-                              gr->dtype, TD_REDUCE_SUM);
+            st = td_allreduce(mb->g, gbuf, tail_first * es, gbuf, tail_first * es, tail,
+                              td_tensor_dtype(gr), TD_REDUCE_SUM);
     }
     return st;
 }
@@ -71,10 +72,11 @@ td_status td__dp_create_shard_state(dp_member *mb, const td_optimizer_config *op
         td_tensor *gr = td_model_grad(mb->model, p);
         size_t first, count, tail_first, tail;
         int64_t len;
-        td_optimizer_shard_range(gr->numel, rank, size, &first, &count, &tail_first, &tail);
+        td_optimizer_shard_range(td_tensor_numel(gr), rank, size, &first, &count, &tail_first,
+                                 &tail);
         len = (int64_t)count;
-        if (count &&
-            (st = td_tensor_create(mb->dev, gr->dtype, 1, &len, &mb->shard_grads[p])) != TD_OK)
+        if (count && (st = td_tensor_create(mb->dev, td_tensor_dtype(gr), 1, &len,
+                                            &mb->shard_grads[p])) != TD_OK)
             return st;
     }
     return TD_OK;
@@ -89,9 +91,11 @@ td_status td__dp_gather_weights(dp_member *mb) {
     for (size_t p = 0; p < dp->nparams && st == TD_OK; p++) {
         td_tensor *w = td_model_param(mb->model, p);
         size_t first, count, tail_first, tail;
-        td_optimizer_shard_range(w->numel, mb->rank, dp->size, &first, &count, &tail_first, &tail);
+        td_optimizer_shard_range(td_tensor_numel(w), mb->rank, dp->size, &first, &count,
+                                 &tail_first, &tail);
         if (count)
-            st = td_allgather(mb->g, NULL, 0, w->buf, 0, count, w->dtype);
+            st = td_allgather(mb->g, NULL, 0, td_tensor_buffer(w, NULL), 0, count,
+                              td_tensor_dtype(w));
     }
     return st;
 }
@@ -112,31 +116,33 @@ static td_status move_state(dp_member *mb, whole_work *ww, size_t i, td_tensor *
     td_tensor *whole = mb->rank == 0 && ww->whole ? td_optimizer_state(ww->whole, i) : NULL;
     size_t per = td_optimizer_state_count(mb->opt) / ww->dp->nparams;
     size_t numel = td_tensor_numel(td_model_param(mb->model, i / per));
-    size_t es = td_dtype_size(mine->dtype), first, count, tail_first, tail;
+    /* whole's buffer is NULL when whole is */
+    td_buffer *mbuf = td_tensor_buffer(mine, NULL), *wbuf = td_tensor_buffer(whole, NULL);
+    td_buffer *tbuf = td_tensor_buffer(tmp, NULL);
+    td_dtype dtype = td_tensor_dtype(mine);
+    size_t es = td_dtype_size(dtype), first, count, tail_first, tail;
     int shards = td_optimizer_shard_count(mb->opt);
     td_status st = TD_OK;
     td_optimizer_shard_range(numel, td_optimizer_shard_rank(mb->opt), shards, &first, &count,
                              &tail_first, &tail);
     if (ww->to_whole) {
         if (shards == 1) /* replicated: rank 0's is the state */
-            return whole ? td_buffer_copy(whole->buf, 0, mine->buf, 0, numel * es) : TD_OK;
-        if (count &&
-            (st = td_allgather(mb->g, mine->buf, 0, tmp->buf, 0, count, mine->dtype)) != TD_OK)
+            return whole ? td_buffer_copy(wbuf, 0, mbuf, 0, numel * es) : TD_OK;
+        if (count && (st = td_allgather(mb->g, mbuf, 0, tbuf, 0, count, dtype)) != TD_OK)
             return st;
         if (whole && count)
-            st = td_buffer_copy(whole->buf, 0, tmp->buf, 0, tail_first * es);
+            st = td_buffer_copy(wbuf, 0, tbuf, 0, tail_first * es);
         if (whole && tail && st == TD_OK)
-            st = td_buffer_copy(whole->buf, tail_first * es, mine->buf, count * es, tail * es);
+            st = td_buffer_copy(wbuf, tail_first * es, mbuf, count * es, tail * es);
         return st;
     }
-    if (whole && (st = td_buffer_copy(tmp->buf, 0, whole->buf, 0, numel * es)) != TD_OK)
+    if (whole && (st = td_buffer_copy(tbuf, 0, wbuf, 0, numel * es)) != TD_OK)
         return st;
-    if ((st = td_broadcast(mb->g, tmp->buf, 0, tmp->buf, 0, numel, mine->dtype, 0)) != TD_OK)
+    if ((st = td_broadcast(mb->g, tbuf, 0, tbuf, 0, numel, dtype, 0)) != TD_OK)
         return st;
-    if (count && (st = td_buffer_copy(mine->buf, 0, tmp->buf, first * es, count * es)) != TD_OK)
+    if (count && (st = td_buffer_copy(mbuf, 0, tbuf, first * es, count * es)) != TD_OK)
         return st;
-    return tail ? td_buffer_copy(mine->buf, count * es, tmp->buf, tail_first * es, tail * es)
-                : TD_OK;
+    return tail ? td_buffer_copy(mbuf, count * es, tbuf, tail_first * es, tail * es) : TD_OK;
 }
 
 static td_status move_member_state(td_group *g, td_device *dev, int rank, int size, void *arg) {

@@ -29,7 +29,7 @@
 #include "core/trace.h"
 #include "parallel/pipeline-impl.h"
 #include "parallel/strategy-impl.h"
-#include "tensor/tensor-impl.h"
+#include "tensor/view.h"
 
 static stage *first_stage(pipeline *p) {
     for (int k = 0; k < p->size; k++)

@@ -14,7 +14,7 @@
 #include "core/error.h"
 #include "parallel/pipeline-impl.h"
 #include "parallel/strategy-impl.h"
-#include "tensor/tensor-impl.h"
+#include "tensor/view.h"
 
 typedef struct pstage {
     td_model *m; /* NULL: an empty stage */

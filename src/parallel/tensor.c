@@ -31,7 +31,7 @@
 #include "core/error.h"
 #include "parallel/strategy-impl.h"
 #include "parallel/tensor-impl.h"
-#include "tensor/tensor-impl.h"
+#include "tensor/view.h"
 
 /* A member's weights and their state may take this share of its device's
  * free memory. */
@@ -99,9 +99,10 @@ typedef struct tensor_par {
 static td_status reduce_hook(void *arg, td_tensor *t) {
     member *m = arg;
     /* t is a view into the model's activations: a buffer over its elements */
-    td_buffer b = {t->dev, t->data, t->numel * td_dtype_size(t->dtype)};
+    td_buffer b = td__tensor_as_buffer(t);
     uint64_t t0 = td_clock_ns();
-    td_status st = td_allreduce(m->group, &b, 0, &b, 0, t->numel, t->dtype, TD_REDUCE_SUM);
+    td_status st =
+        td_allreduce(m->group, &b, 0, &b, 0, td_tensor_numel(t), td_tensor_dtype(t), TD_REDUCE_SUM);
     m->comm_s += (double)(td_clock_ns() - t0) * 1e-9;
     return st;
 }

@@ -20,7 +20,7 @@
 #include "core/error.h"
 #include "parallel/strategy-impl.h"
 #include "parallel/tensor-impl.h"
-#include "tensor/tensor-impl.h"
+#include "tensor/view.h"
 
 typedef struct dmember {
     td_group *group;
@@ -44,8 +44,9 @@ typedef struct tensor_dec {
 static td_status reduce_hook(void *arg, td_tensor *t) {
     dmember *m = arg;
     /* t is a view into the model's activations: a buffer over its elements */
-    td_buffer b = {t->dev, t->data, t->numel * td_dtype_size(t->dtype)};
-    return td_allreduce(m->group, &b, 0, &b, 0, t->numel, t->dtype, TD_REDUCE_SUM);
+    td_buffer b = td__tensor_as_buffer(t);
+    return td_allreduce(m->group, &b, 0, &b, 0, td_tensor_numel(t), td_tensor_dtype(t),
+                        TD_REDUCE_SUM);
 }
 
 /* Sizing ---------------------------------------------------------------------------- */

@@ -9,14 +9,15 @@
     const td_kernels *k_ = td__tensor_kernels(t);                                                  \
     if (!k_ || !k_->slot)                                                                          \
         return td__error(TD_ERR_UNSUPPORTED, "%s: op '%s' is not implemented by the %s backend",   \
-                         (t)->dev->name, #slot, (t)->dev->ops->name);                              \
-    void *ctx_ = (t)->dev->ctx
+                         td_device_name((t)->dev), #slot, td__device_backend_name((t)->dev));      \
+    void *ctx_ = td__device_ctx((t)->dev)
 
 static td_status check_thread(const td_tensor *t, const char *op) {
     if (!t)
         return td__error(TD_ERR_INVALID_ARG, "%s: a tensor is NULL", op);
     if (td_device_current() != t->dev)
-        return td__error(TD_ERR_INVALID_ARG, "%s: called off %s's host thread", op, t->dev->name);
+        return td__error(TD_ERR_INVALID_ARG, "%s: called off %s's host thread", op,
+                         td_device_name(t->dev));
     return TD_OK;
 }
 
@@ -29,8 +30,8 @@ static td_status check_like(const td_tensor *ref, const td_tensor *t, int may_be
         return td__error(TD_ERR_INVALID_ARG, "%s: %s is NULL", op, name);
     }
     if (t->dev != ref->dev)
-        return td__error(TD_ERR_INVALID_ARG, "%s: %s is on %s, not %s", op, name, t->dev->name,
-                         ref->dev->name);
+        return td__error(TD_ERR_INVALID_ARG, "%s: %s is on %s, not %s", op, name,
+                         td_device_name(t->dev), td_device_name(ref->dev));
     if (t->dtype != ref->dtype)
         return td__error(TD_ERR_DTYPE, "%s: %s is %s, not %s", op, name, td_dtype_name(t->dtype),
                          td_dtype_name(ref->dtype));
@@ -50,8 +51,8 @@ static td_status check_buffer(const td_tensor *ref, const td_buffer *b, size_t n
     if (!b)
         return td__error(TD_ERR_INVALID_ARG, "%s: %s is NULL", op, name);
     if (b->dev != ref->dev)
-        return td__error(TD_ERR_INVALID_ARG, "%s: %s is on %s, not %s", op, name, b->dev->name,
-                         ref->dev->name);
+        return td__error(TD_ERR_INVALID_ARG, "%s: %s is on %s, not %s", op, name,
+                         td_device_name(b->dev), td_device_name(ref->dev));
     if (b->nbytes < nbytes)
         return td__error(TD_ERR_SHAPE, "%s: %s holds %zu bytes, %zu needed", op, name, b->nbytes,
                          nbytes);
@@ -509,7 +510,7 @@ td_status td__op_causal_softmax_bwd(double scale, const td_tensor *p, const td_t
 }
 
 int td__op_has_attention(const td_device *dev) {
-    const td_kernels *k = dev ? dev->ops->kernels : NULL;
+    const td_kernels *k = td__device_kernels(dev);
     return k && k->attention_fwd && k->attention_bwd;
 }
 

@@ -25,7 +25,8 @@ td_status td__tensor_same_shape(const td_tensor *a, const td_tensor *b, const ch
     if (same)
         return TD_OK;
     return td__error(TD_ERR_SHAPE, "%s: shapes %s on %s and %s on %s differ", what,
-                     td__shape_str(a, sa), a->dev->name, td__shape_str(b, sb), b->dev->name);
+                     td__shape_str(a, sa), td_device_name(a->dev), td__shape_str(b, sb),
+                     td_device_name(b->dev));
 }
 
 td_status td__tensor_check_dtype(const td_device *dev, td_dtype dtype) {
@@ -109,6 +110,11 @@ size_t td_tensor_nbytes(const td_tensor *t) {
     return t ? t->numel * td_dtype_size(t->dtype) : 0;
 }
 
+td_buffer td__tensor_as_buffer(const td_tensor *t) {
+    td_buffer b = {t->dev, t->data, t->numel * td_dtype_size(t->dtype)};
+    return b;
+}
+
 static td_status check_nbytes(const td_tensor *t, size_t nbytes, const char *what) {
     char s[64];
     if (!t)
@@ -186,9 +192,9 @@ static td_status init_task(td_device *dev, void *arg) {
     init_args *x = arg;
     const td_kernels *k = td__tensor_kernels(x->t);
     if (x->rng)
-        return k->rng(dev->ctx, x->t->data, x->t->dtype, x->t->numel, x->kind, x->seed, x->offset,
-                      x->a, x->b);
-    return k->fill(dev->ctx, x->t->data, x->t->dtype, x->t->numel, x->a);
+        return k->rng(td__device_ctx(dev), x->t->data, x->t->dtype, x->t->numel, x->kind, x->seed,
+                      x->offset, x->a, x->b);
+    return k->fill(td__device_ctx(dev), x->t->data, x->t->dtype, x->t->numel, x->a);
 }
 
 td_status td_tensor_fill(td_tensor *t, double value) {

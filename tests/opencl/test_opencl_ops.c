@@ -42,7 +42,7 @@ static td_status plain_run(td_ops_side *s, const void *p) {
             return st;
         return td__op_gemm_batched(ta, tb, 5, 7, 0, 1.3, a, b, 0.5, c, 1);
     }
-    od = s->dev->ctx;
+    od = td__device_ctx(s->dev);
     if ((st = td__ocl_resolve(od, s->t[0]->data, &am, &ao)) ||
         (st = td__ocl_resolve(od, s->t[1]->data, &bm, &bo)) ||
         (st = td__ocl_resolve(od, s->t[2]->data, &cm, &co)))
@@ -69,7 +69,8 @@ typedef struct build_arg {
 static td_status build_on_device(td_device *dev, void *arg) {
     build_arg *b = arg;
     cl_program prog = NULL;
-    td_status st = td__ocl_build(dev->ctx, b->src, "-cl-std=CL1.2", &prog, &b->from_cache);
+    td_status st =
+        td__ocl_build(td__device_ctx(dev), b->src, "-cl-std=CL1.2", &prog, &b->from_cache);
     if (prog)
         clReleaseProgram(prog);
     return st;
@@ -153,7 +154,7 @@ static void binaries_are_cached_by_source(void **state) {
 }
 
 static td_status add_without_fp64(td_device *dev, void *arg) {
-    ocl_device *od = dev->ctx;
+    ocl_device *od = td__device_ctx(dev);
     td_tensor **t = arg;
     int had = od->fp64;
     td_status st;

@@ -7,7 +7,7 @@
 #include <stdatomic.h>
 
 #include "backend/cpu/simd.h" /* td_cpu_simd, td__cpu_simd() */
-#include "device/device-impl.h"
+#include "device/backend.h"
 
 #define TD_CPU_MAX_PUS 256
 

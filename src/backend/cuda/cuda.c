@@ -10,7 +10,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "device/device-impl.h"
+#include "device/backend.h"
 
 /* Pinned staging per device unless TANDEM_CUDA_STAGING says otherwise: two
  * halves of 4 MiB, large enough to keep a PCIe DMA engine busy. */
@@ -515,7 +515,7 @@ static td_status cuda_sync(void *ctx) {
 /* For the layers above (cuda.h) ------------------------------------------- */
 
 static cuda_device *cuda_of(const td_device *dev) {
-    return dev && dev->ops == &td__cuda_backend ? dev->ctx : NULL;
+    return td__device_backend_ctx(dev, &td__cuda_backend);
 }
 
 int td__cuda_ordinal(const td_device *dev) {

@@ -9,7 +9,7 @@
 #include <CL/cl.h>
 #include <pthread.h>
 
-#include "device/device-impl.h"
+#include "device/backend.h"
 
 /* The kernels of td__ocl_source, in one program per precision. */
 #define TD_OCL_KERNELS(X)                                                                          \
