@@ -15,31 +15,35 @@
 
 #define BLOCK 16
 
-#define DEFINE_REDUCE(name, T, EXPR)                                                               \
-    static void name(T *d, const T *a, const T *b, size_t n) {                                     \
-        size_t i = 0;                                                                              \
-        for (; i + BLOCK <= n; i += BLOCK) {                                                       \
-            T t[BLOCK];                                                                            \
-            for (int j = 0; j < BLOCK; j++) {                                                      \
-                T x = a[i + j], y = b[i + j];                                                      \
-                t[j] = EXPR;                                                                       \
-            }                                                                                      \
-            for (int j = 0; j < BLOCK; j++)                                                        \
-                d[i + j] = t[j];                                                                   \
-        }                                                                                          \
-        for (; i < n; i++) {                                                                       \
-            T x = a[i], y = b[i];                                                                  \
-            d[i] = EXPR;                                                                           \
-        }                                                                                          \
-    }
+/* The element-wise reductions: tmpl/reduce2.h once per (name, type, op). */
+#define REDUCE_SUM(x, y) ((x) + (y))
+#define REDUCE_MAX(x, y) ((x) > (y) ? (x) : (y))
+#define REDUCE_MIN(x, y) ((x) < (y) ? (x) : (y))
 
-/* d may equal a or b (in place), so loads of a block happen before its stores. */
-DEFINE_REDUCE(sum_f32, float, x + y)
-DEFINE_REDUCE(max_f32, float, x > y ? x : y)
-DEFINE_REDUCE(min_f32, float, x < y ? x : y)
-DEFINE_REDUCE(sum_f64, double, x + y)
-DEFINE_REDUCE(max_f64, double, x > y ? x : y)
-DEFINE_REDUCE(min_f64, double, x < y ? x : y)
+#define NAME sum_f32
+#define T    float
+#define OP   REDUCE_SUM
+#include "comm/tmpl/reduce2.h"
+#define NAME max_f32
+#define T    float
+#define OP   REDUCE_MAX
+#include "comm/tmpl/reduce2.h"
+#define NAME min_f32
+#define T    float
+#define OP   REDUCE_MIN
+#include "comm/tmpl/reduce2.h"
+#define NAME sum_f64
+#define T    double
+#define OP   REDUCE_SUM
+#include "comm/tmpl/reduce2.h"
+#define NAME max_f64
+#define T    double
+#define OP   REDUCE_MAX
+#include "comm/tmpl/reduce2.h"
+#define NAME min_f64
+#define T    double
+#define OP   REDUCE_MIN
+#include "comm/tmpl/reduce2.h"
 
 void td__reduce2(void *dst, const void *a, const void *b, size_t n, td_dtype dt, td_reduce_op op) {
     if (n == 0)

@@ -8,6 +8,7 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/text.h"
 #include "nn/nn-impl.h"
 
 static td_status input_error(const char *file, const char *field, const char *what) {
@@ -46,7 +47,7 @@ static td_status parse_input(td_model *m, const char *file, json_t *in) {
         if (td__nn_numel(m->in_shape, m->in_ndim) < 0) {
             char s[64], msg[160];
             snprintf(msg, sizeof msg, "%s has more than the %lld elements a tensor may hold",
-                     td__nn_shape_text(m->in_shape, m->in_ndim, s), (long long)TD_MODEL_MAX_TENSOR);
+                     td__shape_text(m->in_shape, m->in_ndim, s), (long long)TD_MODEL_MAX_TENSOR);
             return input_error(file, "shape", msg);
         }
         return TD_OK;
@@ -70,16 +71,6 @@ static td_status parse_input(td_model *m, const char *file, json_t *in) {
     return td__error(TD_ERR_PARSE, "%s: input: expected \"shape\" or \"tokens\"", file);
 }
 
-/* "(2, 3)" for a per-sample shape. */
-const char *td__nn_shape_text(const int64_t *s, int n, char buf[64]) {
-    size_t used = (size_t)snprintf(buf, 64, "(");
-    for (int i = 0; i < n && used < 64; i++)
-        used += (size_t)snprintf(buf + used, 64 - used, "%s%lld", i ? ", " : "", (long long)s[i]);
-    if (used < 64)
-        snprintf(buf + used, 64 - used, ")");
-    return buf;
-}
-
 static td_status check_output(td_model *m, const char *file) {
     td_layer *root = m->root, *first = root->children[0];
     char s[64];
@@ -92,7 +83,7 @@ static td_status check_output(td_model *m, const char *file) {
             return td__error(TD_ERR_PARSE,
                              "%s: layers: the last layer gives %s per sample; a token model "
                              "must end with (%lld, %lld) logits (tokens, vocab)",
-                             file, td__nn_shape_text(root->out_shape, root->out_ndim, s),
+                             file, td__shape_text(root->out_shape, root->out_ndim, s),
                              (long long)m->in_shape[0], (long long)m->classes);
         return TD_OK;
     }
@@ -100,7 +91,7 @@ static td_status check_output(td_model *m, const char *file) {
         return td__error(TD_ERR_PARSE,
                          "%s: layers: the last layer gives %s per sample; a classifier ends with "
                          "(classes) logits (add a flatten and a linear)",
-                         file, td__nn_shape_text(root->out_shape, root->out_ndim, s));
+                         file, td__shape_text(root->out_shape, root->out_ndim, s));
     m->classes = root->out_shape[0];
     return TD_OK;
 }

@@ -15,6 +15,7 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/text.h"
 #include "nn/import-impl.h"
 #include "nn/safetensors-impl.h"
 
@@ -211,14 +212,6 @@ static int hf_name(const hf_src *s, td__gpt2_kind k, int64_t b, char *buf, size_
     return names[k].conv1d;
 }
 
-static const char *shape_text(const int64_t *s, int n, char buf[64]) {
-    int len = snprintf(buf, 64, "(");
-    for (int i = 0; i < n && len < 60; i++)
-        len += snprintf(buf + len, (size_t)(64 - len), "%s%lld", i ? ", " : "", (long long)s[i]);
-    snprintf(buf + len, (size_t)(64 - (len < 63 ? len : 63)), ")");
-    return buf;
-}
-
 /* IEEE half and bfloat16 to float. */
 static float half_to_float(uint16_t h) {
     uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
@@ -301,10 +294,10 @@ static td_status take(hf_src *s, td__gpt2_out *o, td__gpt2_kind k, int64_t b) {
         return td__error(TD_ERR_SHAPE,
                          "%s: tensor \"%s\" is %s; %s (n_embd %lld, n_inner %lld, vocab_size "
                          "%lld, n_positions %lld) says %s",
-                         s->st_path, name, shape_text(t->shape, t->ndim, got_s), s->cfg_path,
+                         s->st_path, name, td__shape_text(t->shape, t->ndim, got_s), s->cfg_path,
                          (long long)o->info.channels, (long long)o->info.inner,
                          (long long)o->info.vocab, (long long)o->info.context,
-                         shape_text(want, nd, want_s));
+                         td__shape_text(want, nd, want_s));
     dtype = td__safetensors_dtype(s->st, t);
     if (!(at = element_of(dtype)))
         return td__error(TD_ERR_UNSUPPORTED,

@@ -10,14 +10,12 @@
  * lnfb (C). Weights are already (out, in), as tandem's; the head is wte.
  * wte's rows past vocab_size are padding, dropped here. A token file is 256
  * int32s (magic 20240520, version 1, the count) and that many uint16s. */
-#include <errno.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/file.h"
 #include "nn/import-impl.h"
 
 #define LLMC_MAGIC        20240326
@@ -25,35 +23,6 @@
 #define LLMC_BF16         5
 #define LLMC_TOKENS_MAGIC 20240520
 #define LLMC_HEADER       256
-
-/* The whole file into *buf (malloc'ed), refusing more than max bytes. */
-static td_status read_file(const char *path, size_t max, unsigned char **buf, size_t *n) {
-    struct stat sb;
-    FILE *f;
-    *buf = NULL;
-    if (stat(path, &sb) != 0)
-        return td__error(TD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    if (!S_ISREG(sb.st_mode))
-        return td__error(TD_ERR_IO, "%s: not a regular file", path);
-    if ((uint64_t)sb.st_size > max)
-        return td__error(TD_ERR_IO, "%s: %lld bytes is more than tandem reads (%zu)", path,
-                         (long long)sb.st_size, max);
-    if (!(f = fopen(path, "rb")))
-        return td__error(TD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    *n = (size_t)sb.st_size;
-    if (!(*buf = td__aligned_alloc(*n ? *n : 1, "an llm.c file"))) {
-        fclose(f);
-        return TD_ERR_OUT_OF_MEMORY;
-    }
-    if (fread(*buf, 1, *n, f) != *n) {
-        fclose(f);
-        free(*buf);
-        *buf = NULL;
-        return td__error(TD_ERR_IO, "%s: read failed", path);
-    }
-    fclose(f);
-    return TD_OK;
-}
 
 /* The header's int32s (little-endian, as llm.c writes them on x86). */
 static td_status read_header(const char *path, const unsigned char *buf, size_t n,
@@ -113,7 +82,7 @@ td_status td_import_llmc_gpt2(const char *file, const char *out, const td_train_
         return td__error(TD_ERR_INVALID_ARG, "td_import_llmc_gpt2: file or out is NULL");
     o.source = "llm.c";
     o.act = TD_ACT_GELU_TANH; /* llm.c's gelu_forward */
-    TD_TRY(read_file(file, (size_t)1 << 38, &buf, &n));
+    TD_TRY(td__read_file(file, (size_t)1 << 38, &buf, &n));
     TD_TRY(read_header(file, buf, n, h));
     TD_TRY(check_model_header(file, h));
     o.info = (td_gpt2_info){.context = h[2],
@@ -182,7 +151,7 @@ td_status td_import_llmc_tokens(const char *file, int32_t **tokens, size_t *coun
     *count = 0;
     if (!file)
         return td__error(TD_ERR_INVALID_ARG, "td_import_llmc_tokens: file is NULL");
-    TD_TRY(read_file(file, (size_t)1 << 36, &buf, &n));
+    TD_TRY(td__read_file(file, (size_t)1 << 36, &buf, &n));
     TD_TRY(read_header(file, buf, n, h));
     if (h[0] != LLMC_TOKENS_MAGIC) {
         st = td__error(TD_ERR_CORRUPT,

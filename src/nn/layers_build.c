@@ -7,16 +7,37 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/text.h"
 #include "nn/nn-impl.h"
 
 /* Building from JSON --------------------------------------------------------------------- */
 
-typedef struct build_ctx {
+typedef struct build_ctx build_ctx;
+
+/* Builds one family of layer types: checks the spec's fields and the input
+ * shape (in_ndim, in), sets the layer's vt, output shape (the input's unless
+ * it changes it) and parameters. variant tells apart the types one function
+ * builds: a td_act for the activations, a td_pool_kind for the pools. */
+typedef td_status (*build_fn)(build_ctx *b, td_layer *l, int variant, int in_ndim,
+                              const int64_t *in);
+
+/* A row of layer_kinds (below): a container holds other layers, which own
+ * the parameters; repeat is no layer of its own, as seq_fill expands it in
+ * place. */
+typedef struct layer_kind {
+    const char *type;
+    build_fn build; /* NULL: repeat, never built here */
+    int variant;
+    int container;
+} layer_kind;
+
+struct build_ctx {
     td_model *m;
     const char *file;
     json_t *spec;
     const char *where;
-} build_ctx;
+    const layer_kind *kind; /* the layer's type; NULL building a repeat block */
+};
 
 static td_status field_error(const build_ctx *b, const char *field, const char *what) {
     return td__error(TD_ERR_PARSE, "%s: %s.%s: %s", b->file, b->where, field, what);
@@ -106,11 +127,11 @@ static td_status check_keys(const build_ctx *b, const char *const *allowed) {
     return TD_OK;
 }
 
-static td_status shape_error(const build_ctx *b, const char *type, const char *need, int in_ndim,
+static td_status shape_error(const build_ctx *b, const char *need, int in_ndim,
                              const int64_t *in_shape) {
     char s[64];
-    return td__error(TD_ERR_PARSE, "%s: %s: %s needs %s input, got %s", b->file, b->where, type,
-                     need, td__nn_shape_text(in_shape, in_ndim, s));
+    return td__error(TD_ERR_PARSE, "%s: %s: %s needs %s input, got %s", b->file, b->where,
+                     b->kind->type, need, td__shape_text(in_shape, in_ndim, s));
 }
 
 /* The stream of the parameter made last: its place in the whole model, so
@@ -169,209 +190,306 @@ static td_status build_tied(build_ctx *b, td_layer *l, int64_t in) {
     return TD_OK;
 }
 
-static td_status build_leaf(build_ctx *b, const char *type, td_layer *l, int in_ndim,
-                            const int64_t *in) {
+/* One build_fn per family of layer types, found by name in layer_kinds. */
+
+static td_status build_linear(build_ctx *b, td_layer *l, int variant, int in_ndim,
+                              const int64_t *in) {
+    static const char *const keys[] = {"type", "out", "bias", "tied", NULL};
     td_model *m = b->m;
-    memcpy(l->out_shape, in, sizeof(int64_t) * (size_t)in_ndim);
-    l->out_ndim = in_ndim;
-    if (!strcmp(type, "linear")) {
-        static const char *const keys[] = {"type", "out", "bias", "tied", NULL};
-        int64_t w[2];
-        const td__split *sp;
-        int wdim, tied;
-        double bound;
-        TD_CHECK(check_keys(b, keys));
-        TD_CHECK(get_int(b, "out", 1, 0, 1, 1 << 24, &l->out_features));
-        TD_CHECK(get_bool(b, "bias", 1, &l->has_bias));
-        TD_CHECK(get_bool(b, "tied", 0, &tied));
-        if (in_ndim < 1)
-            return shape_error(b, type, "at least one dimension of", in_ndim, in);
-        l->vt = &td__linear_vt;
-        if (tied) {
-            TD_CHECK(build_tied(b, l, in[in_ndim - 1]));
-            l->out_shape[in_ndim - 1] = l->out_features;
-            return l->has_bias ? add_uniform_param(m, l, "bias", 1, &l->out_features,
-                                                   in[in_ndim - 1], &l->param[1])
-                               : TD_OK;
-        }
-        /* A shard's pair: the first keeps rows (output features), the second
-         * columns of the whole weight (out, in); its bias stays whole. */
-        sp = &l->split;
-        wdim = sp->kind == TD__SPLIT_OUT ? 0 : sp->kind == TD__SPLIT_IN ? 1 : -1;
-        w[0] = l->out_features;
-        w[1] = sp->kind == TD__SPLIT_IN ? sp->total : in[in_ndim - 1];
-        bound = 1.0 / sqrt((double)w[1]);
-        TD_CHECK(td__model_add_slice(m, l, "weight", 2, w, wdim, 1, sp->first, sp->count, 0, bound,
-                                     &l->param[0]));
-        if (l->has_bias)
-            TD_CHECK(td__model_add_slice(m, l, "bias", 1, w, wdim == 0 ? 0 : -1, 1, sp->first,
-                                         sp->count, 0, bound, &l->param[1]));
-        if (sp->kind == TD__SPLIT_OUT)
-            l->out_features = sp->count;
+    int64_t w[2];
+    const td__split *sp;
+    int wdim, tied;
+    double bound;
+    TD_CHECK(check_keys(b, keys));
+    TD_CHECK(get_int(b, "out", 1, 0, 1, 1 << 24, &l->out_features));
+    TD_CHECK(get_bool(b, "bias", 1, &l->has_bias));
+    TD_CHECK(get_bool(b, "tied", 0, &tied));
+    if (in_ndim < 1)
+        return shape_error(b, "at least one dimension of", in_ndim, in);
+    l->vt = &td__linear_vt;
+    if (tied) {
+        TD_CHECK(build_tied(b, l, in[in_ndim - 1]));
         l->out_shape[in_ndim - 1] = l->out_features;
-        return TD_OK;
+        return l->has_bias ? add_uniform_param(m, l, "bias", 1, &l->out_features, in[in_ndim - 1],
+                                               &l->param[1])
+                           : TD_OK;
     }
-    if (!strcmp(type, "relu") || !strcmp(type, "gelu") || !strcmp(type, "tanh") ||
-        !strcmp(type, "sigmoid")) {
-        static const char *const keys[] = {"type", NULL};
-        static const char *const gelu_keys[] = {"type", "approximate", NULL};
-        int gelu = !strcmp(type, "gelu");
-        TD_CHECK(check_keys(b, gelu ? gelu_keys : keys));
-        l->vt = &td__act_vt;
-        l->act = !strcmp(type, "relu")   ? TD_ACT_RELU
-                 : gelu                  ? TD_ACT_GELU
-                 : !strcmp(type, "tanh") ? TD_ACT_TANH
-                                         : TD_ACT_SIGMOID;
-        return gelu ? get_gelu_kind(b, &l->act) : TD_OK;
+    /* A shard's pair: the first keeps rows (output features), the second
+     * columns of the whole weight (out, in); its bias stays whole. */
+    sp = &l->split;
+    wdim = sp->kind == TD__SPLIT_OUT ? 0 : sp->kind == TD__SPLIT_IN ? 1 : -1;
+    w[0] = l->out_features;
+    w[1] = sp->kind == TD__SPLIT_IN ? sp->total : in[in_ndim - 1];
+    bound = 1.0 / sqrt((double)w[1]);
+    TD_CHECK(td__model_add_slice(m, l, "weight", 2, w, wdim, 1, sp->first, sp->count, 0, bound,
+                                 &l->param[0]));
+    if (l->has_bias)
+        TD_CHECK(td__model_add_slice(m, l, "bias", 1, w, wdim == 0 ? 0 : -1, 1, sp->first,
+                                     sp->count, 0, bound, &l->param[1]));
+    if (sp->kind == TD__SPLIT_OUT)
+        l->out_features = sp->count;
+    l->out_shape[in_ndim - 1] = l->out_features;
+    return TD_OK;
+}
+
+/* relu, tanh, sigmoid (variant: the td_act); gelu has its own entry. */
+static td_status build_activation(build_ctx *b, td_layer *l, int variant, int in_ndim,
+                                  const int64_t *in) {
+    static const char *const keys[] = {"type", NULL};
+    TD_CHECK(check_keys(b, keys));
+    l->vt = &td__act_vt;
+    l->act = (td_act)variant;
+    return TD_OK;
+}
+
+static td_status build_gelu(build_ctx *b, td_layer *l, int variant, int in_ndim,
+                            const int64_t *in) {
+    static const char *const keys[] = {"type", "approximate", NULL};
+    TD_CHECK(check_keys(b, keys));
+    l->vt = &td__act_vt;
+    l->act = TD_ACT_GELU;
+    return get_gelu_kind(b, &l->act);
+}
+
+static td_status build_dropout(build_ctx *b, td_layer *l, int variant, int in_ndim,
+                               const int64_t *in) {
+    static const char *const keys[] = {"type", "p", NULL};
+    TD_CHECK(check_keys(b, keys));
+    TD_CHECK(get_real(b, "p", 0.5, 0.0, 1.0, 1, &l->p));
+    l->vt = &td__dropout_vt;
+    return TD_OK;
+}
+
+static td_status build_flatten(build_ctx *b, td_layer *l, int variant, int in_ndim,
+                               const int64_t *in) {
+    static const char *const keys[] = {"type", NULL};
+    TD_CHECK(check_keys(b, keys));
+    l->vt = &td__flatten_vt;
+    l->out_ndim = 1;
+    /* within the cap: the input was checked when it was made */
+    l->out_shape[0] = td__nn_numel(in, in_ndim);
+    return TD_OK;
+}
+
+static td_status build_layernorm(build_ctx *b, td_layer *l, int variant, int in_ndim,
+                                 const int64_t *in) {
+    static const char *const keys[] = {"type", "eps", NULL};
+    td_model *m = b->m;
+    int64_t c;
+    TD_CHECK(check_keys(b, keys));
+    TD_CHECK(get_real(b, "eps", 1e-5, 0.0, 1.0, 0, &l->eps));
+    if (in_ndim < 1)
+        return shape_error(b, "at least one dimension of", in_ndim, in);
+    l->vt = &td__layernorm_vt;
+    c = in[in_ndim - 1];
+    TD_CHECK(td__model_add_param(m, l, "weight", 1, &c, &l->param[0]));
+    if (l->param[0])
+        TD_CHECK(td_tensor_fill(l->param[0], 1.0));
+    TD_CHECK(td__model_add_param(m, l, "bias", 1, &c, &l->param[1]));
+    return l->param[1] ? td_tensor_fill(l->param[1], 0.0) : TD_OK;
+}
+
+static td_status build_embedding(build_ctx *b, td_layer *l, int variant, int in_ndim,
+                                 const int64_t *in) {
+    static const char *const keys[] = {"type", "vocab", "dim", "positions", NULL};
+    td_model *m = b->m;
+    int64_t dim, s[2];
+    TD_CHECK(check_keys(b, keys));
+    TD_CHECK(get_int(b, "vocab", 1, 0, 1, 1 << 24, &l->vocab));
+    TD_CHECK(get_int(b, "dim", 1, 0, 1, 1 << 20, &dim));
+    TD_CHECK(get_bool(b, "positions", 1, &l->positions));
+    if (m->kind != TD_INPUT_TOKENS || in_ndim != 1 || m->param_serial != 0)
+        return shape_error(b, "the model's tokens as", in_ndim, in);
+    if (m->classes > 0 && l->vocab != m->classes)
+        return field_error(b, "vocab", "differs from input.vocab");
+    l->vt = &td__embedding_vt;
+    l->out_ndim = 2;
+    l->out_shape[0] = in[0];
+    l->out_shape[1] = dim;
+    s[0] = l->vocab;
+    s[1] = dim;
+    TD_CHECK(td__model_add_param(m, l, "wte.weight", 2, s, &l->param[0]));
+    if (l->param[0])
+        TD_CHECK(td_tensor_rand_normal(l->param[0], init_stream(m), 0, 0.0, 1.0));
+    /* for a tied head further on */
+    m->embed_vocab = l->vocab;
+    m->embed_dim = dim;
+    m->embed = l->param[0] ? l : NULL;
+    if (l->positions) {
+        s[0] = in[0];
+        TD_CHECK(td__model_add_param(m, l, "wpe.weight", 2, s, &l->param[1]));
+        if (l->param[1])
+            TD_CHECK(td_tensor_rand_normal(l->param[1], init_stream(m), 0, 0.0, 1.0));
     }
-    if (!strcmp(type, "dropout")) {
-        static const char *const keys[] = {"type", "p", NULL};
-        TD_CHECK(check_keys(b, keys));
-        TD_CHECK(get_real(b, "p", 0.5, 0.0, 1.0, 1, &l->p));
-        l->vt = &td__dropout_vt;
-        return TD_OK;
+    return TD_OK;
+}
+
+static td_status build_attention(build_ctx *b, td_layer *l, int variant, int in_ndim,
+                                 const int64_t *in) {
+    static const char *const keys[] = {"type", "heads", "causal", NULL};
+    td_model *m = b->m;
+    int causal, hd;
+    int64_t c, d, s[2];
+    double bound;
+    TD_CHECK(check_keys(b, keys));
+    TD_CHECK(get_int(b, "heads", 1, 0, 1, 4096, &l->heads));
+    TD_CHECK(get_bool(b, "causal", 1, &causal));
+    if (!causal)
+        return field_error(b, "causal", "only causal self-attention is implemented");
+    if (in_ndim != 2)
+        return shape_error(b, "(tokens, channels)", in_ndim, in);
+    c = in[1];
+    if (c % l->heads != 0)
+        return field_error(b, "heads", "must divide the channels");
+    l->vt = &td__attention_vt;
+    /* A shard's heads: their rows of q, k and v (three blocks of qkv's
+     * rows) and their columns of the projection. */
+    d = c / l->heads;
+    hd = l->split.kind == TD__SPLIT_HEADS ? 0 : -1;
+    bound = 1.0 / sqrt((double)c);
+    s[0] = 3 * c;
+    s[1] = c;
+    TD_CHECK(td__model_add_slice(m, l, "qkv.weight", 2, s, hd, 3, l->split.first * d,
+                                 l->split.count * d, 0, bound, &l->param[0]));
+    TD_CHECK(td__model_add_slice(m, l, "qkv.bias", 1, s, hd, 3, l->split.first * d,
+                                 l->split.count * d, 0, bound, &l->param[1]));
+    s[0] = c;
+    TD_CHECK(td__model_add_slice(m, l, "proj.weight", 2, s, hd < 0 ? -1 : 1, 1, l->split.first * d,
+                                 l->split.count * d, 0, bound, &l->param[2]));
+    TD_CHECK(add_uniform_param(m, l, "proj.bias", 1, s, c, &l->param[3]));
+    return TD_OK;
+}
+
+/* A square window over (channels, height, width), for conv2d and the pools:
+ * the input, "kernel", "stride" (default_stride, or the kernel when 0) and
+ * "padding" into l->conv. */
+static td_status read_window(build_ctx *b, td_layer *l, int64_t default_stride, int in_ndim,
+                             const int64_t *in) {
+    td_conv_desc *d = &l->conv;
+    if (in_ndim != 3)
+        return shape_error(b, "(channels, height, width)", in_ndim, in);
+    d->c = in[0];
+    d->h = in[1];
+    d->w = in[2];
+    TD_CHECK(get_int(b, "kernel", 1, 0, 1, 1024, &d->kh));
+    d->kw = d->kh;
+    TD_CHECK(get_int(b, "stride", 0, default_stride ? default_stride : d->kh, 1, 1024, &d->stride));
+    return get_int(b, "padding", 0, 0, 0, 1024, &d->pad);
+}
+
+/* The window's output size (oc, oh, ow), once d->oc is known. */
+static td_status window_output(build_ctx *b, td_layer *l) {
+    td_conv_desc *d = &l->conv;
+    if (d->h + 2 * d->pad < d->kh || d->w + 2 * d->pad < d->kw)
+        return field_error(b, "kernel", "larger than the padded input");
+    d->oh = (d->h + 2 * d->pad - d->kh) / d->stride + 1;
+    d->ow = (d->w + 2 * d->pad - d->kw) / d->stride + 1;
+    l->out_shape[0] = d->oc;
+    l->out_shape[1] = d->oh;
+    l->out_shape[2] = d->ow;
+    return TD_OK;
+}
+
+static td_status build_conv2d(build_ctx *b, td_layer *l, int variant, int in_ndim,
+                              const int64_t *in) {
+    static const char *const keys[] = {"type", "out", "kernel", "stride", "padding", "bias", NULL};
+    td_model *m = b->m;
+    td_conv_desc *d = &l->conv;
+    TD_CHECK(check_keys(b, keys));
+    TD_CHECK(read_window(b, l, 1, in_ndim, in));
+    TD_CHECK(get_int(b, "out", 1, 0, 1, 1 << 20, &d->oc));
+    TD_CHECK(get_bool(b, "bias", 1, &l->has_bias));
+    TD_CHECK(window_output(b, l));
+    if (!unfolded_fits(d))
+        return field_error(b, "kernel",
+                           "the unfolded input (channels x kernel^2 x output pixels) is "
+                           "more than a tensor may hold");
+    int64_t w[4] = {d->oc, d->c, d->kh, d->kw};
+    l->vt = &td__conv2d_vt;
+    TD_CHECK(add_uniform_param(m, l, "weight", 4, w, d->c * d->kh * d->kw, &l->param[0]));
+    if (l->has_bias)
+        TD_CHECK(add_uniform_param(m, l, "bias", 1, w, d->c * d->kh * d->kw, &l->param[1]));
+    return TD_OK;
+}
+
+/* maxpool and avgpool (variant: the td_pool_kind); stride defaults to the kernel. */
+static td_status build_pool(build_ctx *b, td_layer *l, int variant, int in_ndim,
+                            const int64_t *in) {
+    static const char *const keys[] = {"type", "kernel", "stride", "padding", NULL};
+    td_conv_desc *d = &l->conv;
+    TD_CHECK(check_keys(b, keys));
+    TD_CHECK(read_window(b, l, 0, in_ndim, in));
+    d->oc = d->c;
+    if (2 * d->pad > d->kh)
+        return field_error(b, "padding", "must be at most half the kernel");
+    TD_CHECK(window_output(b, l));
+    l->vt = &td__pool_vt;
+    l->pool = (td_pool_kind)variant;
+    return TD_OK;
+}
+
+/* Its "layers" as one sequential child, which must keep the shape. */
+static td_status build_residual(build_ctx *b, td_layer *l, int variant, int in_ndim,
+                                const int64_t *in) {
+    static const char *const keys[] = {"type", "layers", NULL};
+    char s1[64], s2[64], w2[256];
+    td_layer *inner = NULL;
+    TD_CHECK(check_keys(b, keys));
+    l->vt = &td__residual_vt;
+    snprintf(w2, sizeof w2, "%s.layers", b->where);
+    TD_CHECK(td__layer_build_seq(b->m, b->file, json_object_get(b->spec, "layers"), w2, l->path,
+                                 in_ndim, in, &inner));
+    if (!(l->children = td__calloc(sizeof *l->children, "a residual block"))) {
+        td__layer_destroy(inner);
+        return TD_ERR_OUT_OF_MEMORY;
     }
-    if (!strcmp(type, "flatten")) {
-        static const char *const keys[] = {"type", NULL};
-        TD_CHECK(check_keys(b, keys));
-        l->vt = &td__flatten_vt;
-        l->out_ndim = 1;
-        /* within the cap: the input was checked when it was made */
-        l->out_shape[0] = td__nn_numel(in, in_ndim);
-        return TD_OK;
-    }
-    if (!strcmp(type, "layernorm")) {
-        static const char *const keys[] = {"type", "eps", NULL};
-        int64_t c;
-        TD_CHECK(check_keys(b, keys));
-        TD_CHECK(get_real(b, "eps", 1e-5, 0.0, 1.0, 0, &l->eps));
-        if (in_ndim < 1)
-            return shape_error(b, type, "at least one dimension of", in_ndim, in);
-        l->vt = &td__layernorm_vt;
-        c = in[in_ndim - 1];
-        TD_CHECK(td__model_add_param(m, l, "weight", 1, &c, &l->param[0]));
-        if (l->param[0])
-            TD_CHECK(td_tensor_fill(l->param[0], 1.0));
-        TD_CHECK(td__model_add_param(m, l, "bias", 1, &c, &l->param[1]));
-        return l->param[1] ? td_tensor_fill(l->param[1], 0.0) : TD_OK;
-    }
-    if (!strcmp(type, "embedding")) {
-        static const char *const keys[] = {"type", "vocab", "dim", "positions", NULL};
-        int64_t dim, s[2];
-        TD_CHECK(check_keys(b, keys));
-        TD_CHECK(get_int(b, "vocab", 1, 0, 1, 1 << 24, &l->vocab));
-        TD_CHECK(get_int(b, "dim", 1, 0, 1, 1 << 20, &dim));
-        TD_CHECK(get_bool(b, "positions", 1, &l->positions));
-        if (m->kind != TD_INPUT_TOKENS || in_ndim != 1 || m->param_serial != 0)
-            return shape_error(b, type, "the model's tokens as", in_ndim, in);
-        if (m->classes > 0 && l->vocab != m->classes)
-            return field_error(b, "vocab", "differs from input.vocab");
-        l->vt = &td__embedding_vt;
-        l->out_ndim = 2;
-        l->out_shape[0] = in[0];
-        l->out_shape[1] = dim;
-        s[0] = l->vocab;
-        s[1] = dim;
-        TD_CHECK(td__model_add_param(m, l, "wte.weight", 2, s, &l->param[0]));
-        if (l->param[0])
-            TD_CHECK(td_tensor_rand_normal(l->param[0], init_stream(m), 0, 0.0, 1.0));
-        /* for a tied head further on */
-        m->embed_vocab = l->vocab;
-        m->embed_dim = dim;
-        m->embed = l->param[0] ? l : NULL;
-        if (l->positions) {
-            s[0] = in[0];
-            TD_CHECK(td__model_add_param(m, l, "wpe.weight", 2, s, &l->param[1]));
-            if (l->param[1])
-                TD_CHECK(td_tensor_rand_normal(l->param[1], init_stream(m), 0, 0.0, 1.0));
-        }
-        return TD_OK;
-    }
-    if (!strcmp(type, "attention")) {
-        static const char *const keys[] = {"type", "heads", "causal", NULL};
-        int causal, hd;
-        int64_t c, d, s[2];
-        double bound;
-        TD_CHECK(check_keys(b, keys));
-        TD_CHECK(get_int(b, "heads", 1, 0, 1, 4096, &l->heads));
-        TD_CHECK(get_bool(b, "causal", 1, &causal));
-        if (!causal)
-            return field_error(b, "causal", "only causal self-attention is implemented");
-        if (in_ndim != 2)
-            return shape_error(b, type, "(tokens, channels)", in_ndim, in);
-        c = in[1];
-        if (c % l->heads != 0)
-            return field_error(b, "heads", "must divide the channels");
-        l->vt = &td__attention_vt;
-        /* A shard's heads: their rows of q, k and v (three blocks of qkv's
-         * rows) and their columns of the projection. */
-        d = c / l->heads;
-        hd = l->split.kind == TD__SPLIT_HEADS ? 0 : -1;
-        bound = 1.0 / sqrt((double)c);
-        s[0] = 3 * c;
-        s[1] = c;
-        TD_CHECK(td__model_add_slice(m, l, "qkv.weight", 2, s, hd, 3, l->split.first * d,
-                                     l->split.count * d, 0, bound, &l->param[0]));
-        TD_CHECK(td__model_add_slice(m, l, "qkv.bias", 1, s, hd, 3, l->split.first * d,
-                                     l->split.count * d, 0, bound, &l->param[1]));
-        s[0] = c;
-        TD_CHECK(td__model_add_slice(m, l, "proj.weight", 2, s, hd < 0 ? -1 : 1, 1,
-                                     l->split.first * d, l->split.count * d, 0, bound,
-                                     &l->param[2]));
-        TD_CHECK(add_uniform_param(m, l, "proj.bias", 1, s, c, &l->param[3]));
-        return TD_OK;
-    }
-    if (!strcmp(type, "conv2d") || !strcmp(type, "maxpool") || !strcmp(type, "avgpool")) {
-        static const char *const conv_keys[] = {"type",    "out",  "kernel", "stride",
-                                                "padding", "bias", NULL};
-        static const char *const pool_keys[] = {"type", "kernel", "stride", "padding", NULL};
-        int conv = !strcmp(type, "conv2d");
-        td_conv_desc *d = &l->conv;
-        TD_CHECK(check_keys(b, conv ? conv_keys : pool_keys));
-        if (in_ndim != 3)
-            return shape_error(b, type, "(channels, height, width)", in_ndim, in);
-        d->c = in[0];
-        d->h = in[1];
-        d->w = in[2];
-        TD_CHECK(get_int(b, "kernel", 1, 0, 1, 1024, &d->kh));
-        d->kw = d->kh;
-        TD_CHECK(get_int(b, "stride", 0, conv ? 1 : d->kh, 1, 1024, &d->stride));
-        TD_CHECK(get_int(b, "padding", 0, 0, 0, 1024, &d->pad));
-        if (conv) {
-            TD_CHECK(get_int(b, "out", 1, 0, 1, 1 << 20, &d->oc));
-            TD_CHECK(get_bool(b, "bias", 1, &l->has_bias));
-        } else {
-            d->oc = d->c;
-            if (2 * d->pad > d->kh)
-                return field_error(b, "padding", "must be at most half the kernel");
-        }
-        if (d->h + 2 * d->pad < d->kh || d->w + 2 * d->pad < d->kw)
-            return field_error(b, "kernel", "larger than the padded input");
-        d->oh = (d->h + 2 * d->pad - d->kh) / d->stride + 1;
-        d->ow = (d->w + 2 * d->pad - d->kw) / d->stride + 1;
-        l->out_shape[0] = d->oc;
-        l->out_shape[1] = d->oh;
-        l->out_shape[2] = d->ow;
-        if (conv && !unfolded_fits(d))
-            return field_error(b, "kernel",
-                               "the unfolded input (channels x kernel^2 x output pixels) is "
-                               "more than a tensor may hold");
-        if (conv) {
-            int64_t w[4] = {d->oc, d->c, d->kh, d->kw};
-            l->vt = &td__conv2d_vt;
-            TD_CHECK(add_uniform_param(m, l, "weight", 4, w, d->c * d->kh * d->kw, &l->param[0]));
-            if (l->has_bias)
-                TD_CHECK(add_uniform_param(m, l, "bias", 1, w, d->c * d->kh * d->kw, &l->param[1]));
-        } else {
-            l->vt = &td__pool_vt;
-            l->pool = !strcmp(type, "maxpool") ? TD_POOL_MAX : TD_POOL_AVG;
-        }
-        return TD_OK;
-    }
-    return field_error(b, "type",
-                       "unknown layer type (linear, conv2d, maxpool, avgpool, relu, gelu, tanh, "
-                       "sigmoid, dropout, flatten, layernorm, embedding, attention, residual, "
-                       "repeat)");
+    l->children[0] = inner; /* the caller's td__layer_destroy(l) frees it on failure */
+    l->nchildren = 1;
+    if (inner->out_ndim != in_ndim ||
+        memcmp(inner->out_shape, in, sizeof(int64_t) * (size_t)in_ndim) != 0)
+        return td__error(TD_ERR_PARSE,
+                         "%s: %s: residual: its layers turn %s into %s; they must keep the shape",
+                         b->file, b->where, td__shape_text(in, in_ndim, s1),
+                         td__shape_text(inner->out_shape, inner->out_ndim, s2));
+    return TD_OK;
+}
+
+/* The layer types, in the order the error for an unknown one lists them. */
+static const layer_kind layer_kinds[] = {
+    {.type = "linear", .build = build_linear},
+    {.type = "conv2d", .build = build_conv2d},
+    {.type = "maxpool", .build = build_pool, .variant = TD_POOL_MAX},
+    {.type = "avgpool", .build = build_pool, .variant = TD_POOL_AVG},
+    {.type = "relu", .build = build_activation, .variant = TD_ACT_RELU},
+    {.type = "gelu", .build = build_gelu},
+    {.type = "tanh", .build = build_activation, .variant = TD_ACT_TANH},
+    {.type = "sigmoid", .build = build_activation, .variant = TD_ACT_SIGMOID},
+    {.type = "dropout", .build = build_dropout},
+    {.type = "flatten", .build = build_flatten},
+    {.type = "layernorm", .build = build_layernorm},
+    {.type = "embedding", .build = build_embedding},
+    {.type = "attention", .build = build_attention},
+    {.type = "residual", .build = build_residual, .container = 1},
+    {.type = "repeat", .build = NULL, .container = 1},
+};
+
+#define NKINDS (sizeof layer_kinds / sizeof layer_kinds[0])
+
+/* The entry that builds type, or NULL after an error that lists the known types. */
+static const layer_kind *find_kind(const build_ctx *b, const char *type) {
+    char msg[256];
+    size_t len;
+    for (size_t i = 0; i < NKINDS; i++)
+        if (layer_kinds[i].build && !strcmp(layer_kinds[i].type, type))
+            return &layer_kinds[i];
+    len = (size_t)snprintf(msg, sizeof msg, "unknown layer type (");
+    for (size_t i = 0; i < NKINDS && len < sizeof msg; i++)
+        len += (size_t)snprintf(msg + len, sizeof msg - len, "%s%s", i ? ", " : "",
+                                layer_kinds[i].type);
+    if (len < sizeof msg)
+        snprintf(msg + len, sizeof msg - len, ")");
+    field_error(b, "type", msg);
+    return NULL;
 }
 
 /* A layer's output per sample must fit a tensor; its input already does. */
@@ -382,13 +500,13 @@ static td_status check_out_size(const build_ctx *b, const td_layer *l) {
     return td__error(TD_ERR_PARSE,
                      "%s: %s: %s gives %s per sample, more than the %lld elements a tensor may "
                      "hold",
-                     b->file, b->where, l->type, td__nn_shape_text(l->out_shape, l->out_ndim, s),
+                     b->file, b->where, l->type, td__shape_text(l->out_shape, l->out_ndim, s),
                      (long long)TD_MODEL_MAX_TENSOR);
 }
 
 td_status td__layer_build(td_model *m, const char *file, json_t *spec, const char *where,
                           const char *path, int in_ndim, const int64_t *in_shape, td_layer **out) {
-    build_ctx b = {m, file, spec, where};
+    build_ctx b = {.m = m, .file = file, .spec = spec, .where = where};
     json_t *jt;
     const char *type;
     td_layer *l;
@@ -402,6 +520,8 @@ td_status td__layer_build(td_model *m, const char *file, json_t *spec, const cha
     if (!json_is_string(jt))
         return field_error(&b, "type", "expected a string");
     type = json_string_value(jt);
+    if (!(b.kind = find_kind(&b, type)))
+        return TD_ERR_PARSE;
     if (!(l = td__calloc(sizeof *l, "a layer")))
         return TD_ERR_OUT_OF_MEMORY;
     if (!(l->path = td__strdup(path))) {
@@ -417,50 +537,22 @@ td_status td__layer_build(td_model *m, const char *file, json_t *spec, const cha
     l->first_param = m->nparams;
     l->first_serial = m->param_serial;
     l->weights = m->serial_weights;
-    if (!strcmp(type, "residual")) {
-        static const char *const keys[] = {"type", "layers", NULL};
-        char s1[64], s2[64], w2[256];
-        td_layer *inner = NULL;
-        if ((st = check_keys(&b, keys)) != TD_OK)
-            goto fail;
-        l->vt = &td__residual_vt;
-        snprintf(w2, sizeof w2, "%s.layers", where);
-        if ((st = td__layer_build_seq(m, file, json_object_get(spec, "layers"), w2, path, in_ndim,
-                                      in_shape, &inner)) != TD_OK)
-            goto fail;
-        if (!(l->children = td__calloc(sizeof *l->children, "a residual block"))) {
-            td__layer_destroy(inner);
-            st = TD_ERR_OUT_OF_MEMORY;
-            goto fail;
-        }
-        l->children[0] = inner;
-        l->nchildren = 1;
-        if (inner->out_ndim != in_ndim ||
-            memcmp(inner->out_shape, in_shape, sizeof(int64_t) * (size_t)in_ndim) != 0) {
-            st = td__error(TD_ERR_PARSE,
-                           "%s: %s: residual: its layers turn %s into %s; they must "
-                           "keep the shape",
-                           file, where, td__nn_shape_text(in_shape, in_ndim, s1),
-                           td__nn_shape_text(inner->out_shape, inner->out_ndim, s2));
-            goto fail;
-        }
-        l->out_ndim = in_ndim;
-        memcpy(l->out_shape, in_shape, sizeof(int64_t) * (size_t)in_ndim);
-        l->weights = m->serial_weights - l->weights;
-        *out = l;
-        return TD_OK;
-    }
-    if ((st = build_leaf(&b, type, l, in_ndim, in_shape)) != TD_OK ||
+    /* the input's shape unless the builder changes it */
+    memcpy(l->out_shape, in_shape, sizeof(int64_t) * (size_t)in_ndim);
+    l->out_ndim = in_ndim;
+    if ((st = b.kind->build(&b, l, b.kind->variant, in_ndim, in_shape)) != TD_OK ||
         (st = check_out_size(&b, l)) != TD_OK)
         goto fail;
     l->weights = m->serial_weights - l->weights;
-    l->nparams = (int)(m->nparams - l->first_param);
-    for (int i = 0; i < l->nparams; i++)
-        l->grad[i] = m->grads[l->first_param + (size_t)i];
-    if (l->tied && l->param[0]) {
-        /* the weight is the embedding's (a parameter of that layer), the bias its own */
-        l->grad[1] = l->nparams ? l->grad[0] : NULL;
-        l->grad[0] = m->embed->grad[0];
+    if (!b.kind->container) { /* a container's parameters are its children's */
+        l->nparams = (int)(m->nparams - l->first_param);
+        for (int i = 0; i < l->nparams; i++)
+            l->grad[i] = m->grads[l->first_param + (size_t)i];
+        if (l->tied && l->param[0]) {
+            /* the weight is the embedding's (a parameter of that layer), the bias its own */
+            l->grad[1] = l->nparams ? l->grad[0] : NULL;
+            l->grad[0] = m->embed->grad[0];
+        }
     }
     *out = l;
     return TD_OK;
@@ -509,7 +601,7 @@ static td_status seq_fill(td_model *m, const char *file, json_t *arr, const char
         td_layer *child = NULL;
         snprintf(w, sizeof w, "%s[%zu]", where, i);
         if (json_is_string(jt) && !strcmp(json_string_value(jt), "repeat")) {
-            build_ctx b = {m, file, spec, w};
+            build_ctx b = {.m = m, .file = file, .spec = spec, .where = w};
             static const char *const keys[] = {"type", "count", "layers", NULL};
             int64_t count;
             char w2[256];

@@ -9,9 +9,10 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/text.h"
 #include "core/trace.h"
-#include "device/device-impl.h"
 #include "device/graph.h"
+#include "device/internal.h"
 #include "nn/nn-impl.h"
 
 /* Parameters ------------------------------------------------------------------- */
@@ -25,7 +26,7 @@ static td_status check_param_size(const td_model *m, const td_layer *l, const ch
         return td__error(TD_ERR_PARSE,
                          "%s: parameter %s.%s %s has more than the %lld elements a tensor may "
                          "hold",
-                         m->file, l->path, name, td__nn_shape_text(shape, ndim, s),
+                         m->file, l->path, name, td__shape_text(shape, ndim, s),
                          (long long)TD_MODEL_MAX_TENSOR);
     if ((int64_t)m->serial_weights + numel > TD_MODEL_MAX_TOTAL)
         return td__error(TD_ERR_PARSE,
@@ -231,7 +232,7 @@ uint64_t td__model_dropout_seed(const td_model *m, uint64_t dropout_step) {
 
 static td_status write_dev(td_model *m, void *dst, const void *src, size_t nbytes) {
     uint64_t tr = td__trace_begin();
-    td_status st = m->dev->ops->write(m->dev->ctx, dst, src, nbytes);
+    td_status st = td__device_write(m->dev, dst, src, nbytes);
     td__trace_end(tr, TD__TRACE_COPY, "copy HtoD", (int64_t)nbytes);
     return st;
 }
@@ -366,7 +367,7 @@ static td_status graph_step(td_model *m, const step_args *a, td_step_result *res
             if (st != TD_ERR_UNSUPPORTED)
                 TD_LOG_WARN("%s: cannot record the training step as a graph (%s); training "
                             "eagerly",
-                            m->dev->name, td_last_error());
+                            td_device_name(m->dev), td_last_error());
             m->graph_off = 1;
             return TD_OK;
         }
@@ -378,19 +379,19 @@ static td_status graph_step(td_model *m, const step_args *a, td_step_result *res
             td__graph_destroy(g);
             TD_LOG_WARN("%s: recording the training step as a graph failed (%s); training "
                         "eagerly",
-                        m->dev->name, why);
+                        td_device_name(m->dev), why);
             m->graph_off = 1;
             return TD_OK;
         }
         if ((st = td__graph_end(m->dev, &g)) != TD_OK) {
             TD_LOG_WARN("%s: recording the training step as a graph failed (%s); training "
                         "eagerly",
-                        m->dev->name, td_last_error());
+                        td_device_name(m->dev), td_last_error());
             m->graph_off = 1;
             return TD_OK;
         }
         m->graph = g;
-        TD_LOG_INFO("%s: training step recorded as a graph (batch %lld)", m->dev->name,
+        TD_LOG_INFO("%s: training step recorded as a graph (batch %lld)", td_device_name(m->dev),
                     (long long)a->batch->n);
     }
     {

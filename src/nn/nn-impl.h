@@ -21,6 +21,7 @@
 
 #include <jansson.h>
 
+#include "device/buffer.h" /* td_buffer views held by value */
 #include "tandem/nn.h"
 #include "tensor/ops.h"
 
@@ -281,8 +282,5 @@ td_status td__model_add_slice(td_model *m, td_layer *l, const char *name, int nd
 td_status td__model_reduce(td_model *m, td_tensor *t);
 /* Zeros t (a view) on the device's thread. */
 td_status td__zero(td_tensor *t);
-
-/* "(2, 3)" for a per-sample shape, into buf (describe.c). */
-const char *td__nn_shape_text(const int64_t *s, int n, char buf[64]);
 
 #endif

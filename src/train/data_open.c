@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 
 #include "core/error.h"
+#include "core/text.h"
 #include "tandem/import.h"
 #include "train/data-impl.h"
 #include "train/train-impl.h"
@@ -93,12 +94,8 @@ static td_status open_arrays(const char *path, const char *setting, const td_dat
 /* "(1, 28, 28) (784 values)". */
 static const char *shape_str(char *buf, size_t size, int ndim, const int64_t *shape,
                              int64_t values) {
-    size_t used = (size_t)snprintf(buf, size, "(");
-    for (int d = 0; d < ndim && used < size; d++)
-        used +=
-            (size_t)snprintf(buf + used, size - used, "%s%lld", d ? ", " : "", (long long)shape[d]);
-    if (used < size)
-        snprintf(buf + used, size - used, ") (%lld values)", (long long)values);
+    char s[64];
+    snprintf(buf, size, "%s (%lld values)", td__shape_text(shape, ndim, s), (long long)values);
     return buf;
 }
 

@@ -10,7 +10,8 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
-#include "nn/safetensors-impl.h"
+#include "core/text.h"
+#include "nn/safetensors.h"
 #include "train/data-impl.h"
 
 static const struct {
@@ -69,17 +70,6 @@ static double elem_real(const td__array *a, size_t i) {
         return d;
     }
     return elem_types[a->elem].is_signed ? (double)elem_int(a, i) : (double)v;
-}
-
-/* "(3, 32, 32)" from shape[0..ndim). */
-static const char *shape_str(char *buf, size_t size, int ndim, const int64_t *shape) {
-    size_t used = (size_t)snprintf(buf, size, "(");
-    for (int d = 0; d < ndim && used < size; d++)
-        used +=
-            (size_t)snprintf(buf + used, size - used, "%s%lld", d ? ", " : "", (long long)shape[d]);
-    if (used < size)
-        snprintf(buf + used, size - used, ndim == 1 ? ",)" : ")");
-    return buf;
 }
 
 /* Features: x's values as floats, each finite. */
@@ -150,7 +140,7 @@ static td_status check_pair(const td__array *x, const td__array *y) {
 
 /* y's shape for the model: (N) or (N, 1) labels, or (N, T) tokens like x. */
 static td_status check_labels_shape(const td__array *x, const td__array *y, int tokens) {
-    char a[96], b[96];
+    char a[64], b[64];
     int ok = tokens ? y->ndim == 2 && x->ndim == 2 && y->shape[1] == x->shape[1]
                     : y->ndim == 1 || (y->ndim == 2 && y->shape[1] == 1);
     if (ok)
@@ -159,10 +149,10 @@ static td_status check_labels_shape(const td__array *x, const td__array *y, int 
         return td__error(TD_ERR_SHAPE,
                          "%s has shape %s and %s %s; a token model takes (N, T) tokens and "
                          "(N, T) next tokens",
-                         x->source, shape_str(a, sizeof a, x->ndim, x->shape), y->source,
-                         shape_str(b, sizeof b, y->ndim, y->shape));
+                         x->source, td__shape_text(x->shape, x->ndim, a), y->source,
+                         td__shape_text(y->shape, y->ndim, b));
     return td__error(TD_ERR_SHAPE, "%s has shape %s; labels are (N,) or (N, 1), one a row",
-                     y->source, shape_str(b, sizeof b, y->ndim, y->shape));
+                     y->source, td__shape_text(y->shape, y->ndim, b));
 }
 
 td_status td__dataset_from_arrays(const char *source, const td__array *x, const td__array *y,

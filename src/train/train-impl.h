@@ -6,12 +6,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "core/file.h" /* td__read_file */
 #include "tandem/checkpoint.h"
 #include "tandem/train.h"
-
-/* Reads the whole file at path into a malloc'ed buffer; larger than max_bytes
- * is an error. Messages name the file. */
-td_status td__read_file(const char *path, size_t max_bytes, uint8_t **out, size_t *len);
 
 /* Unpacks one gzip stream (n bytes at in) into a malloc'ed buffer of at most
  * max_out bytes. Truncated, corrupt or oversized input is TD_ERR_CORRUPT

@@ -19,6 +19,7 @@ typedef struct attn_args {
 /* Row i of p (t, t) = softmax over j <= i of p's raw scores, zeros after
  * (f64; f32 rows go through td__cpu_softmax_row_f32, vectorised). */
 static void softmax_rows_f64(double *p, int64_t t) {
+    /* p (t, t), in place */
     for (int64_t i = 0; i < t; i++) {
         double *row = p + i * t, mx = row[0], sum = 0, inv;
         for (int64_t j = 1; j <= i; j++)
@@ -43,6 +44,7 @@ static void softmax_rows_f64(double *p, int64_t t) {
 #include "backend/cpu/tmpl/attn_back.h"
 
 static void attn_fwd_part(void *arg, int part, int nparts) {
+    /* this part's (image, head) pairs: qkv (b, t, 3c) -> p (b, h, t, t), y (b, t, c) */
     attn_args *a = arg;
     size_t es = td_dtype_size(a->dt), p0, p1;
     int64_t t = a->t, c = a->c, d = c / a->h;
@@ -71,6 +73,7 @@ static void attn_fwd_part(void *arg, int part, int nparts) {
 
 td_status td__cpu_attention_fwd(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t c, int64_t h,
                                 double scale, const void *qkv, void *p, void *y) {
+    /* qkv (b, t, 3c), h heads of c/h -> p (b, h, t, t), y (b, t, c) */
     attn_args a = {
         .dt = dt, .b = b, .t = t, .c = c, .h = h, .scale = scale, .qkv = qkv, .pw = p, .y = y};
     td__cpu_parallel(ctx, attn_fwd_part, &a);
@@ -78,6 +81,7 @@ td_status td__cpu_attention_fwd(void *ctx, td_dtype dt, int64_t b, int64_t t, in
 }
 
 static void attn_bwd_part(void *arg, int part, int nparts) {
+    /* this part's (image, head) pairs: qkv, dqkv (b, t, 3c); p (b, h, t, t); dy (b, t, c) */
     attn_args *a = arg;
     size_t es = td_dtype_size(a->dt), p0, p1;
     int64_t t = a->t, c = a->c, d = c / a->h;
@@ -110,6 +114,7 @@ static void attn_bwd_part(void *arg, int part, int nparts) {
 td_status td__cpu_attention_bwd(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t c, int64_t h,
                                 double scale, const void *qkv, const void *p, const void *dy,
                                 void *dqkv) {
+    /* qkv (b, t, 3c), p (b, h, t, t), dy (b, t, c) -> dqkv (b, t, 3c) */
     attn_args a = {.dt = dt,
                    .b = b,
                    .t = t,

@@ -30,6 +30,7 @@ static __mmask16 lanes(int64_t j0, int64_t lo, int64_t hi) {
 }
 
 int td__cpu_im2col512(const td_conv_desc *d, const float *x, float *col, int64_t ld) {
+    /* x (c, h, w) -> col (c kh kw, oh ow), rows ld apart */
     int64_t chunks = (d->ow + 15) / 16;
     __mmask16 store[MAX_CHUNKS], load[MAX_CHUNKS];
     if (d->stride != 1 || chunks > MAX_CHUNKS)

@@ -154,6 +154,7 @@ TD_TARGET_END
 /* Row softmax ------------------------------------------------------------------ */
 
 void td__cpu_softmax_row_f32(float *row, size_t n, float scale) {
+    /* row (n), in place */
     float mx, sum = 0, inv;
     if (n == 0)
         return;
@@ -215,6 +216,7 @@ typedef struct elem_args {
 /* Runs the op over [b, e): the vector path first when there is one, then the
  * scalar code over what it left. */
 static void elem_range(elem_args *r, size_t b, size_t e, int part) {
+    /* elements [b, e) of each of r's arrays (a, b, c, y, z, u): (n) */
     size_t es = td_dtype_size(r->dt), n = e - b, done = 0;
     const void *a = CAT_(r->a, b, es), *bb = CAT_(r->b, b, es), *c = CAT_(r->c, b, es);
     void *y = AT(r->y, b, es), *z = AT(r->z, b, es), *u = AT(r->u, b, es);
@@ -344,6 +346,7 @@ static void elem_run(void *ctx, elem_args *r) {
 }
 
 td_status td__cpu_act_fwd(void *ctx, td_dtype dt, td_act act, size_t n, const void *x, void *y) {
+    /* x, y: (n) */
     elem_args r = {.op = OP_ACT_FWD, .dt = dt, .act = act, .n = n, .a = x, .y = y};
     elem_run(ctx, &r);
     return TD_OK;
@@ -351,6 +354,7 @@ td_status td__cpu_act_fwd(void *ctx, td_dtype dt, td_act act, size_t n, const vo
 
 td_status td__cpu_act_bwd(void *ctx, td_dtype dt, td_act act, size_t n, const void *x,
                           const void *y, const void *dy, void *dx) {
+    /* x, y, dy, dx: (n) */
     elem_args r = {
         .op = OP_ACT_BWD, .dt = dt, .act = act, .n = n, .a = x, .b = y, .c = dy, .y = dx};
     elem_run(ctx, &r);
@@ -358,6 +362,7 @@ td_status td__cpu_act_bwd(void *ctx, td_dtype dt, td_act act, size_t n, const vo
 }
 
 td_status td__cpu_add(void *ctx, td_dtype dt, size_t n, const void *a, const void *b, void *y) {
+    /* a, b, y: (n) */
     elem_args r = {.op = OP_ADD, .dt = dt, .n = n, .a = a, .b = b, .y = y};
     elem_run(ctx, &r);
     return TD_OK;
@@ -365,6 +370,7 @@ td_status td__cpu_add(void *ctx, td_dtype dt, size_t n, const void *a, const voi
 
 td_status td__cpu_axpby(void *ctx, td_dtype dt, size_t n, double alpha, const void *x, double beta,
                         void *y) {
+    /* x, y: (n) */
     elem_args r = {.op = OP_AXPBY, .dt = dt, .n = n, .a = x, .y = y, .alpha = alpha, .beta = beta};
     elem_run(ctx, &r);
     return TD_OK;
@@ -372,6 +378,7 @@ td_status td__cpu_axpby(void *ctx, td_dtype dt, size_t n, double alpha, const vo
 
 td_status td__cpu_dropout(void *ctx, td_dtype dt, size_t n, double p, uint64_t seed,
                           uint64_t offset, const void *x, void *y) {
+    /* x, y: (n) */
     elem_args r = {.op = OP_DROPOUT,
                    .dt = dt,
                    .n = n,
@@ -385,6 +392,7 @@ td_status td__cpu_dropout(void *ctx, td_dtype dt, size_t n, double p, uint64_t s
 }
 
 td_status td__cpu_sumsq(void *ctx, td_dtype dt, size_t n, const void *x, double *out) {
+    /* x (n) -> *out */
     elem_args r = {.op = OP_SUMSQ, .dt = dt, .n = n, .a = x};
     int parts = n < ELEM_PARALLEL_MIN ? 1 : td__cpu_threads(ctx);
     elem_run(ctx, &r);
@@ -397,6 +405,7 @@ td_status td__cpu_sumsq(void *ctx, td_dtype dt, size_t n, const void *x, double 
 
 td_status td__cpu_sgd(void *ctx, td_dtype dt, size_t n, void *w, const void *g, void *buf,
                       const td_opt_args *o) {
+    /* w, g, buf: (n) */
     elem_args r = {.op = OP_SGD, .dt = dt, .n = n, .a = g, .y = w, .z = buf, .opt = o};
     elem_run(ctx, &r);
     return TD_OK;
@@ -404,6 +413,7 @@ td_status td__cpu_sgd(void *ctx, td_dtype dt, size_t n, void *w, const void *g, 
 
 td_status td__cpu_adamw(void *ctx, td_dtype dt, size_t n, void *w, const void *g, void *m, void *v,
                         const td_opt_args *o) {
+    /* w, g, m, v: (n) */
     elem_args r = {.op = OP_ADAMW, .dt = dt, .n = n, .a = g, .y = w, .z = m, .u = v, .opt = o};
     elem_run(ctx, &r);
     return TD_OK;
@@ -421,6 +431,7 @@ typedef struct bias_args {
 
 /* Linear layers (inner 1): rows [r0, r1) of (outer, c) each get the bias vector. */
 static void bias_add_vec_rows(bias_args *a, size_t r0, size_t r1) {
+    /* rows [r0, r1) of y (outer, c) += b (c) */
     size_t es = td_dtype_size(a->dt), n = (size_t)a->c;
     for (size_t r = r0; r < r1; r++) {
         char *row = a->y + r * n * es;
@@ -442,6 +453,7 @@ static void bias_add_vec_rows(bias_args *a, size_t r0, size_t r1) {
 
 /* Convolutions: planes [p0, p1) of (outer, c) each get their channel's bias. */
 static void bias_add_planes(bias_args *a, size_t p0, size_t p1) {
+    /* planes [p0, p1) of y (outer c, inner) += b (c), one value a plane */
     size_t es = td_dtype_size(a->dt), n = (size_t)a->inner;
     for (size_t pl = p0; pl < p1; pl++) {
         int64_t ch = (int64_t)pl % a->c;
@@ -479,6 +491,7 @@ static void bias_add_part(void *p, int part, int nparts) {
 
 td_status td__cpu_bias_add(void *ctx, td_dtype dt, void *y, const void *bias, int64_t outer,
                            int64_t c, int64_t inner) {
+    /* y (outer, c, inner) += bias (c) */
     bias_args a = {dt, y, bias, outer, c, inner, td__cpu_simd()};
     if ((size_t)(outer * c * inner) < ELEM_PARALLEL_MIN)
         bias_add_part(&a, 0, 1);
@@ -497,6 +510,7 @@ typedef struct bias_grad_args {
 
 /* Each part owns a range of channels, so no two parts write one sum. */
 static void bias_grad_part(void *p, int part, int nparts) {
+    /* channels [c0, c1) of db (c) from dy (outer, c, inner) */
     bias_grad_args *a = p;
     size_t c0, c1;
     td__part_range((size_t)a->c, part, nparts, &c0, &c1);
@@ -548,6 +562,7 @@ static void bias_grad_part(void *p, int part, int nparts) {
 
 td_status td__cpu_bias_grad(void *ctx, td_dtype dt, void *db, const void *dy, int64_t outer,
                             int64_t c, int64_t inner, int acc) {
+    /* dy (outer, c, inner) -> db (c) */
     bias_grad_args a = {dt, db, dy, outer, c, inner, acc};
     if ((size_t)(outer * c * inner) < ELEM_PARALLEL_MIN || c < td__cpu_threads(ctx))
         bias_grad_part(&a, 0, 1);

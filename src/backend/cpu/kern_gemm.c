@@ -76,6 +76,7 @@ int td__cpu_gemm_own(td_dtype dt, int64_t m, int64_t n, int64_t k) {
 void td__cpu_gemm_serial(td_dtype dt, int ta, int tb, int64_t m, int64_t n, int64_t k, double alpha,
                          const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
                          void *c, int64_t ldc) {
+    /* c (m, n) = alpha op(a) (m, k) op(b) (k, n) + beta c; rows lda, ldb, ldc apart */
     if (m <= 0 || n <= 0)
         return;
     if (k <= 0) {
@@ -123,6 +124,7 @@ typedef struct gemm_args {
 #define GEMM_ALIGN 16
 
 static void gemm_part(void *p, int part, int nparts) {
+    /* c (m, n) = alpha op(a) op(b) + beta c: this part's rows (columns if split_n) */
     gemm_args *g = p;
     size_t es = td_dtype_size(g->dt);
     int64_t total = g->split_n ? g->n : g->m;
@@ -155,6 +157,7 @@ static void gemm_part(void *p, int part, int nparts) {
 td_status td__cpu_gemm(void *ctx, td_dtype dt, int ta, int tb, int64_t m, int64_t n, int64_t k,
                        double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
                        double beta, void *c, int64_t ldc) {
+    /* c (m, n) = alpha op(a) (m, k) op(b) (k, n) + beta c; rows lda, ldb, ldc apart */
     cpu_device *cd = ctx;
     gemm_args g = {dt, ta, tb, m, n, k, alpha, beta, a, b, c, lda, ldb, ldc, 0, 0, 0, 1, 0};
     if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX)
@@ -170,6 +173,7 @@ td_status td__cpu_gemm(void *ctx, td_dtype dt, int ta, int tb, int64_t m, int64_
 }
 
 static void gemm_batched_part(void *p, int part, int nparts) {
+    /* this part's matrices of the batch, each c (m, n) = alpha op(a) op(b) + beta c */
     gemm_args *g = p;
     size_t es = td_dtype_size(g->dt), b0, b1;
     td__part_range((size_t)g->batch, part, nparts, &b0, &b1);
@@ -183,6 +187,7 @@ td_status td__cpu_gemm_batched(void *ctx, td_dtype dt, int ta, int tb, int64_t m
                                int64_t k, double alpha, const void *a, int64_t lda,
                                int64_t stride_a, const void *b, int64_t ldb, int64_t stride_b,
                                double beta, void *c, int64_t ldc, int64_t stride_c, int64_t batch) {
+    /* batch x [c (m, n) = alpha op(a) (m, k) op(b) (k, n) + beta c], stride_* apart */
     cpu_device *cd = ctx;
     gemm_args g = {dt, ta,  tb,  m,   n,        k,        alpha,    beta,  a, b,
                    c,  lda, ldb, ldc, stride_a, stride_b, stride_c, batch, 0};
@@ -282,6 +287,7 @@ static void copy_rows(td_dtype dt, void *dst, int64_t ldd, const void *src, int6
 /* Each part takes its images in groups of g: im2col of the group side by side
  * (ckk, g ohw), one GEMM, then the outputs back to (n, oc, ohw) with the bias. */
 static void conv_fwd_part(void *p, int part, int nparts) {
+    /* images [n0, n1) of x (n, c, h, w) -> y (n, oc, oh, ow) */
     conv_args *a = p;
     const td_conv_desc *d = a->d;
     size_t es = td_dtype_size(a->dt), n0, n1;
@@ -311,6 +317,7 @@ static void conv_fwd_part(void *p, int part, int nparts) {
 
 td_status td__cpu_conv2d_fwd(void *ctx, td_dtype dt, const td_conv_desc *d, const void *x,
                              const void *w, const void *bias, void *y) {
+    /* x (n, c, h, w), w (oc, c, kh, kw), bias (oc) -> y (n, oc, oh, ow) */
     conv_args a = {.dt = dt, .d = d, .x = x, .w = w, .bias = bias, .y = y};
     td__cpu_parallel(ctx, conv_fwd_part, &a);
     if (a.failed)
@@ -322,6 +329,7 @@ td_status td__cpu_conv2d_fwd(void *ctx, td_dtype dt, const td_conv_desc *d, cons
  * (oc, g ohw), dw += dy col^T and db += row sums into this part's partial
  * sums, dcol = w^T dy back to the images' dx through col2im. */
 static void conv_bwd_part(void *p, int part, int nparts) {
+    /* images [n0, n1): dy (n, oc, oh, ow) -> dx (n, c, h, w), partial dw, db */
     conv_args *a = p;
     const td_conv_desc *d = a->d;
     size_t es = td_dtype_size(a->dt), n0, n1;
@@ -391,6 +399,7 @@ static void conv_bwd_part(void *p, int part, int nparts) {
 
 td_status td__cpu_conv2d_bwd(void *ctx, td_dtype dt, const td_conv_desc *d, const void *x,
                              const void *w, const void *dy, void *dx, void *dw, void *db, int acc) {
+    /* x, dx: (n, c, h, w); w, dw: (oc, c, kh, kw); dy (n, oc, oh, ow); db (oc) */
     conv_args a = {.dt = dt, .d = d, .x = x, .w = w, .dy = dy, .dx = dx};
     int nparts = td__cpu_threads(ctx);
     int64_t ckk = d->c * d->kh * d->kw, total = d->oc * ckk + d->oc;

@@ -37,6 +37,7 @@
  * row stride ldw; beta 0 leaves y unread. Four rows share each load of x. */
 static void sgemv_rows512(int64_t rows, int64_t k, float alpha, const float *x, const float *w,
                           int64_t ldw, float beta, float *y) {
+    /* w (rows, k), rows ldw apart; x (k) -> y (rows) */
     int64_t kf = k & ~(int64_t)15, j = 0;
     __mmask16 tail = (__mmask16)((1u << (k & 15)) - 1u);
     for (; j + 4 <= rows; j += 4) {
@@ -103,6 +104,7 @@ typedef struct gemv_args {
 
 /* Outputs [lo, hi) of y = alpha op(B)^T x + beta y on the calling thread. */
 static void gemv_range(const gemv_args *g, int64_t lo, int64_t hi) {
+    /* x (k), op(b)^T (n, k) -> y[lo:hi] of y (n) */
     size_t es = td_dtype_size(g->dt);
     int64_t cnt = hi - lo;
     if (cnt <= 0)
@@ -143,6 +145,7 @@ static void gemv_range(const gemv_args *g, int64_t lo, int64_t hi) {
 }
 
 static void gemv_part(void *p, int part, int nparts) {
+    /* this part's blocks of y (n) */
     const gemv_args *g = p;
     int64_t blocks = (g->n + GEMV_ALIGN - 1) / GEMV_ALIGN, lo, hi;
     size_t bb, be;
@@ -155,6 +158,7 @@ static void gemv_part(void *p, int part, int nparts) {
 td_status td__cpu_gemm_any(void *ctx, td_dtype dt, int ta, int tb, int64_t m, int64_t n, int64_t k,
                            double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
                            double beta, void *c, int64_t ldc) {
+    /* c (m, n) = alpha op(a) (m, k) op(b) (k, n) + beta c; rows lda, ldb, ldc apart */
     cpu_device *cd = ctx;
     gemv_args g;
     /* One row of A, read in place: op(A) (1, k) is contiguous unless A is

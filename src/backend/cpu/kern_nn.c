@@ -1,6 +1,7 @@
 /* Row-wise neural-network kernels: softmax cross-entropy, layer norm,
- * embeddings, pooling and the causal softmax of attention. Written once per
- * element type through macros; rows are split over the device's cores. */
+ * embeddings, pooling and the causal softmax of attention. Written once over
+ * the element type in tmpl/ and included here for f32 and f64; rows are
+ * split over the device's cores. */
 #include <math.h>
 #include <string.h>
 
@@ -32,17 +33,20 @@ static void run_parts(void *ctx, double work, td_cpu_part_fn fn, void *arg) {
         td__cpu_parallel(ctx, fn, arg);
 }
 
-/* A part's share of the rows, run by the element type's function NAME_rows_T. */
-#define DEFINE_ROWS_PART(NAME)                                                                     \
-    static void NAME##_part(void *p, int part, int nparts) {                                       \
-        rows_args *a = p;                                                                          \
-        size_t r0, r1;                                                                             \
-        td__part_range((size_t)a->rows, part, nparts, &r0, &r1);                                   \
-        if (a->dt == TD_F32)                                                                       \
-            NAME##_rows_f32(a, r0, r1);                                                            \
-        else                                                                                       \
-            NAME##_rows_f64(a, r0, r1);                                                            \
-    }
+typedef void (*rows_fn)(rows_args *a, size_t r0, size_t r1);
+
+/* A part's share of the rows, run by f32's or f64's row function. Each
+ * caller passes a pair from one template in tmpl/, so this is the whole
+ * dtype dispatch; static, it inlines into the callers. */
+static void rows_part(void *p, int part, int nparts, rows_fn f32, rows_fn f64) {
+    rows_args *a = p;
+    size_t r0, r1;
+    td__part_range((size_t)a->rows, part, nparts, &r0, &r1);
+    if (a->dt == TD_F32)
+        f32(a, r0, r1);
+    else
+        f64(a, r0, r1);
+}
 
 /* Softmax cross-entropy -------------------------------------------------------- */
 
@@ -71,6 +75,7 @@ static void xent_part(void *p, int part, int nparts) {
 td_status td__cpu_xent(void *ctx, td_dtype dt, int64_t rows, int64_t classes, const void *logits,
                        const int32_t *labels, void *dlogits, double grad_scale, double *loss_sum,
                        int64_t *correct) {
+    /* logits, dlogits: (rows, classes); labels (rows) -> *loss_sum, *correct */
     rows_args a = {.dt = dt,
                    .rows = rows,
                    .cols = classes,
@@ -108,11 +113,14 @@ td_status td__cpu_xent(void *ctx, td_dtype dt, int64_t rows, int64_t classes, co
 #define SQRT sqrt
 #include "backend/cpu/tmpl/layernorm.h"
 
-DEFINE_ROWS_PART(ln_fwd)
+static void ln_fwd_part(void *p, int part, int nparts) {
+    rows_part(p, part, nparts, ln_fwd_rows_f32, ln_fwd_rows_f64);
+}
 
 td_status td__cpu_layernorm_fwd(void *ctx, td_dtype dt, int64_t rows, int64_t cols, double eps,
                                 const void *x, const void *gamma, const void *beta, void *y,
                                 void *mean, void *rstd) {
+    /* x, y: (rows, cols); gamma, beta: (cols); mean, rstd: (rows) */
     rows_args a = {.dt = dt,
                    .rows = rows,
                    .cols = cols,
@@ -147,6 +155,7 @@ static void ln_bwd_part(void *p, int part, int nparts) {
 td_status td__cpu_layernorm_bwd(void *ctx, td_dtype dt, int64_t rows, int64_t cols, const void *x,
                                 const void *gamma, const void *mean, const void *rstd,
                                 const void *dy, void *dx, void *dgamma, void *dbeta, int acc) {
+    /* x, dy, dx: (rows, cols); gamma, dgamma, dbeta: (cols); mean, rstd: (rows) */
     rows_args a = {.dt = dt,
                    .rows = rows,
                    .cols = cols,
@@ -188,6 +197,7 @@ typedef struct embed_args {
 } embed_args;
 
 static void embed_fwd_part(void *p, int part, int nparts) {
+    /* positions [r0, r1) of tokens (b t) -> y (b t, c) */
     embed_args *a = p;
     size_t r0, r1, es = td_dtype_size(a->dt);
     td__part_range((size_t)(a->b * a->t), part, nparts, &r0, &r1);
@@ -215,6 +225,7 @@ static void embed_fwd_part(void *p, int part, int nparts) {
 
 td_status td__cpu_embed_fwd(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t c, int64_t vocab,
                             const int32_t *tokens, const void *wte, const void *wpe, void *y) {
+    /* tokens (b, t), wte (vocab, c), wpe (>= t, c) -> y (b, t, c) */
     embed_args a = {.dt = dt,
                     .b = b,
                     .t = t,
@@ -237,6 +248,7 @@ td_status td__cpu_embed_fwd(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_
 
 /* Each part owns a range of channels, so the scatter-add never races. */
 static void embed_bwd_part(void *p, int part, int nparts) {
+    /* channels [c0, c1) of dwte (vocab, c), dwpe (t, c) from dy (b t, c) */
     embed_args *a = p;
     size_t c0, c1;
     td__part_range((size_t)a->c, part, nparts, &c0, &c1);
@@ -277,6 +289,7 @@ static void embed_bwd_part(void *p, int part, int nparts) {
 td_status td__cpu_embed_bwd(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t c, int64_t vocab,
                             const int32_t *tokens, const void *dy, void *dwte, void *dwpe,
                             int acc) {
+    /* tokens (b, t), dy (b, t, c) -> dwte (vocab, c), dwpe (>= t, c) */
     embed_args a = {.dt = dt,
                     .b = b,
                     .t = t,
@@ -312,6 +325,7 @@ typedef struct pool_args {
 
 /* The common 2x2 max-pool with stride 2 and no padding, f32. */
 static void maxpool2_planes_f32(pool_args *a, size_t p0, size_t p1) {
+    /* planes [p0, p1) of x (n c, h, w) -> y, argmax: (n c, oh, ow) */
     const td_conv_desc *d = a->d;
     int64_t hw = d->h * d->w, ohw = d->oh * d->ow;
     for (size_t pl = p0; pl < p1; pl++) {
@@ -366,6 +380,7 @@ static void pool_bwd_part(void *p, int part, int nparts) {
 
 td_status td__cpu_pool_fwd(void *ctx, td_dtype dt, td_pool_kind kind, const td_conv_desc *d,
                            const void *x, void *y, int32_t *argmax) {
+    /* x (n, c, h, w) -> y, argmax: (n, c, oh, ow) */
     pool_args a = {dt, kind, d, x, NULL, y, NULL, argmax, NULL};
     run_parts(ctx, (double)(d->n * d->c * d->h * d->w), pool_fwd_part, &a);
     return TD_OK;
@@ -373,6 +388,7 @@ td_status td__cpu_pool_fwd(void *ctx, td_dtype dt, td_pool_kind kind, const td_c
 
 td_status td__cpu_pool_bwd(void *ctx, td_dtype dt, td_pool_kind kind, const td_conv_desc *d,
                            const void *dy, const int32_t *argmax, void *dx) {
+    /* dy, argmax: (n, c, oh, ow) -> dx (n, c, h, w) */
     pool_args a = {dt, kind, d, NULL, dy, NULL, dx, NULL, argmax};
     if (kind == TD_POOL_MAX && !argmax)
         return td__error(TD_ERR_INVALID_ARG, "max-pool backward without the forward's arg-max");
@@ -391,12 +407,17 @@ td_status td__cpu_pool_bwd(void *ctx, td_dtype dt, td_pool_kind kind, const td_c
 #define EXP exp
 #include "backend/cpu/tmpl/causal_softmax.h"
 
-DEFINE_ROWS_PART(csm_fwd)
+static void csm_fwd_part(void *p, int part, int nparts) {
+    rows_part(p, part, nparts, csm_fwd_rows_f32, csm_fwd_rows_f64);
+}
 
-DEFINE_ROWS_PART(csm_bwd)
+static void csm_bwd_part(void *p, int part, int nparts) {
+    rows_part(p, part, nparts, csm_bwd_rows_f32, csm_bwd_rows_f64);
+}
 
 td_status td__cpu_causal_softmax_fwd(void *ctx, td_dtype dt, int64_t rows, int64_t t, double scale,
                                      const void *s, void *p) {
+    /* s, p: (rows, t, t) */
     rows_args a = {.dt = dt, .rows = rows * t, .cols = t, .scale = scale, .x = s, .y = p};
     run_parts(ctx, (double)(rows * t * t), csm_fwd_part, &a);
     return TD_OK;
@@ -404,6 +425,7 @@ td_status td__cpu_causal_softmax_fwd(void *ctx, td_dtype dt, int64_t rows, int64
 
 td_status td__cpu_causal_softmax_bwd(void *ctx, td_dtype dt, int64_t rows, int64_t t, double scale,
                                      const void *p, const void *dp, void *ds) {
+    /* p, dp, ds: (rows, t, t) */
     rows_args a = {
         .dt = dt, .rows = rows * t, .cols = t, .scale = scale, .x = p, .dy = dp, .dx = ds};
     run_parts(ctx, (double)(rows * t * t), csm_bwd_part, &a);

@@ -62,6 +62,7 @@ static inline void transpose16(__m512 r[16]) {
  * batch's fixed cost. What is left (a partial strip, kc's last rows) reads
  * rows of b and scatters into columns. */
 static void pack_bt(const float *b, int64_t ldb, int64_t kc, int64_t w, float *dst) {
+    /* b (w <= NR rows, kc), rows ldb apart -> dst (kc, NR) */
     int64_t p0 = 0;
     for (; w == NR && p0 + 16 <= kc; p0 += 16)
         for (int h = 0; h < 2; h++) {
@@ -80,6 +81,7 @@ static void pack_bt(const float *b, int64_t ldb, int64_t kc, int64_t w, float *d
 /* Bp (ceil(nc / 32), kc, 32) from op(B)[pc:pc+kc, jc:jc+nc]. */
 static void pack_b(int tb, const float *b, int64_t ldb, int64_t pc, int64_t jc, int64_t kc,
                    int64_t nc, float *bp) {
+    /* op(b)[pc:pc+kc, jc:jc+nc] -> bp (ceil(nc / NR), kc, NR) */
     for (int64_t j0 = 0; j0 < nc; j0 += NR) {
         int64_t w = nc - j0 < NR ? nc - j0 : NR;
         float *dst = bp + j0 * kc;
@@ -112,6 +114,7 @@ static void pack_b(int tb, const float *b, int64_t ldb, int64_t pc, int64_t jc, 
  * rows off each other's sets. Returns ldp (0 for the column layout). */
 static int64_t pack_a(int ta, const float *a, int64_t lda, int64_t ir, int64_t pc, int64_t kc,
                       int64_t mr, int mrv, float *ap) {
+    /* op(a)[ir:ir+mr, pc:pc+kc] -> ap (kc, mrv) or (mrv, ldp) */
     if (ta) {
         __mmask16 m = (__mmask16)((1u << mr) - 1), all = (__mmask16)((1u << mrv) - 1);
         const float *src = a + pc * lda + ir;
@@ -201,6 +204,7 @@ kernel_body(const int mrv, const int rows, int64_t kc, const float *ap, int64_t 
  * stored. */
 static void dot_nt(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                    const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    /* a (m, k), b (n, k) -> c (m, n) = alpha a b^T + beta c */
     for (int64_t i0 = 0; i0 < m; i0 += 3)
         for (int64_t j0 = 0; j0 < n; j0 += 4) {
             const float *ar[3], *br[4];
@@ -274,6 +278,7 @@ static int strip_rows(int64_t m) {
 
 int td__cpu_sgemm512(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                      int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    /* c (m, n) = alpha op(a) (m, k) op(b) (k, n) + beta c, f32; rows ld* apart */
     /* packed B block (KC x NC) and one packed A strip (MR rows of KC + 16) */
     float *bp = td__cpu_scratch_slot(1, sizeof(float) * (KC * NC + MR * (KC + 16)));
     float *ap;

@@ -8,6 +8,7 @@
 
 /* dp (t, t) becomes scale * p * (dp - rowsum(p dp)). */
 static void TD_T_NAME(softmax_back_rows)(const T *p, T *dp, int64_t t, T scale) {
+    /* p, dp: (t, t) */
     for (int64_t i = 0; i < t; i++) {
         const T *pr = p + i * t;
         T *dr = dp + i * t, dot = 0;

@@ -7,6 +7,7 @@
 #endif
 
 static void TD_T_NAME(csm_fwd_rows)(rows_args *a, size_t r0, size_t r1) {
+    /* rows [r0, r1) of x = s, y = p: (rows, cols = t) */
     int64_t t = a->cols;
     T sc = (T)a->scale;
     for (size_t r = r0; r < r1; r++) {
@@ -28,6 +29,7 @@ static void TD_T_NAME(csm_fwd_rows)(rows_args *a, size_t r0, size_t r1) {
     }
 }
 static void TD_T_NAME(csm_bwd_rows)(rows_args *a, size_t r0, size_t r1) {
+    /* rows [r0, r1) of x = p, dy = dp, dx = ds: (rows, cols = t) */
     int64_t t = a->cols;
     T sc = (T)a->scale;
     for (size_t r = r0; r < r1; r++) {

@@ -12,6 +12,7 @@
 #endif
 
 static void TD_T_NAME(act_fwd)(td_act act, size_t n, const T *x, T *y) {
+    /* x, y: (n) */
     for (size_t i = 0; i < n; i++) {
         T v = x[i];
         switch (act) {
@@ -26,6 +27,7 @@ static void TD_T_NAME(act_fwd)(td_act act, size_t n, const T *x, T *y) {
     }
 }
 static void TD_T_NAME(act_bwd)(td_act act, size_t n, const T *x, const T *y, const T *dy, T *dx) {
+    /* x, y, dy, dx: (n) */
     for (size_t i = 0; i < n; i++) {
         T v = x[i], d = 0;
         switch (act) {
@@ -44,10 +46,12 @@ static void TD_T_NAME(act_bwd)(td_act act, size_t n, const T *x, const T *y, con
     }
 }
 static void TD_T_NAME(add)(size_t n, const T *a, const T *b, T *y) {
+    /* a, b, y: (n) */
     for (size_t i = 0; i < n; i++)
         y[i] = a[i] + b[i];
 }
 static void TD_T_NAME(axpby)(size_t n, T alpha, const T *x, T beta, T *y) {
+    /* x, y: (n) */
     if (beta == 0)
         for (size_t i = 0; i < n; i++)
             y[i] = alpha * x[i];
@@ -56,12 +60,14 @@ static void TD_T_NAME(axpby)(size_t n, T alpha, const T *x, T beta, T *y) {
             y[i] = alpha * x[i] + beta * y[i];
 }
 static void TD_T_NAME(sumsq)(size_t n, const T *x, double *out) {
+    /* x (n) -> *out */
     double s = 0;
     for (size_t i = 0; i < n; i++)
         s += (double)x[i] * (double)x[i];
     *out = s;
 }
 static void TD_T_NAME(adamw)(size_t n, T *w, const T *g, T *m, T *v, const td_opt_args *o) {
+    /* w, g, m, v: (n) */
     T decay = (T)(1.0 - o->lr * o->weight_decay), b1 = (T)o->beta1, b2 = (T)o->beta2;
     T c1 = (T)(1.0 - o->beta1), c2 = (T)(1.0 - o->beta2), gm = (T)o->grad_mul;
     T step = (T)(-o->lr / o->bias_corr1), isq2 = (T)(1.0 / sqrt(o->bias_corr2));
@@ -77,6 +83,7 @@ static void TD_T_NAME(adamw)(size_t n, T *w, const T *g, T *m, T *v, const td_op
     }
 }
 static void TD_T_NAME(sgd)(size_t n, T *w, const T *g, T *buf, const td_opt_args *o) {
+    /* w, g, buf: (n) */
     T gm = (T)o->grad_mul, wd = (T)o->weight_decay, mom = (T)o->momentum, nlr = (T)-o->lr;
     for (size_t i = 0; i < n; i++) {
         T gi = wd * w[i] + g[i] * gm;

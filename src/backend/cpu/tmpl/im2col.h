@@ -7,6 +7,7 @@
 #endif
 
 static void TD_T_NAME(im2col)(const td_conv_desc *d, const T *x, T *col, int64_t ld) {
+    /* x (c, h, w) -> col (c kh kw, oh ow), rows ld apart */
     for (int64_t ci = 0; ci < d->c; ci++)
         for (int64_t ki = 0; ki < d->kh; ki++)
             for (int64_t kj = 0; kj < d->kw; kj++) {
@@ -38,6 +39,7 @@ static void TD_T_NAME(im2col)(const td_conv_desc *d, const T *x, T *col, int64_t
 }
 /* dx (c, h, w) = the sum of col's entries back at their pixels (overwritten). */
 static void TD_T_NAME(col2im)(const td_conv_desc *d, const T *col, int64_t ld, T *x) {
+    /* col (c kh kw, oh ow), rows ld apart -> x (c, h, w), summed */
     memset(x, 0, sizeof(T) * (size_t)(d->c * d->h * d->w));
     for (int64_t ci = 0; ci < d->c; ci++)
         for (int64_t ki = 0; ki < d->kh; ki++)

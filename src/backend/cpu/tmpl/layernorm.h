@@ -7,6 +7,7 @@
 #endif
 
 static void TD_T_NAME(ln_fwd_rows)(rows_args *a, size_t r0, size_t r1) {
+    /* rows [r0, r1) of x, y: (rows, cols); g, b: (cols); mean, rstd: (rows) */
     int64_t c = a->cols;
     const T *g = a->g, *bt = a->b;
     for (size_t r = r0; r < r1; r++) {
@@ -40,6 +41,7 @@ static void TD_T_NAME(ln_fwd_rows)(rows_args *a, size_t r0, size_t r1) {
 }
 /* dx only; the parameter sums are done per part into partial buffers. */
 static void TD_T_NAME(ln_bwd_rows)(rows_args *a, size_t r0, size_t r1, T *dg, T *db) {
+    /* rows [r0, r1) of x, dy, dx: (rows, cols); g, dg, db: (cols); m, r: (rows) */
     int64_t c = a->cols;
     const T *g = a->g;
     for (size_t r = r0; r < r1; r++) {

@@ -7,6 +7,7 @@
 #endif
 
 static void TD_T_NAME(pool_fwd_planes)(pool_args *a, size_t p0, size_t p1) {
+    /* planes [p0, p1) of x (n c, h, w) -> y, argmax: (n c, oh, ow) */
     const td_conv_desc *d = a->d;
     int64_t hw = d->h * d->w, ohw = d->oh * d->ow;
     T inv = (T)1 / (T)(d->kh * d->kw);
@@ -43,6 +44,7 @@ static void TD_T_NAME(pool_fwd_planes)(pool_args *a, size_t p0, size_t p1) {
     }
 }
 static void TD_T_NAME(pool_bwd_planes)(pool_args *a, size_t p0, size_t p1) {
+    /* planes [p0, p1) of dy, argmax: (n c, oh, ow) -> dx (n c, h, w) */
     const td_conv_desc *d = a->d;
     int64_t hw = d->h * d->w, ohw = d->oh * d->ow;
     for (size_t pl = p0; pl < p1; pl++) {

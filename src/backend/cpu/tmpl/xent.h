@@ -7,6 +7,7 @@
 #endif
 
 static void TD_T_NAME(xent_rows)(rows_args *a, size_t r0, size_t r1, int part) {
+    /* rows [r0, r1) of x, dx: (rows, cols = classes); labels (rows) */
     const T *x = a->x;
     T *d = a->dx;
     int64_t c = a->cols;

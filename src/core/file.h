@@ -1,0 +1,16 @@
+/* Reading whole files into host memory. */
+#ifndef TD_CORE_FILE_H
+#define TD_CORE_FILE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tandem/status.h"
+
+/* Reads the whole regular file at path into *out (64-byte aligned, so that
+ * its bytes may be read as any element type; free with free()) and its size
+ * into *len. A file larger than max_bytes is TD_ERR_IO; every message names
+ * the file. On failure *out is NULL and *len 0. */
+td_status td__read_file(const char *path, size_t max_bytes, uint8_t **out, size_t *len);
+
+#endif
