@@ -256,12 +256,17 @@ static char *slot(const td__shm *s, uint64_t t, int process) {
     return s->slots[t & 1] + (size_t)process * SHM_CHUNK;
 }
 
-/* dst = the op over every process's slot of tick t from byte off, n elements. */
+/* dst = the op, in process order, over every process's slot of tick t from
+ * byte off, n elements; this process's term read from mine instead when
+ * that is not NULL (its own part, which it did not copy). */
 static void reduce_slots(const td__shm *s, uint64_t t, void *dst, size_t off, size_t n, td_dtype dt,
-                         td_reduce_op op) {
-    td__reduce2(dst, slot(s, t, 0) + off, slot(s, t, 1) + off, n, dt, op);
+                         td_reduce_op op, const char *mine) {
+    const char *term[2];
+    for (int q = 0; q < 2; q++)
+        term[q] = mine && q == s->process ? mine : slot(s, t, q) + off;
+    td__reduce2(dst, term[0], term[1], n, dt, op);
     for (int q = 2; q < s->nprocs; q++)
-        td__reduce2(dst, dst, slot(s, t, q) + off, n, dt, op);
+        td__reduce2(dst, dst, mine && q == s->process ? mine : slot(s, t, q) + off, n, dt, op);
 }
 
 td_status td__shm_allreduce(td__shm *s, td__member *m, const td__op *o, const void *in, void *out) {
@@ -273,17 +278,21 @@ td_status td__shm_allreduce(td__shm *s, td__member *m, const td__op *o, const vo
         uint64_t t = ++s->tick;
         memcpy(slot(s, t, s->process), in, bytes);
         TD_TRY(barrier(s, m, o, t));
-        reduce_slots(s, t, out, 0, o->count, o->dtype, op);
+        reduce_slots(s, t, out, 0, o->count, o->dtype, op, NULL);
         return TD_OK;
     }
     for (size_t done = 0; done < bytes; done += SHM_CHUNK) {
         const size_t nb = bytes - done < SHM_CHUNK ? bytes - done : SHM_CHUNK, n = nb / es;
         const size_t lo = n * (size_t)s->process / (size_t)s->nprocs,
                      hi = n * ((size_t)s->process + 1) / (size_t)s->nprocs;
+        const char *from = (const char *)in + done;
         uint64_t t = ++s->tick;
-        memcpy(slot(s, t, s->process), (const char *)in + done, nb);
+        /* the others' parts only: this process reduces its own from in */
+        memcpy(slot(s, t, s->process), from, lo * es);
+        memcpy(slot(s, t, s->process) + hi * es, from + hi * es, (n - hi) * es);
         TD_TRY(barrier(s, m, o, t));
-        reduce_slots(s, t, s->result[t & 1] + lo * es, lo * es, hi - lo, o->dtype, op);
+        reduce_slots(s, t, s->result[t & 1] + lo * es, lo * es, hi - lo, o->dtype, op,
+                     from + lo * es);
         TD_TRY(barrier(s, m, o, ++s->tick));
         if (bytes >= SHM_STREAM)
             streamed |= td__stream_copy((char *)out + done, s->result[t & 1], nb);
