@@ -150,6 +150,16 @@ TD_API const td_buffer *td_model_part_output(td_model *m, int slot);
  * replace it (0). */
 TD_API td_status td_model_part_backward(td_model *m, int slot, const td_buffer *dout,
                                         int accumulate);
+/* The same backward in two halves, so that a stage can send its input's
+ * gradient on before the GEMMs whose results only it needs (a zero-bubble
+ * pipeline's B and W): _input leaves out the weight gradients of linear,
+ * attention and embedding layers, which _weights computes later from the
+ * activations and gradients the slot still holds, with the accumulate flag
+ * _input had. Together they give what td_model_part_backward gives,
+ * bitwise. A slot owing its weights refuses a forward until _weights ran. */
+TD_API td_status td_model_part_backward_input(td_model *m, int slot, const td_buffer *dout,
+                                              int accumulate);
+TD_API td_status td_model_part_backward_weights(td_model *m, int slot);
 /* The gradient of the slot's input (n, in...) after its backward, on m's
  * device; NULL for a part that starts at layer 0. Valid until the slot's
  * next backward. */

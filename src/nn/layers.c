@@ -69,14 +69,24 @@ static td_status linear_forward(td_layer *l, const td_tensor *x, td_nn_run *r) {
     return TD_OK;
 }
 
-static td_status linear_backward(td_layer *l, const td_tensor *x, td_tensor *dx, td_nn_run *r) {
-    int empty = l->split.kind != TD__SPLIT_NONE && l->split.count == 0;
+static int linear_empty(const td_layer *l) {
+    return l->split.kind != TD__SPLIT_NONE && l->split.count == 0;
+}
+
+static td_status linear_weights(td_layer *l, const td_tensor *x, td_nn_run *r) {
     /* dW (out, in) = dout^T (out, rows) x (rows, in) */
-    if (!empty)
+    if (!linear_empty(l))
         TD_CHECK(td__op_matmul(l->grad[0], &l->dout, 1, x, 0, 1.0, r->acc ? 1.0 : 0.0));
     if (l->has_bias && l->dout.numel)
         TD_CHECK(
             td__op_bias_grad(l->grad[1], &l->dout, rows_of(&l->dout), l->out_features, 1, r->acc));
+    return TD_OK;
+}
+
+static td_status linear_backward(td_layer *l, const td_tensor *x, td_tensor *dx, td_nn_run *r) {
+    int empty = linear_empty(l);
+    if (!r->defer)
+        TD_CHECK(linear_weights(l, x, r));
     if (!dx)
         return TD_OK;
     if (empty)
@@ -86,7 +96,8 @@ static td_status linear_backward(td_layer *l, const td_tensor *x, td_tensor *dx,
     return l->split.kind == TD__SPLIT_OUT ? td__model_reduce(r->model, dx) : TD_OK;
 }
 
-const td_layer_vt td__linear_vt = {"linear", linear_plan, linear_forward, linear_backward};
+const td_layer_vt td__linear_vt = {"linear", linear_plan, linear_forward, linear_backward,
+                                   linear_weights};
 
 /* Activations, dropout, flatten ---------------------------------------------------- */
 
@@ -99,7 +110,7 @@ static td_status act_backward(td_layer *l, const td_tensor *x, td_tensor *dx, td
     return dx && x->numel ? td__op_act_bwd(l->act, x, &l->out, &l->dout, dx) : TD_OK;
 }
 
-const td_layer_vt td__act_vt = {"activation", linear_plan, act_forward, act_backward};
+const td_layer_vt td__act_vt = {"activation", linear_plan, act_forward, act_backward, NULL};
 
 /* The stream of one dropout layer in one step. */
 static uint64_t dropout_stream(const td_layer *l, const td_nn_run *r) {
@@ -152,7 +163,8 @@ static td_status dropout_backward(td_layer *l, const td_tensor *x, td_tensor *dx
     return td__op_dropout(l->p, dropout_stream(l, r), dropout_offset(l, r), &l->dout, dx);
 }
 
-const td_layer_vt td__dropout_vt = {"dropout", linear_plan, dropout_forward, dropout_backward};
+const td_layer_vt td__dropout_vt = {"dropout", linear_plan, dropout_forward, dropout_backward,
+                                    NULL};
 
 static td_status copy_forward(td_layer *l, const td_tensor *x, td_nn_run *r) {
     return td__op_copy(x, &l->out);
@@ -162,7 +174,7 @@ static td_status copy_backward(td_layer *l, const td_tensor *x, td_tensor *dx, t
     return dx ? td__op_copy(&l->dout, dx) : TD_OK;
 }
 
-const td_layer_vt td__flatten_vt = {"flatten", linear_plan, copy_forward, copy_backward};
+const td_layer_vt td__flatten_vt = {"flatten", linear_plan, copy_forward, copy_backward, NULL};
 
 /* Layer norm ------------------------------------------------------------------------ */
 
@@ -182,7 +194,7 @@ static td_status ln_backward(td_layer *l, const td_tensor *x, td_tensor *dx, td_
                                 l->grad[1], r->acc);
 }
 
-const td_layer_vt td__layernorm_vt = {"layernorm", ln_plan, ln_forward, ln_backward};
+const td_layer_vt td__layernorm_vt = {"layernorm", ln_plan, ln_forward, ln_backward, NULL};
 
 /* Embedding ----------------------------------------------------------------------- */
 
@@ -195,14 +207,20 @@ static td_status embed_forward(td_layer *l, const td_tensor *x, td_nn_run *r) {
 /* With a tied head, whose backward ran first, the table's gradient already
  * holds the head's part: the rows are added to it, and only the positions'
  * gradient starts afresh when not accumulating. */
-static td_status embed_backward(td_layer *l, const td_tensor *x, td_tensor *dx, td_nn_run *r) {
+static td_status embed_weights(td_layer *l, const td_tensor *x, td_nn_run *r) {
     td_tensor *dwpe = l->positions ? l->grad[1] : NULL;
     if (l->tied && !r->acc && dwpe)
         TD_CHECK(td__zero(dwpe));
     return td__op_embed_bwd(r->tokens, &l->dout, l->grad[0], dwpe, r->acc || l->tied);
 }
 
-const td_layer_vt td__embedding_vt = {"embedding", linear_plan, embed_forward, embed_backward};
+/* Nothing flows back past an embedding: its backward is its weights'. */
+static td_status embed_backward(td_layer *l, const td_tensor *x, td_tensor *dx, td_nn_run *r) {
+    return r->defer ? TD_OK : embed_weights(l, x, r);
+}
+
+const td_layer_vt td__embedding_vt = {"embedding", linear_plan, embed_forward, embed_backward,
+                                      embed_weights};
 
 /* Causal self-attention --------------------------------------------------------------- */
 
@@ -283,21 +301,35 @@ reduce:
     return td__op_bias_add(&l->out, l->param[3], n * t, oc, 1);
 }
 
+/* The four parameter gradients, from dout, the heads' output yh and dqkv
+ * (the workspaces the forward and backward left). */
+static td_status att_weights(td_layer *l, const td_tensor *x, td_nn_run *r) {
+    int64_t n = x->shape[0], t = l->in_shape[0], h = att_heads(l),
+            c = h * (l->in_shape[1] / l->heads), oc = l->out_shape[1];
+    double beta = r->acc ? 1.0 : 0.0;
+    /* dWo (oc, c) = dout^T yh; dWqkv (3c, in) = dqkv^T x */
+    TD_CHECK(td__op_bias_grad(l->grad[3], &l->dout, n * t, oc, 1, r->acc));
+    if (h == 0)
+        return TD_OK;
+    TD_CHECK(td__op_matmul(l->grad[2], &l->dout, 1, &l->ws[ATT_YH], 0, 1.0, beta));
+    TD_CHECK(td__op_matmul(l->grad[0], &l->ws[ATT_DQKV], 1, x, 0, 1.0, beta));
+    return td__op_bias_grad(l->grad[1], &l->ws[ATT_DQKV], n * t, 3 * c, 1, r->acc);
+}
+
 static td_status att_backward(td_layer *l, const td_tensor *x, td_tensor *dx, td_nn_run *r) {
     int64_t n = x->shape[0], t = l->in_shape[0], d = l->in_shape[1] / l->heads, h = att_heads(l),
-            c = h * d, oc = l->out_shape[1];
-    td_tensor *qkv = &l->ws[ATT_QKV], *p = &l->ws[ATT_P], *s = &l->ws[ATT_S], *yh = &l->ws[ATT_YH],
+            c = h * d;
+    td_tensor *qkv = &l->ws[ATT_QKV], *p = &l->ws[ATT_P], *s = &l->ws[ATT_S],
               *dqkv = &l->ws[ATT_DQKV], *dyh = &l->ws[ATT_DYH];
-    double beta = r->acc ? 1.0 : 0.0;
     /* output projection */
-    TD_CHECK(td__op_bias_grad(l->grad[3], &l->dout, n * t, oc, 1, r->acc));
     if (h == 0) {
+        if (!r->defer)
+            TD_CHECK(att_weights(l, x, r));
         if (!dx)
             return TD_OK;
         TD_CHECK(td__zero(dx));
         return td__model_reduce(r->model, dx);
     }
-    TD_CHECK(td__op_matmul(l->grad[2], &l->dout, 1, yh, 0, 1.0, beta));
     TD_CHECK(td__op_matmul(dyh, &l->dout, 0, l->param[2], 0, 1.0, 0.0));
     if (l->fused) {
         TD_CHECK(td__op_attention_bwd(h, 1.0 / sqrt((double)d), qkv, p, dyh, dqkv));
@@ -327,15 +359,16 @@ static td_status att_backward(td_layer *l, const td_tensor *x, td_tensor *dx, td
                                      operand(dqkv, base + c, 3 * c, d), h));
     }
 qkv_backward:
-    TD_CHECK(td__op_matmul(l->grad[0], dqkv, 1, x, 0, 1.0, beta));
-    TD_CHECK(td__op_bias_grad(l->grad[1], dqkv, n * t, 3 * c, 1, r->acc));
+    if (!r->defer)
+        TD_CHECK(att_weights(l, x, r));
     if (!dx)
         return TD_OK;
     TD_CHECK(td__op_matmul(dx, dqkv, 0, l->param[0], 0, 1.0, 0.0));
     return l->split.kind == TD__SPLIT_HEADS ? td__model_reduce(r->model, dx) : TD_OK;
 }
 
-const td_layer_vt td__attention_vt = {"attention", att_plan, att_forward, att_backward};
+const td_layer_vt td__attention_vt = {"attention", att_plan, att_forward, att_backward,
+                                      att_weights};
 
 /* Convolution and pooling ------------------------------------------------------------- */
 
@@ -356,7 +389,7 @@ static td_status conv_backward(td_layer *l, const td_tensor *x, td_tensor *dx, t
                              l->has_bias ? l->grad[1] : NULL, r->acc);
 }
 
-const td_layer_vt td__conv2d_vt = {"conv2d", linear_plan, conv_forward, conv_backward};
+const td_layer_vt td__conv2d_vt = {"conv2d", linear_plan, conv_forward, conv_backward, NULL};
 
 static td_status pool_plan(td_layer *l, td_nn_plan *p, const td_tensor *x) {
     TD_CHECK(plan_same(l, p));
@@ -377,14 +410,26 @@ static td_status pool_backward(td_layer *l, const td_tensor *x, td_tensor *dx, t
     return td__op_pool_bwd(l->pool, &d, &l->dout, l->pool == TD_POOL_MAX ? &l->iws : NULL, dx);
 }
 
-const td_layer_vt td__pool_vt = {"pool", pool_plan, pool_forward, pool_backward};
+const td_layer_vt td__pool_vt = {"pool", pool_plan, pool_forward, pool_backward, NULL};
 
 /* Containers --------------------------------------------------------------------------- */
 
-static td_status child_backward(td_layer *c, const td_tensor *x, td_tensor *dx, td_nn_run *r) {
-    TD_CHECK(c->vt->backward(c, x, dx, r));
+static void grads_ready(const td_layer *c, const td_nn_run *r) {
     if (c->nparams > 0 && r->model->hook)
         r->model->hook(r->model->hook_arg, c->first_param, (size_t)c->nparams);
+}
+
+static td_status child_backward(td_layer *c, const td_tensor *x, td_tensor *dx, td_nn_run *r) {
+    TD_CHECK(c->vt->backward(c, x, dx, r));
+    if (!r->defer)
+        grads_ready(c, r);
+    return TD_OK;
+}
+
+static td_status child_weights(td_layer *c, const td_tensor *x, td_nn_run *r) {
+    if (c->vt->weights)
+        TD_CHECK(c->vt->weights(c, x, r));
+    grads_ready(c, r);
     return TD_OK;
 }
 
@@ -417,7 +462,15 @@ static td_status seq_backward(td_layer *l, const td_tensor *x, td_tensor *dx, td
     return TD_OK;
 }
 
-const td_layer_vt td__sequential_vt = {"sequential", seq_plan, seq_forward, seq_backward};
+/* In the backward's order, each child from the input it had. */
+static td_status seq_weights(td_layer *l, const td_tensor *x, td_nn_run *r) {
+    for (int i = l->nchildren - 1; i >= 0; i--)
+        TD_CHECK(child_weights(l->children[i], i ? &l->children[i - 1]->out : x, r));
+    return TD_OK;
+}
+
+const td_layer_vt td__sequential_vt = {"sequential", seq_plan, seq_forward, seq_backward,
+                                       seq_weights};
 
 /* residual: out = x + inner(x); children[0] is the inner sequential. */
 static td_status res_plan(td_layer *l, td_nn_plan *p, const td_tensor *x) {
@@ -441,7 +494,11 @@ static td_status res_backward(td_layer *l, const td_tensor *x, td_tensor *dx, td
     return dx ? td__op_axpby(1.0, &l->dout, 1.0, dx) : TD_OK;
 }
 
-const td_layer_vt td__residual_vt = {"residual", res_plan, res_forward, res_backward};
+static td_status res_weights(td_layer *l, const td_tensor *x, td_nn_run *r) {
+    return l->children[0]->vt->weights(l->children[0], x, r);
+}
+
+const td_layer_vt td__residual_vt = {"residual", res_plan, res_forward, res_backward, res_weights};
 
 void td__layer_destroy(td_layer *l) {
     if (!l)

@@ -51,6 +51,7 @@ typedef struct td_nn_run {
     td_model *model;
     int train;               /* dropout on */
     int acc;                 /* add parameter gradients to what is there */
+    int defer;               /* backward leaves the weight gradients to vt->weights */
     uint64_t dropout_seed;   /* stream for this step; each layer mixes in its id */
     int64_t first_sample;    /* the pass's first sample's place in the whole batch */
     const td_buffer *tokens; /* (n, t) int32 for token models */
@@ -64,6 +65,11 @@ typedef struct td_layer_vt {
     td_status (*forward)(td_layer *l, const td_tensor *x, td_nn_run *r);
     /* Reads l->dout; writes dx (NULL: not needed) and the parameter gradients. */
     td_status (*backward)(td_layer *l, const td_tensor *x, td_tensor *dx, td_nn_run *r);
+    /* The weight gradients a backward with r->defer left out (NULL: it left
+     * none), from the x and l->dout that backward saw, still in the slot:
+     * so that a pipeline stage sends its input's gradient on before the
+     * GEMMs whose result only it needs. */
+    td_status (*weights)(td_layer *l, const td_tensor *x, td_nn_run *r);
 } td_layer_vt;
 
 struct td_layer {
@@ -114,6 +120,7 @@ typedef struct td_nn_slot {
     int64_t cap_n;     /* the arena fits batches of up to cap_n samples */
     int64_t n;         /* samples of the last forward */
     int forward_done, backward_done, train;
+    int weights_owed, accumulate; /* a backward left its weight gradients for later */
     uint64_t dropout_seed;
     int64_t first_sample;
     td_buffer out, in_grad; /* views handed out by td_model_part_output, _input_grad */

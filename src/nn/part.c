@@ -64,7 +64,7 @@ typedef struct part_args {
     int64_t n;
     const td_batch *mb;
     int64_t first_sample;
-    int train, accumulate;
+    int train, accumulate, defer;
     uint64_t dropout_step;
     double grad_scale;
     td_step_result *res;
@@ -152,6 +152,11 @@ td_status td_model_part_forward(td_model *m, int slot, const td_batch *mb, int64
                          "%d: `in` is NULL",
                          m->part_first, m->part_end, m->part_first - 1);
     s = &m->slots[slot];
+    if (s->weights_owed)
+        return td__error(TD_ERR_INVALID_ARG,
+                         "td_model_part_forward: slot %d still owes the weight gradients of its "
+                         "last micro-batch (td_model_part_backward_weights)",
+                         slot);
     s->forward_done = 0;
     s->backward_done = 0;
     memset(&a, 0, sizeof a);
@@ -188,6 +193,7 @@ static td_status backward_task(td_device *dev, void *arg) {
     r.model = m;
     r.train = 1;
     r.acc = a->accumulate;
+    r.defer = a->defer;
     r.dropout_seed = s->dropout_seed;
     r.first_sample = s->first_sample;
     r.tokens = m->kind == TD_INPUT_TOKENS && m->part_first == 0 ? &m->tokens : NULL;
@@ -195,36 +201,81 @@ static td_status backward_task(td_device *dev, void *arg) {
     if (m->part_first > 0)
         s->in_grad = as_buffer(m, &m->in_grad);
     s->backward_done = 1;
+    s->weights_owed = a->defer;
+    s->accumulate = a->accumulate;
     td__device_throttle(dev, start);
     return TD_OK;
 }
 
-td_status td_model_part_backward(td_model *m, int slot, const td_buffer *dout, int accumulate) {
+static td_status backward(td_model *m, int slot, const td_buffer *dout, int accumulate, int defer,
+                          const char *fn) {
     part_args a;
     td_nn_slot *s;
-    TD_CHECK(check_slot(m, slot, "td_model_part_backward"));
+    TD_CHECK(check_slot(m, slot, fn));
     s = &m->slots[slot];
     if (!s->forward_done || !s->train)
         return td__error(TD_ERR_INVALID_ARG,
-                         "td_model_part_backward: slot %d holds no training forward to go back "
-                         "through",
-                         slot);
+                         "%s: slot %d holds no training forward to go back through", fn, slot);
+    if (s->backward_done)
+        return td__error(TD_ERR_INVALID_ARG, "%s: slot %d went back through its forward already",
+                         fn, slot);
     if (!dout && !is_last(m))
         return td__error(TD_ERR_INVALID_ARG,
-                         "td_model_part_backward: part [%d, %d) does not end the model: dout (the "
-                         "gradient of layer %d's output) is NULL",
-                         m->part_first, m->part_end, m->part_end - 1);
-    s->backward_done = 0;
+                         "%s: part [%d, %d) does not end the model: dout (the gradient of layer "
+                         "%d's output) is NULL",
+                         fn, m->part_first, m->part_end, m->part_end - 1);
     memset(&a, 0, sizeof a);
     a.m = m;
     a.slot = slot;
     a.n = s->n;
     a.accumulate = accumulate ? 1 : 0;
+    a.defer = defer;
     TD_CHECK(td_device_run(m->dev, prepare_task, &a));
     /* on the last part a given dout stands in for the loss's gradient */
     if (dout)
         TD_CHECK(copy_in(m, &m->root->dout, dout, "the output gradient (dout)"));
     return td_device_run(m->dev, backward_task, &a);
+}
+
+td_status td_model_part_backward(td_model *m, int slot, const td_buffer *dout, int accumulate) {
+    return backward(m, slot, dout, accumulate, 0, "td_model_part_backward");
+}
+
+td_status td_model_part_backward_input(td_model *m, int slot, const td_buffer *dout,
+                                       int accumulate) {
+    return backward(m, slot, dout, accumulate, 1, "td_model_part_backward_input");
+}
+
+static td_status weights_task(td_device *dev, void *arg) {
+    part_args *a = arg;
+    td_model *m = a->m;
+    td_nn_slot *s = &m->slots[a->slot];
+    td_nn_run r;
+    uint64_t start = td_clock_ns();
+    TD_CHECK(td__model_prepare(m, a->slot, s->n));
+    memset(&r, 0, sizeof r);
+    r.model = m;
+    r.train = 1;
+    r.acc = s->accumulate;
+    r.tokens = m->kind == TD_INPUT_TOKENS && m->part_first == 0 ? &m->tokens : NULL;
+    TD_CHECK(m->root->vt->weights(m->root, &m->input, &r));
+    s->weights_owed = 0;
+    td__device_throttle(dev, start);
+    return TD_OK;
+}
+
+td_status td_model_part_backward_weights(td_model *m, int slot) {
+    part_args a;
+    TD_CHECK(check_slot(m, slot, "td_model_part_backward_weights"));
+    if (!m->slots[slot].weights_owed)
+        return td__error(TD_ERR_INVALID_ARG,
+                         "td_model_part_backward_weights: slot %d owes no weight gradients (its "
+                         "last backward was not td_model_part_backward_input)",
+                         slot);
+    memset(&a, 0, sizeof a);
+    a.m = m;
+    a.slot = slot;
+    return td_device_run(m->dev, weights_task, &a);
 }
 
 const td_buffer *td_model_part_input_grad(td_model *m, int slot) {

@@ -82,6 +82,9 @@ typedef struct stage {
     double *terms_host;
     double compute_s, comm_s, update_s, wait_s;
     td_step_result res;
+    /* Micro-batches [w_next, b_done) went back to their input but still owe
+     * their weight gradients (td_model_part_backward_weights). */
+    int64_t w_next, b_done;
 } stage;
 
 struct pipeline {

@@ -53,6 +53,14 @@ static td_status chan_wait(pipeline *p, channel *c, int64_t j, int for_consumed,
     return st;
 }
 
+static int chan_ready(channel *c, int64_t j, int for_consumed) {
+    int ready;
+    pthread_mutex_lock(&c->mu);
+    ready = for_consumed ? c->consumed > j : c->posted > j;
+    pthread_mutex_unlock(&c->mu);
+    return ready;
+}
+
 static void chan_post(channel *c, int64_t j, const td_buffer *buf) {
     pthread_mutex_lock(&c->mu);
     c->buf[j % TD_PP_MAX_STAGES] = buf;
@@ -100,10 +108,50 @@ static void trace_micro(uint64_t t0, td__trace_cat cat, const char *name, int64_
     }
 }
 
+/* Deferred weight gradients ------------------------------------------------
+ *
+ * A stage sends its input's gradient on as soon as it has it and computes
+ * its weight gradients afterwards: while it waits for a neighbour, or when
+ * the micro-batch's slot is wanted for the next forward, or at the end of
+ * the step. So the stage before gets its gradient one weight-GEMM pass
+ * earlier, and the tail of the step, where the first stage waits for the
+ * last micro-batch to come back, is filled with the weight gradients it
+ * still owes. Each micro-batch's weights are done in order, with the flag
+ * its backward had: the gradients are bitwise those of a fused backward. */
+
+static td_status weights_one(stage *s) {
+    int64_t j = s->w_next;
+    uint64_t t0 = td_clock_ns(), tr = td__trace_begin();
+    td_status st = td_model_part_backward_weights(s->part, (int)(j % s->slots));
+    trace_micro(tr, TD__TRACE_COMPUTE, "weight gradients", j);
+    s->compute_s += (double)(td_clock_ns() - t0) * 1e-9;
+    if (st == TD_OK)
+        s->w_next++;
+    return st;
+}
+
+/* The weight gradients of micro-batches before `upto`. */
+static td_status weights_upto(stage *s, int64_t upto) {
+    while (s->w_next < upto && s->w_next < s->b_done)
+        TD_CHECK(weights_one(s));
+    return TD_OK;
+}
+
+/* Until message j of c is there (or taken), does weight gradients owed. */
+static td_status weights_while_waiting(stage *s, channel *c, int64_t j, int for_consumed) {
+    while (s->w_next < s->b_done && !chan_ready(c, j, for_consumed))
+        TD_CHECK(weights_one(s));
+    return TD_OK;
+}
+
 /* Takes message j of c (from member `from`) into the stage's receive buffer. */
 static td_status receive(pipeline *p, stage *s, channel *c, int64_t j, int from, size_t bytes) {
-    uint64_t t0 = td_clock_ns(), t1, tr = td__trace_begin();
-    td_status st = chan_wait(p, c, j, 0, "the stage before or after", from);
+    uint64_t t0, t1, tr;
+    td_status st;
+    TD_CHECK(weights_while_waiting(s, c, j, 0));
+    t0 = td_clock_ns();
+    tr = td__trace_begin();
+    st = chan_wait(p, c, j, 0, "the stage before or after", from);
     const td_buffer *src;
     t1 = td_clock_ns();
     trace_micro(tr, TD__TRACE_WAIT, "wait for neighbour", j);
@@ -125,10 +173,12 @@ static td_status receive(pipeline *p, stage *s, channel *c, int64_t j, int from,
 /* Before a stage overwrites the buffer it posted for micro-batch j - slots
  * (the same slot), the neighbour must have taken it. */
 static td_status wait_taken(pipeline *p, stage *s, channel *c, int64_t j, int to) {
-    uint64_t t0 = td_clock_ns(), tr;
+    uint64_t t0, tr;
     td_status st = TD_OK;
     if (j < s->slots)
         return TD_OK;
+    TD_CHECK(weights_while_waiting(s, c, j - s->slots, 1));
+    t0 = td_clock_ns();
     tr = td__trace_begin();
     st = chan_wait(p, c, j - s->slots, 1, "the next stage", to);
     trace_micro(tr, TD__TRACE_WAIT, "wait for neighbour to take", j - s->slots);
@@ -177,6 +227,8 @@ static td_status forward(pipeline *p, stage *s, int k, int64_t j) {
     }
     if (p->next[k] >= 0)
         TD_CHECK(wait_taken(p, s, &p->fwd[k], j, p->next[k]));
+    if (p->train) /* the slot's last micro-batch must be done with it */
+        TD_CHECK(weights_upto(s, j - s->slots + 1));
     t0 = td_clock_ns();
     tr = td__trace_begin();
     st = td_model_part_forward(s->part, slot, &mb, p->evals ? 0 : p->off[j], in, p->train, p->step,
@@ -215,12 +267,15 @@ static td_status backward(pipeline *p, stage *s, int k, int64_t j) {
         TD_CHECK(wait_taken(p, s, &p->bwd[k], j, p->prev[k]));
     t0 = td_clock_ns();
     tr = td__trace_begin();
-    st = td_model_part_backward(s->part, slot, dout, j > 0);
+    st = td_model_part_backward_input(s->part, slot, dout, j > 0);
     trace_micro(tr, TD__TRACE_COMPUTE, "backward", j);
     s->compute_s += (double)(td_clock_ns() - t0) * 1e-9;
-    if (st == TD_OK && p->prev[k] >= 0)
+    if (st != TD_OK)
+        return st;
+    s->b_done = j + 1;
+    if (p->prev[k] >= 0)
         chan_post(&p->bwd[k], j, td_model_part_input_grad(s->part, slot));
-    return st;
+    return TD_OK;
 }
 
 /* Stage k's share of a step: 1F1B, then its optimizer step. */
@@ -232,6 +287,7 @@ static td_status run_schedule(pipeline *p, stage *s, int k) {
             TD_CHECK(forward(p, s, k, j));
         return TD_OK;
     }
+    s->w_next = s->b_done = 0;
     for (int64_t j = 0; j < warm; j++)
         TD_CHECK(forward(p, s, k, j));
     for (int64_t j = 0; j < m; j++) {
@@ -239,6 +295,7 @@ static td_status run_schedule(pipeline *p, stage *s, int k) {
             TD_CHECK(forward(p, s, k, j + warm));
         TD_CHECK(backward(p, s, k, j));
     }
+    TD_CHECK(weights_upto(s, m));
     t0 = td_clock_ns();
     TD_CHECK(td_optimizer_step(s->opt, NULL));
     s->update_s += (double)(td_clock_ns() - t0) * 1e-9;
