@@ -18,6 +18,8 @@ typedef struct td_pp_plan {
     double alone_s[TD_PP_MAX_STAGES]; /* the whole model's on it alone, per step */
     size_t bytes[TD_PP_MAX_STAGES];   /* what it holds: weights, gradients, optimizer
                                          state, activations */
+    int slots[TD_PP_MAX_STAGES];      /* micro-batches it holds at once: at least 1F1B's,
+                                         more where its memory has room */
 } td_pp_plan;
 
 /* What the plan needs to know about the run. */
@@ -44,10 +46,6 @@ td_status td__pp_plan(td_group *g, const td_pp_need *need, td_pp_plan *out);
  * pipeline_decode.c. */
 td_status td__pipeline_decoder(td_group *g, const char *checkpoint, td_dtype dtype,
                                td_decoder **out);
-
-/* Activation slots member k of plan needs: one per micro-batch it can hold
- * between forward and backward under 1F1B. */
-int td__pp_slots(const td_pp_plan *plan, int k, int64_t micro_batches);
 
 /* The running pipeline, shared by pipeline.c (the strategy) and
  * pipeline_run.c (a step on the stages). ------------------------------- */

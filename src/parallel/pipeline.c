@@ -3,7 +3,11 @@
  * them. A step cuts the batch into M micro-batches that go through the
  * stages in the 1F1B order: stage s of P first runs P - s - 1 forwards, then
  * one forward and one backward in turn, then the backwards left, so it holds
- * at most P - s micro-batches' activations. A stage receives its input from
+ * at most P - s micro-batches' activations. A stage whose memory holds more
+ * (the plan gives it up to M slots) runs that many forwards ahead instead.
+ * Each backward sends the input's gradient on first and leaves the weight
+ * gradients for the stage's waits or the step's end (pipeline_run.c). A
+ * stage receives its input from
  * the stage before and the gradient of its output from the stage after
  * through a channel: the sender posts its buffer, the receiver copies it onto
  * its own device (a peer copy where the backend can) on its own thread and
@@ -274,7 +278,7 @@ static td_status make_stage(pipeline *p, int k) {
         td_buffer_alloc(st->dev, sizeof(double) * STAT_WORDS * (size_t)p->size, &st->stats_all));
     if (p->plan.end[k] == p->plan.first[k])
         return TD_OK;
-    st->slots = td__pp_slots(&p->plan, k, p->micro_batches);
+    st->slots = p->plan.slots[k];
     TD_CHECK(td_model_load_part(s->json, s->model_name, st->dev, s->cfg.dtype, s->cfg.seed,
                                 p->plan.first[k], p->plan.end[k], st->slots, &st->part));
     TD_CHECK(td_optimizer_create(st->part, &s->cfg.opt, &st->opt));

@@ -278,16 +278,20 @@ static td_status backward(pipeline *p, stage *s, int k, int64_t j) {
     return TD_OK;
 }
 
-/* Stage k's share of a step: 1F1B, then its optimizer step. */
+/* Stage k's share of a step: 1F1B, with as many forwards ahead as its slots
+ * hold, then its optimizer step. */
 static td_status run_schedule(pipeline *p, stage *s, int k) {
     int64_t m = p->m, warm = s->slots - 1 < m ? s->slots - 1 : m;
     uint64_t t0;
+    /* A step that failed may have left weights owed: their slots refuse a
+     * forward until paid (the next step's first overwrites them). */
+    TD_CHECK(weights_upto(s, s->b_done));
+    s->w_next = s->b_done = 0;
     if (!p->train) {
         for (int64_t j = 0; j < m; j++)
             TD_CHECK(forward(p, s, k, j));
         return TD_OK;
     }
-    s->w_next = s->b_done = 0;
     for (int64_t j = 0; j < warm; j++)
         TD_CHECK(forward(p, s, k, j));
     for (int64_t j = 0; j < m; j++) {

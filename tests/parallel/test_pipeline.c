@@ -194,6 +194,48 @@ static void a_slowed_device_gets_fewer_layers(void **state) {
     td_group_destroy(g);
 }
 
+static int slots_of(const char *plan, const char *name) {
+    const char *line = strstr(plan, name), *at = line ? strstr(line, " MB, ") : NULL;
+    int slots;
+    double ms;
+    if (!at || sscanf(at, " MB, %lf ms a step measured, %d micro-batch slot", &ms, &slots) != 2)
+        return 0;
+    return slots;
+}
+
+/* Stages hold as many micro-batches as their memory has room for, up to
+ * one slot each, but never more than the stage before (whose forwards they
+ * wait for): here the second stage's memory could hold all eight, the
+ * first's only 1F1B's two. The result is one device's. */
+static void stages_hold_what_their_memory_allows(void **state) {
+    char *json = (char *)td_test_read_file(TD_SOURCE_DIR "/examples/mnist_mlp.json", NULL);
+    const char *tight = "cpu:0{mem=3M},cpu:1{mem=3M}", *roomy = "cpu*2";
+    td_strategy_config c = config("pipeline", TD_F32, 64, 8);
+    td_group *g = NULL;
+    td_strategy *s = NULL;
+    char plan[2048];
+    (void)state;
+    opt_in_use = optimizer(TD_OPT_SGD);
+    TD_ASSERT_OK(td_group_create_spec(tight, NULL, &g));
+    TD_ASSERT_OK(td_strategy_create(g, json, "test", &c, &s));
+    td_strategy_plan(s, plan, sizeof plan);
+    printf("%s", plan);
+    assert_int_equal(slots_of(plan, "cpu:0"), 2);
+    assert_int_equal(slots_of(plan, "cpu:1"), 2);
+    td_strategy_destroy(s);
+    td_group_destroy(g);
+    TD_ASSERT_OK(td_group_create_spec(roomy, NULL, &g));
+    TD_ASSERT_OK(td_strategy_create(g, json, "test", &c, &s));
+    td_strategy_plan(s, plan, sizeof plan);
+    assert_int_equal(slots_of(plan, "cpu:0"), 8);
+    assert_int_equal(slots_of(plan, "cpu:1"), 8);
+    td_strategy_destroy(s);
+    td_group_destroy(g);
+    check_like_one_device(json, tight, TD_F32, 64, 8, TD_OPT_SGD, 1e-5);
+    check_like_one_device(json, roomy, TD_F32, 64, 8, TD_OPT_SGD, 1e-5);
+    free(json);
+}
+
 static void more_devices_than_layers(void **state) {
     const char *one_layer = "{\"name\": \"one\", \"input\": {\"shape\": [6]}, \"layers\": ["
                             "{\"type\": \"linear\", \"out\": 3}]}";
@@ -310,6 +352,7 @@ int main(void) {
         cmocka_unit_test(lenet_on_two_devices),
         cmocka_unit_test(gpt_with_dropout_on_three_devices),
         cmocka_unit_test(a_slowed_device_gets_fewer_layers),
+        cmocka_unit_test(stages_hold_what_their_memory_allows),
         cmocka_unit_test(more_devices_than_layers),
         cmocka_unit_test(checkpoints_move_between_strategies),
         cmocka_unit_test(a_model_too_big_for_one_device_trains_split),
