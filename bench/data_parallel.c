@@ -541,6 +541,11 @@ static void model_teardown(model_bench *m) {
 
 int main(int argc, char **argv) {
     bench_opts o = {"data/mnist", "examples", 20, 0.25, RUN_WINDOWS, 5};
+    /* Batches are made in place, between the timed steps: the loader's
+     * prefetch thread would make the next one during a step, on a core a
+     * device owns (MLP at batch 1024: 0.67 ms of a 5 ms step, on one member
+     * only, so the other waited). */
+    setenv("TANDEM_PREFETCH", "0", 1);
     model_bench models[] = {
         {.name = "MLP", .file = "mnist_mlp.json", .batch = 128, .in_quick = 1},
         {.name = "MLP", .file = "mnist_mlp.json", .batch = 512},

@@ -277,6 +277,98 @@ static void slots_are_reused_and_evaluation_has_no_gradient(void **state) {
     td_device_list_destroy(list);
 }
 
+/* The backward in two halves (input, then weights) against the fused one:
+ * the same parameter gradients and input gradients, bitwise, for a part
+ * that starts the model (embedding) and one that does not, with a tied
+ * head; and the order the halves must come in. */
+static void run_halves(td_model *m, td_model *prefix, int halves, const td_batch *mb,
+                       double **in_grads) {
+    const td_buffer *in[2] = {NULL, NULL};
+    for (int j = 0; j < 2; j++) {
+        if (prefix) {
+            TD_ASSERT_OK(td_model_part_forward(prefix, j, &mb[j], 2 * j, NULL, 1, 9, 1.0, NULL));
+            in[j] = td_model_part_output(prefix, j);
+        }
+        TD_ASSERT_OK(td_model_part_forward(m, j, &mb[j], 2 * j, in[j], 1, 9, 1.0, NULL));
+    }
+    for (int j = 0; j < 2; j++) {
+        const td_buffer *g;
+        if (halves) {
+            TD_ASSERT_OK(td_model_part_backward_input(m, j, NULL, j > 0));
+            if (j == 0) { /* the slot owes its weights: no forward into it yet */
+                TD_ASSERT_STATUS(td_model_part_forward(m, 0, &mb[0], 0, in[0], 1, 9, 1.0, NULL),
+                                 TD_ERR_INVALID_ARG);
+                td_test_assert_message_contains("td_model_part_backward_weights");
+            }
+        } else {
+            TD_ASSERT_OK(td_model_part_backward(m, j, NULL, j > 0));
+        }
+        if ((g = td_model_part_input_grad(m, j)) != NULL) {
+            in_grads[j] = malloc(td_buffer_size(g));
+            TD_ASSERT_OK(td_buffer_read(g, 0, in_grads[j], td_buffer_size(g)));
+        }
+    }
+    if (halves) {
+        for (int j = 0; j < 2; j++)
+            TD_ASSERT_OK(td_model_part_backward_weights(m, j));
+        TD_ASSERT_STATUS(td_model_part_backward_weights(m, 0), TD_ERR_INVALID_ARG);
+        td_test_assert_message_contains("owes no weight gradients");
+    }
+}
+
+static void check_halves(const char *json, int first, td_device *dev) {
+    int L = layers_of(json);
+    int32_t tokens[4 * 16], labels[4 * 16];
+    td_batch mb[2];
+    td_model *fused = NULL, *halves = NULL, *prefix = NULL;
+    double *in_f[2] = {NULL, NULL}, *in_h[2] = {NULL, NULL};
+    uint64_t s = 11;
+    for (int i = 0; i < 4 * 16; i++) {
+        tokens[i] = (int32_t)(lcg(&s) % 64);
+        labels[i] = (int32_t)(lcg(&s) % 64);
+    }
+    for (int j = 0; j < 2; j++)
+        mb[j] = (td_batch){2, NULL, tokens + 2 * 16 * j, labels + 2 * 16 * j};
+    if (first > 0)
+        TD_ASSERT_OK(td_model_load_part(json, "m.json", dev, TD_F64, 7, 0, first, 2, &prefix));
+    TD_ASSERT_OK(td_model_load_part(json, "m.json", dev, TD_F64, 7, first, L, 2, &fused));
+    TD_ASSERT_OK(td_model_load_part(json, "m.json", dev, TD_F64, 7, first, L, 2, &halves));
+    run_halves(fused, prefix, 0, mb, in_f);
+    run_halves(halves, prefix, 1, mb, in_h);
+    assert_true(td_model_param_count(fused) > 0);
+    for (size_t i = 0; i < td_model_param_count(fused); i++) {
+        double *a = read_all(td_model_grad(fused, i)), *b = read_all(td_model_grad(halves, i));
+        assert_memory_equal(a, b, sizeof(double) * td_tensor_numel(td_model_grad(fused, i)));
+        free(a);
+        free(b);
+    }
+    for (int j = 0; j < 2; j++) {
+        assert_true((in_f[j] == NULL) == (first == 0));
+        if (in_f[j])
+            assert_memory_equal(in_f[j], in_h[j], sizeof(double) * 2 * 16 * 32);
+        free(in_f[j]);
+        free(in_h[j]);
+    }
+    td_model_destroy(fused);
+    td_model_destroy(halves);
+    td_model_destroy(prefix);
+}
+
+static void backward_in_two_halves_is_the_fused_one_bitwise(void **state) {
+    td_device_list *list = td_test_open("cpu:0");
+    char tied[sizeof gpt_small + 64], *head;
+    (void)state;
+    snprintf(tied, sizeof tied, "%s", gpt_small);
+    head = strstr(tied, "{\"type\": \"linear\", \"out\": 64}]}");
+    assert_non_null(head);
+    snprintf(head, sizeof tied - (size_t)(head - tied),
+             "{\"type\": \"linear\", \"out\": 64, \"bias\": false, \"tied\": true}]}");
+    check_halves(gpt_small, 0, td_device_list_get(list, 0));
+    check_halves(gpt_small, 2, td_device_list_get(list, 0));
+    check_halves(tied, 0, td_device_list_get(list, 0));
+    td_device_list_destroy(list);
+}
+
 /* 3. Describing ----------------------------------------------------------------------------- */
 
 static void describe_matches_the_loaded_model(void **state) {
@@ -473,6 +565,7 @@ int main(void) {
         cmocka_unit_test(parts_have_the_whole_models_names_and_values),
         cmocka_unit_test(chained_parts_match_one_whole_step),
         cmocka_unit_test(slots_are_reused_and_evaluation_has_no_gradient),
+        cmocka_unit_test(backward_in_two_halves_is_the_fused_one_bitwise),
         cmocka_unit_test(describe_matches_the_loaded_model),
         cmocka_unit_test(describe_fails_as_load_does),
         cmocka_unit_test(slots_over_a_budget_fail_naming_the_device),
