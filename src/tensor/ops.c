@@ -2,7 +2,7 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "tensor/ops.h"
+#include "tensor/tensor-impl.h"
 
 /* The kernel slot `slot` of t's device, or a TD_ERR_UNSUPPORTED return. */
 #define KERNEL(t, slot)                                                                            \

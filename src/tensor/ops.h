@@ -9,7 +9,29 @@
 #ifndef TD_TENSOR_OPS_H
 #define TD_TENSOR_OPS_H
 
-#include "tensor/tensor-impl.h"
+#include "device/buffer.h"
+#include "device/internal.h"
+#include "device/kernels.h"
+#include "tandem/tensor.h"
+#include "tensor/view.h"
+
+/* The tensor, here and not behind the public handle because the nn layer
+ * holds tensors and views (out, dout, workspaces carved from an arena) by
+ * value: a view is made per layer and pass, without an allocation. */
+struct td_tensor {
+    td_device *dev;
+    td_dtype dtype;
+    int ndim;
+    int64_t shape[TD_MAX_DIMS];
+    size_t numel;
+    td_buffer *buf;
+    void *data; /* device pointer to element 0 */
+};
+
+/* The kernel table of the tensor's device. */
+static inline const td_kernels *td__tensor_kernels(const td_tensor *t) {
+    return td__device_kernels(t->dev);
+}
 
 /* Makes *view a tensor of `shape` over base's memory from element `offset`
  * on; the view owns nothing (td_tensor_destroy must not be called on it) and

@@ -1,7 +1,7 @@
 /* What the tensor layer gives the layers above that move tensors between
  * devices but do not compute with them (the parallel layer), beyond the
  * accessors of include/tandem/tensor.h: two calls, and not the tensor's
- * struct. Narrow on purpose: the struct stays in tensor-impl.h, so a
+ * struct. Narrow on purpose: the struct stays in tensor/ops.h (for nn), so a
  * strategy cannot come to depend on how a tensor or a view is laid out.
  * These are out of line: each runs once a collective or once a model's
  * set-up, next to work that costs microseconds. */
