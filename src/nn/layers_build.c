@@ -8,93 +8,10 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/text.h"
+#include "nn/build-impl.h"
 #include "nn/nn-impl.h"
 
 /* Building from JSON --------------------------------------------------------------------- */
-
-typedef struct build_ctx build_ctx;
-
-/* Builds one family of layer types: checks the spec's fields and the input
- * shape (in_ndim, in), sets the layer's vt, output shape (the input's unless
- * it changes it) and parameters. variant tells apart the types one function
- * builds: a td_act for the activations, a td_pool_kind for the pools. */
-typedef td_status (*build_fn)(build_ctx *b, td_layer *l, int variant, int in_ndim,
-                              const int64_t *in);
-
-/* A row of layer_kinds (below): a container holds other layers, which own
- * the parameters; repeat is no layer of its own, as seq_fill expands it in
- * place. */
-typedef struct layer_kind {
-    const char *type;
-    build_fn build; /* NULL: repeat, never built here */
-    int variant;
-    int container;
-} layer_kind;
-
-struct build_ctx {
-    td_model *m;
-    const char *file;
-    json_t *spec;
-    const char *where;
-    const layer_kind *kind; /* the layer's type; NULL building a repeat block */
-};
-
-static td_status field_error(const build_ctx *b, const char *field, const char *what) {
-    return td__error(TD_ERR_PARSE, "%s: %s.%s: %s", b->file, b->where, field, what);
-}
-
-/* An integer field >= min; `def` when absent and not required. */
-static td_status get_int(const build_ctx *b, const char *key, int required, int64_t def,
-                         int64_t min, int64_t max, int64_t *out) {
-    json_t *v = json_object_get(b->spec, key);
-    char msg[128];
-    if (!v) {
-        if (required)
-            return field_error(b, key, "missing (a required integer)");
-        *out = def;
-        return TD_OK;
-    }
-    if (!json_is_integer(v) || json_integer_value(v) < min || json_integer_value(v) > max) {
-        if (min == 1)
-            snprintf(msg, sizeof msg, "expected a positive integer (at most %lld)", (long long)max);
-        else
-            snprintf(msg, sizeof msg, "expected an integer from %lld to %lld", (long long)min,
-                     (long long)max);
-        return field_error(b, key, msg);
-    }
-    *out = json_integer_value(v);
-    return TD_OK;
-}
-
-static td_status get_real(const build_ctx *b, const char *key, double def, double lo, double hi,
-                          int hi_open, double *out) {
-    json_t *v = json_object_get(b->spec, key);
-    char msg[128];
-    double x;
-    if (!v) {
-        *out = def;
-        return TD_OK;
-    }
-    x = json_is_number(v) ? json_number_value(v) : NAN;
-    if (!json_is_number(v) || !(x >= lo) || (hi_open ? !(x < hi) : !(x <= hi))) {
-        snprintf(msg, sizeof msg, "expected a number in [%g, %g%s", lo, hi, hi_open ? ")" : "]");
-        return field_error(b, key, msg);
-    }
-    *out = x;
-    return TD_OK;
-}
-
-static td_status get_bool(const build_ctx *b, const char *key, int def, int *out) {
-    json_t *v = json_object_get(b->spec, key);
-    if (!v) {
-        *out = def;
-        return TD_OK;
-    }
-    if (!json_is_boolean(v))
-        return field_error(b, key, "expected true or false");
-    *out = json_is_true(v);
-    return TD_OK;
-}
 
 /* gelu's "approximate", as torch.nn.GELU's: "none" (erf, the default) or
  * "tanh" (GPT-2's). */
@@ -109,22 +26,7 @@ static td_status get_gelu_kind(const build_ctx *b, td_act *act) {
         *act = TD_ACT_GELU_TANH;
         return TD_OK;
     }
-    return field_error(b, "approximate", "expected \"none\" or \"tanh\"");
-}
-
-/* Every key of the spec must be in the NULL-terminated list. */
-static td_status check_keys(const build_ctx *b, const char *const *allowed) {
-    const char *key;
-    json_t *v;
-    json_object_foreach(b->spec, key, v) {
-        int ok = 0;
-        (void)v;
-        for (const char *const *a = allowed; *a && !ok; a++)
-            ok = !strcmp(*a, key);
-        if (!ok)
-            return field_error(b, key, "unknown field for this layer type");
-    }
-    return TD_OK;
+    return td__spec_error(b, "approximate", "expected \"none\" or \"tanh\"");
 }
 
 static td_status shape_error(const build_ctx *b, const char *need, int in_ndim,
@@ -168,14 +70,14 @@ static td_status build_tied(build_ctx *b, td_layer *l, int64_t in) {
     td_model *m = b->m;
     char msg[160];
     if (!m->embed_vocab)
-        return field_error(b, "tied", "needs the model's embedding before this layer");
+        return td__spec_error(b, "tied", "needs the model's embedding before this layer");
     if (l->out_features != m->embed_vocab || in != m->embed_dim) {
         snprintf(msg, sizeof msg,
                  "a tied linear maps the embedding's %lld channels to its %lld tokens; here "
                  "%lld to %lld",
                  (long long)m->embed_dim, (long long)m->embed_vocab, (long long)in,
                  (long long)l->out_features);
-        return field_error(b, "tied", msg);
+        return td__spec_error(b, "tied", msg);
     }
     l->tied = 1;
     if (m->dry)
@@ -200,10 +102,10 @@ static td_status build_linear(build_ctx *b, td_layer *l, int variant, int in_ndi
     const td__split *sp;
     int wdim, tied;
     double bound;
-    TD_CHECK(check_keys(b, keys));
-    TD_CHECK(get_int(b, "out", 1, 0, 1, 1 << 24, &l->out_features));
-    TD_CHECK(get_bool(b, "bias", 1, &l->has_bias));
-    TD_CHECK(get_bool(b, "tied", 0, &tied));
+    TD_CHECK(td__spec_keys(b, keys));
+    TD_CHECK(td__spec_int(b, "out", 1, 0, 1, 1 << 24, &l->out_features));
+    TD_CHECK(td__spec_bool(b, "bias", 1, &l->has_bias));
+    TD_CHECK(td__spec_bool(b, "tied", 0, &tied));
     if (in_ndim < 1)
         return shape_error(b, "at least one dimension of", in_ndim, in);
     l->vt = &td__linear_vt;
@@ -236,7 +138,7 @@ static td_status build_linear(build_ctx *b, td_layer *l, int variant, int in_ndi
 static td_status build_activation(build_ctx *b, td_layer *l, int variant, int in_ndim,
                                   const int64_t *in) {
     static const char *const keys[] = {"type", NULL};
-    TD_CHECK(check_keys(b, keys));
+    TD_CHECK(td__spec_keys(b, keys));
     l->vt = &td__act_vt;
     l->act = (td_act)variant;
     return TD_OK;
@@ -245,7 +147,7 @@ static td_status build_activation(build_ctx *b, td_layer *l, int variant, int in
 static td_status build_gelu(build_ctx *b, td_layer *l, int variant, int in_ndim,
                             const int64_t *in) {
     static const char *const keys[] = {"type", "approximate", NULL};
-    TD_CHECK(check_keys(b, keys));
+    TD_CHECK(td__spec_keys(b, keys));
     l->vt = &td__act_vt;
     l->act = TD_ACT_GELU;
     return get_gelu_kind(b, &l->act);
@@ -254,8 +156,8 @@ static td_status build_gelu(build_ctx *b, td_layer *l, int variant, int in_ndim,
 static td_status build_dropout(build_ctx *b, td_layer *l, int variant, int in_ndim,
                                const int64_t *in) {
     static const char *const keys[] = {"type", "p", NULL};
-    TD_CHECK(check_keys(b, keys));
-    TD_CHECK(get_real(b, "p", 0.5, 0.0, 1.0, 1, &l->p));
+    TD_CHECK(td__spec_keys(b, keys));
+    TD_CHECK(td__spec_real(b, "p", 0.5, 0.0, 1.0, 1, &l->p));
     l->vt = &td__dropout_vt;
     return TD_OK;
 }
@@ -263,7 +165,7 @@ static td_status build_dropout(build_ctx *b, td_layer *l, int variant, int in_nd
 static td_status build_flatten(build_ctx *b, td_layer *l, int variant, int in_ndim,
                                const int64_t *in) {
     static const char *const keys[] = {"type", NULL};
-    TD_CHECK(check_keys(b, keys));
+    TD_CHECK(td__spec_keys(b, keys));
     l->vt = &td__flatten_vt;
     l->out_ndim = 1;
     /* within the cap: the input was checked when it was made */
@@ -276,8 +178,8 @@ static td_status build_layernorm(build_ctx *b, td_layer *l, int variant, int in_
     static const char *const keys[] = {"type", "eps", NULL};
     td_model *m = b->m;
     int64_t c;
-    TD_CHECK(check_keys(b, keys));
-    TD_CHECK(get_real(b, "eps", 1e-5, 0.0, 1.0, 0, &l->eps));
+    TD_CHECK(td__spec_keys(b, keys));
+    TD_CHECK(td__spec_real(b, "eps", 1e-5, 0.0, 1.0, 0, &l->eps));
     if (in_ndim < 1)
         return shape_error(b, "at least one dimension of", in_ndim, in);
     l->vt = &td__layernorm_vt;
@@ -294,14 +196,14 @@ static td_status build_embedding(build_ctx *b, td_layer *l, int variant, int in_
     static const char *const keys[] = {"type", "vocab", "dim", "positions", NULL};
     td_model *m = b->m;
     int64_t dim, s[2];
-    TD_CHECK(check_keys(b, keys));
-    TD_CHECK(get_int(b, "vocab", 1, 0, 1, 1 << 24, &l->vocab));
-    TD_CHECK(get_int(b, "dim", 1, 0, 1, 1 << 20, &dim));
-    TD_CHECK(get_bool(b, "positions", 1, &l->positions));
+    TD_CHECK(td__spec_keys(b, keys));
+    TD_CHECK(td__spec_int(b, "vocab", 1, 0, 1, 1 << 24, &l->vocab));
+    TD_CHECK(td__spec_int(b, "dim", 1, 0, 1, 1 << 20, &dim));
+    TD_CHECK(td__spec_bool(b, "positions", 1, &l->positions));
     if (m->kind != TD_INPUT_TOKENS || in_ndim != 1 || m->param_serial != 0)
         return shape_error(b, "the model's tokens as", in_ndim, in);
     if (m->classes > 0 && l->vocab != m->classes)
-        return field_error(b, "vocab", "differs from input.vocab");
+        return td__spec_error(b, "vocab", "differs from input.vocab");
     l->vt = &td__embedding_vt;
     l->out_ndim = 2;
     l->out_shape[0] = in[0];
@@ -331,16 +233,16 @@ static td_status build_attention(build_ctx *b, td_layer *l, int variant, int in_
     int causal, hd;
     int64_t c, d, s[2];
     double bound;
-    TD_CHECK(check_keys(b, keys));
-    TD_CHECK(get_int(b, "heads", 1, 0, 1, 4096, &l->heads));
-    TD_CHECK(get_bool(b, "causal", 1, &causal));
+    TD_CHECK(td__spec_keys(b, keys));
+    TD_CHECK(td__spec_int(b, "heads", 1, 0, 1, 4096, &l->heads));
+    TD_CHECK(td__spec_bool(b, "causal", 1, &causal));
     if (!causal)
-        return field_error(b, "causal", "only causal self-attention is implemented");
+        return td__spec_error(b, "causal", "only causal self-attention is implemented");
     if (in_ndim != 2)
         return shape_error(b, "(tokens, channels)", in_ndim, in);
     c = in[1];
     if (c % l->heads != 0)
-        return field_error(b, "heads", "must divide the channels");
+        return td__spec_error(b, "heads", "must divide the channels");
     l->vt = &td__attention_vt;
     /* A shard's heads: their rows of q, k and v (three blocks of qkv's
      * rows) and their columns of the projection. */
@@ -371,17 +273,18 @@ static td_status read_window(build_ctx *b, td_layer *l, int64_t default_stride, 
     d->c = in[0];
     d->h = in[1];
     d->w = in[2];
-    TD_CHECK(get_int(b, "kernel", 1, 0, 1, 1024, &d->kh));
+    TD_CHECK(td__spec_int(b, "kernel", 1, 0, 1, 1024, &d->kh));
     d->kw = d->kh;
-    TD_CHECK(get_int(b, "stride", 0, default_stride ? default_stride : d->kh, 1, 1024, &d->stride));
-    return get_int(b, "padding", 0, 0, 0, 1024, &d->pad);
+    TD_CHECK(
+        td__spec_int(b, "stride", 0, default_stride ? default_stride : d->kh, 1, 1024, &d->stride));
+    return td__spec_int(b, "padding", 0, 0, 0, 1024, &d->pad);
 }
 
 /* The window's output size (oc, oh, ow), once d->oc is known. */
 static td_status window_output(build_ctx *b, td_layer *l) {
     td_conv_desc *d = &l->conv;
     if (d->h + 2 * d->pad < d->kh || d->w + 2 * d->pad < d->kw)
-        return field_error(b, "kernel", "larger than the padded input");
+        return td__spec_error(b, "kernel", "larger than the padded input");
     d->oh = (d->h + 2 * d->pad - d->kh) / d->stride + 1;
     d->ow = (d->w + 2 * d->pad - d->kw) / d->stride + 1;
     l->out_shape[0] = d->oc;
@@ -395,15 +298,15 @@ static td_status build_conv2d(build_ctx *b, td_layer *l, int variant, int in_ndi
     static const char *const keys[] = {"type", "out", "kernel", "stride", "padding", "bias", NULL};
     td_model *m = b->m;
     td_conv_desc *d = &l->conv;
-    TD_CHECK(check_keys(b, keys));
+    TD_CHECK(td__spec_keys(b, keys));
     TD_CHECK(read_window(b, l, 1, in_ndim, in));
-    TD_CHECK(get_int(b, "out", 1, 0, 1, 1 << 20, &d->oc));
-    TD_CHECK(get_bool(b, "bias", 1, &l->has_bias));
+    TD_CHECK(td__spec_int(b, "out", 1, 0, 1, 1 << 20, &d->oc));
+    TD_CHECK(td__spec_bool(b, "bias", 1, &l->has_bias));
     TD_CHECK(window_output(b, l));
     if (!unfolded_fits(d))
-        return field_error(b, "kernel",
-                           "the unfolded input (channels x kernel^2 x output pixels) is "
-                           "more than a tensor may hold");
+        return td__spec_error(b, "kernel",
+                              "the unfolded input (channels x kernel^2 x output pixels) is "
+                              "more than a tensor may hold");
     int64_t w[4] = {d->oc, d->c, d->kh, d->kw};
     l->vt = &td__conv2d_vt;
     TD_CHECK(add_uniform_param(m, l, "weight", 4, w, d->c * d->kh * d->kw, &l->param[0]));
@@ -417,11 +320,11 @@ static td_status build_pool(build_ctx *b, td_layer *l, int variant, int in_ndim,
                             const int64_t *in) {
     static const char *const keys[] = {"type", "kernel", "stride", "padding", NULL};
     td_conv_desc *d = &l->conv;
-    TD_CHECK(check_keys(b, keys));
+    TD_CHECK(td__spec_keys(b, keys));
     TD_CHECK(read_window(b, l, 0, in_ndim, in));
     d->oc = d->c;
     if (2 * d->pad > d->kh)
-        return field_error(b, "padding", "must be at most half the kernel");
+        return td__spec_error(b, "padding", "must be at most half the kernel");
     TD_CHECK(window_output(b, l));
     l->vt = &td__pool_vt;
     l->pool = (td_pool_kind)variant;
@@ -434,7 +337,7 @@ static td_status build_residual(build_ctx *b, td_layer *l, int variant, int in_n
     static const char *const keys[] = {"type", "layers", NULL};
     char s1[64], s2[64], w2[256];
     td_layer *inner = NULL;
-    TD_CHECK(check_keys(b, keys));
+    TD_CHECK(td__spec_keys(b, keys));
     l->vt = &td__residual_vt;
     snprintf(w2, sizeof w2, "%s.layers", b->where);
     TD_CHECK(td__layer_build_seq(b->m, b->file, json_object_get(b->spec, "layers"), w2, l->path,
@@ -488,7 +391,7 @@ static const layer_kind *find_kind(const build_ctx *b, const char *type) {
                                 layer_kinds[i].type);
     if (len < sizeof msg)
         snprintf(msg + len, sizeof msg - len, ")");
-    field_error(b, "type", msg);
+    td__spec_error(b, "type", msg);
     return NULL;
 }
 
@@ -516,9 +419,9 @@ td_status td__layer_build(td_model *m, const char *file, json_t *spec, const cha
         return td__error(TD_ERR_PARSE, "%s: %s: expected an object", file, where);
     jt = json_object_get(spec, "type");
     if (!jt)
-        return field_error(&b, "type", "missing (a required string)");
+        return td__spec_error(&b, "type", "missing (a required string)");
     if (!json_is_string(jt))
-        return field_error(&b, "type", "expected a string");
+        return td__spec_error(&b, "type", "expected a string");
     type = json_string_value(jt);
     if (!(b.kind = find_kind(&b, type)))
         return TD_ERR_PARSE;
@@ -605,8 +508,8 @@ static td_status seq_fill(td_model *m, const char *file, json_t *arr, const char
             static const char *const keys[] = {"type", "count", "layers", NULL};
             int64_t count;
             char w2[256];
-            TD_CHECK(check_keys(&b, keys));
-            TD_CHECK(get_int(&b, "count", 1, 0, 1, 1024, &count));
+            TD_CHECK(td__spec_keys(&b, keys));
+            TD_CHECK(td__spec_int(&b, "count", 1, 0, 1, 1024, &count));
             snprintf(w2, sizeof w2, "%s.layers", w);
             for (int64_t k = 0; k < count; k++)
                 TD_CHECK(

@@ -615,17 +615,14 @@ td_status td__local_run(td__member *m, const td__op *o) {
 
 static td__op piece(td_collective_kind kind, const void *in, void *out, size_t count, td_dtype dt,
                     td_reduce_op op, int root, uint64_t seq) {
-    td__op o;
-    memset(&o, 0, sizeof o);
-    o.kind = kind;
-    o.in = in;
-    o.out = out;
-    o.count = count;
-    o.dtype = dt;
-    o.op = op;
-    o.root = root;
-    o.seq = seq;
-    return o;
+    return (td__op){.kind = kind,
+                    .in = in,
+                    .out = out,
+                    .count = count,
+                    .dtype = dt,
+                    .op = op,
+                    .root = root,
+                    .seq = seq};
 }
 
 td_status td__local_reduce(td__member *m, const void *in, void *out, size_t count, td_dtype dt,
