@@ -145,9 +145,9 @@ TD_API const td_buffer *td_model_part_output(td_model *m, int slot);
 /* Backward of the slot's micro-batch: dout is the gradient of the part's
  * output (n, out...) from the next part, on any device (copied in); NULL on
  * the last part, which starts from its loss (a dout given there stands in
- * for the loss's gradient). The slot must hold a forward with train set.
- * Parameter gradients are added to what is there (accumulate = 1) or
- * replace it (0). */
+ * for the loss's gradient). The slot must hold a forward with train set,
+ * not yet gone back through (once per forward). Parameter gradients are
+ * added to what is there (accumulate = 1) or replace it (0). */
 TD_API td_status td_model_part_backward(td_model *m, int slot, const td_buffer *dout,
                                         int accumulate);
 /* The same backward in two halves, so that a stage can send its input's
