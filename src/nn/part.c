@@ -181,6 +181,21 @@ const td_buffer *td_model_part_output(td_model *m, int slot) {
     return &m->slots[slot].out;
 }
 
+/* Carves the slot's views and sets up a run going back through its
+ * forward: the dropout stream and tokens that forward had. */
+static td_status backward_run(td_model *m, int slot, int accumulate, td_nn_run *r) {
+    td_nn_slot *s = &m->slots[slot];
+    TD_CHECK(td__model_prepare(m, slot, s->n));
+    memset(r, 0, sizeof *r);
+    r->model = m;
+    r->train = 1;
+    r->acc = accumulate;
+    r->dropout_seed = s->dropout_seed;
+    r->first_sample = s->first_sample;
+    r->tokens = m->kind == TD_INPUT_TOKENS && m->part_first == 0 ? &m->tokens : NULL;
+    return TD_OK;
+}
+
 static td_status backward_task(td_device *dev, void *arg) {
     part_args *a = arg;
     td_model *m = a->m;
@@ -188,15 +203,8 @@ static td_status backward_task(td_device *dev, void *arg) {
     td_layer *root = m->root;
     td_nn_run r;
     uint64_t start = td_clock_ns();
-    TD_CHECK(td__model_prepare(m, a->slot, s->n));
-    memset(&r, 0, sizeof r);
-    r.model = m;
-    r.train = 1;
-    r.acc = a->accumulate;
+    TD_CHECK(backward_run(m, a->slot, a->accumulate, &r));
     r.defer = a->defer;
-    r.dropout_seed = s->dropout_seed;
-    r.first_sample = s->first_sample;
-    r.tokens = m->kind == TD_INPUT_TOKENS && m->part_first == 0 ? &m->tokens : NULL;
     TD_CHECK(root->vt->backward(root, &m->input, m->part_first > 0 ? &m->in_grad : NULL, &r));
     if (m->part_first > 0)
         s->in_grad = as_buffer(m, &m->in_grad);
@@ -252,12 +260,7 @@ static td_status weights_task(td_device *dev, void *arg) {
     td_nn_slot *s = &m->slots[a->slot];
     td_nn_run r;
     uint64_t start = td_clock_ns();
-    TD_CHECK(td__model_prepare(m, a->slot, s->n));
-    memset(&r, 0, sizeof r);
-    r.model = m;
-    r.train = 1;
-    r.acc = s->accumulate;
-    r.tokens = m->kind == TD_INPUT_TOKENS && m->part_first == 0 ? &m->tokens : NULL;
+    TD_CHECK(backward_run(m, a->slot, s->accumulate, &r));
     TD_CHECK(m->root->vt->weights(m->root, &m->input, &r));
     s->weights_owed = 0;
     td__device_throttle(dev, start);

@@ -22,7 +22,12 @@ static void chan_reset(channel *c) {
     pthread_mutex_unlock(&c->mu);
 }
 
-/* Waits until pred(c, j) holds, the pipeline aborts, or the group's timeout
+/* Whether message j of c was posted (or, for_consumed, taken); under c->mu. */
+static int reached(const channel *c, int64_t j, int for_consumed) {
+    return for_consumed ? c->consumed > j : c->posted > j;
+}
+
+/* Waits until message j is reached (above), the pipeline aborts, or the group's timeout
  * passes; `what` names what is awaited, `who` from whom. */
 static td_status chan_wait(pipeline *p, channel *c, int64_t j, int for_consumed, const char *what,
                            int who) {
@@ -30,7 +35,7 @@ static td_status chan_wait(pipeline *p, channel *c, int64_t j, int for_consumed,
     uint64_t deadline = td_clock_ns() + (uint64_t)td_group_timeout_ms(p->g) * 1000000u;
     td_status st = TD_OK;
     pthread_mutex_lock(&c->mu);
-    while ((for_consumed ? c->consumed <= j : c->posted <= j) && st == TD_OK) {
+    while (!reached(c, j, for_consumed) && st == TD_OK) {
         if (__atomic_load_n(&p->abort, __ATOMIC_ACQUIRE))
             st = td__error(TD_ERR_DEVICE_LOST, "pipeline: stopped, another stage failed");
         else if (td_clock_ns() > deadline)
@@ -56,7 +61,7 @@ static td_status chan_wait(pipeline *p, channel *c, int64_t j, int for_consumed,
 static int chan_ready(channel *c, int64_t j, int for_consumed) {
     int ready;
     pthread_mutex_lock(&c->mu);
-    ready = for_consumed ? c->consumed > j : c->posted > j;
+    ready = reached(c, j, for_consumed);
     pthread_mutex_unlock(&c->mu);
     return ready;
 }
