@@ -160,6 +160,10 @@ TD_API td_status td_model_part_backward(td_model *m, int slot, const td_buffer *
 TD_API td_status td_model_part_backward_input(td_model *m, int slot, const td_buffer *dout,
                                               int accumulate);
 TD_API td_status td_model_part_backward_weights(td_model *m, int slot);
+/* _weights for several slots, each given once, in that order: the same
+ * sums in the same order as one call per slot, bitwise, computed layer by
+ * layer so that each layer's gradients stay in cache across the slots. */
+TD_API td_status td_model_part_backward_weights_many(td_model *m, const int *slots, int count);
 /* The gradient of the slot's input (n, in...) after its backward, on m's
  * device; NULL for a part that starts at layer 0. Valid until the slot's
  * next backward. */

@@ -462,10 +462,14 @@ static td_status seq_backward(td_layer *l, const td_tensor *x, td_tensor *dx, td
     return TD_OK;
 }
 
+td_status td__seq_child_weights(td_layer *l, int i, const td_tensor *x, td_nn_run *r) {
+    return child_weights(l->children[i], i ? &l->children[i - 1]->out : x, r);
+}
+
 /* In the backward's order, each child from the input it had. */
 static td_status seq_weights(td_layer *l, const td_tensor *x, td_nn_run *r) {
     for (int i = l->nchildren - 1; i >= 0; i--)
-        TD_CHECK(child_weights(l->children[i], i ? &l->children[i - 1]->out : x, r));
+        TD_CHECK(td__seq_child_weights(l, i, x, r));
     return TD_OK;
 }
 

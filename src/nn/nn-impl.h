@@ -216,6 +216,10 @@ td_status td__plan_ints(td_nn_plan *p, td_buffer *view, size_t count);
 
 /* Layers (layers.c, built in layers_build.c) ---------------------------------- */
 
+/* The weight gradients a deferred backward left to child i of sequential
+ * l, from the input x of l (the pass's views carved). */
+td_status td__seq_child_weights(td_layer *l, int i, const td_tensor *x, td_nn_run *r);
+
 extern const td_layer_vt td__linear_vt, td__act_vt, td__dropout_vt, td__flatten_vt,
     td__layernorm_vt, td__embedding_vt, td__attention_vt, td__conv2d_vt, td__pool_vt,
     td__sequential_vt, td__residual_vt;

@@ -135,11 +135,25 @@ static td_status weights_one(stage *s) {
     return st;
 }
 
-/* The weight gradients of micro-batches before `upto`. */
+/* The weight gradients of micro-batches before `upto`, in one pass over
+ * the layers when there are several. */
 static td_status weights_upto(stage *s, int64_t upto) {
-    while (s->w_next < upto && s->w_next < s->b_done)
-        TD_CHECK(weights_one(s));
-    return TD_OK;
+    int slots[MAX_MICRO];
+    int64_t end = upto < s->b_done ? upto : s->b_done, n = end - s->w_next;
+    uint64_t t0, tr;
+    td_status st;
+    if (n <= 1)
+        return n == 1 ? weights_one(s) : TD_OK;
+    for (int64_t j = s->w_next; j < end; j++)
+        slots[j - s->w_next] = (int)(j % s->slots);
+    t0 = td_clock_ns();
+    tr = td__trace_begin();
+    st = td_model_part_backward_weights_many(s->part, slots, (int)n);
+    trace_micro(tr, TD__TRACE_COMPUTE, "weight gradients", s->w_next);
+    s->compute_s += (double)(td_clock_ns() - t0) * 1e-9;
+    if (st == TD_OK)
+        s->w_next = end;
+    return st;
 }
 
 /* Until message j of c is there (or taken), does weight gradients owed. */

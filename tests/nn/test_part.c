@@ -280,7 +280,8 @@ static void slots_are_reused_and_evaluation_has_no_gradient(void **state) {
 /* The backward in two halves (input, then weights) against the fused one:
  * the same parameter gradients and input gradients, bitwise, for a part
  * that starts the model (embedding) and one that does not, with a tied
- * head; and the order the halves must come in. */
+ * head, the weights slot by slot (halves 1) and both slots in one call
+ * (halves 2); and the order the halves must come in. */
 static void run_halves(td_model *m, td_model *prefix, int halves, const td_batch *mb,
                        double **in_grads) {
     const td_buffer *in[2] = {NULL, NULL};
@@ -308,9 +309,17 @@ static void run_halves(td_model *m, td_model *prefix, int halves, const td_batch
             TD_ASSERT_OK(td_buffer_read(g, 0, in_grads[j], td_buffer_size(g)));
         }
     }
-    if (halves) {
+    if (halves == 1) {
         for (int j = 0; j < 2; j++)
             TD_ASSERT_OK(td_model_part_backward_weights(m, j));
+    } else if (halves == 2) {
+        static const int twice[2] = {1, 1}, both[2] = {0, 1};
+        TD_ASSERT_STATUS(td_model_part_backward_weights_many(m, both, 0), TD_ERR_INVALID_ARG);
+        TD_ASSERT_STATUS(td_model_part_backward_weights_many(m, twice, 2), TD_ERR_INVALID_ARG);
+        td_test_assert_message_contains("slot 1 given twice");
+        TD_ASSERT_OK(td_model_part_backward_weights_many(m, both, 2));
+    }
+    if (halves) {
         TD_ASSERT_STATUS(td_model_part_backward_weights(m, 0), TD_ERR_INVALID_ARG);
         td_test_assert_message_contains("owes no weight gradients");
     }
@@ -320,8 +329,8 @@ static void check_halves(const char *json, int first, td_device *dev) {
     int L = layers_of(json);
     int32_t tokens[4 * 16], labels[4 * 16];
     td_batch mb[2];
-    td_model *fused = NULL, *halves = NULL, *prefix = NULL;
-    double *in_f[2] = {NULL, NULL}, *in_h[2] = {NULL, NULL};
+    td_model *fused = NULL, *halves[2] = {NULL, NULL}, *prefix = NULL;
+    double *in_f[2] = {NULL, NULL}, *in_h[2][2] = {{NULL, NULL}, {NULL, NULL}};
     uint64_t s = 11;
     for (int i = 0; i < 4 * 16; i++) {
         tokens[i] = (int32_t)(lcg(&s) % 64);
@@ -332,25 +341,29 @@ static void check_halves(const char *json, int first, td_device *dev) {
     if (first > 0)
         TD_ASSERT_OK(td_model_load_part(json, "m.json", dev, TD_F64, 7, 0, first, 2, &prefix));
     TD_ASSERT_OK(td_model_load_part(json, "m.json", dev, TD_F64, 7, first, L, 2, &fused));
-    TD_ASSERT_OK(td_model_load_part(json, "m.json", dev, TD_F64, 7, first, L, 2, &halves));
     run_halves(fused, prefix, 0, mb, in_f);
-    run_halves(halves, prefix, 1, mb, in_h);
     assert_true(td_model_param_count(fused) > 0);
-    for (size_t i = 0; i < td_model_param_count(fused); i++) {
-        double *a = read_all(td_model_grad(fused, i)), *b = read_all(td_model_grad(halves, i));
-        assert_memory_equal(a, b, sizeof(double) * td_tensor_numel(td_model_grad(fused, i)));
-        free(a);
-        free(b);
+    for (int h = 0; h < 2; h++) {
+        TD_ASSERT_OK(td_model_load_part(json, "m.json", dev, TD_F64, 7, first, L, 2, &halves[h]));
+        run_halves(halves[h], prefix, h + 1, mb, in_h[h]);
+        for (size_t i = 0; i < td_model_param_count(fused); i++) {
+            double *a = read_all(td_model_grad(fused, i)),
+                   *b = read_all(td_model_grad(halves[h], i));
+            assert_memory_equal(a, b, sizeof(double) * td_tensor_numel(td_model_grad(fused, i)));
+            free(a);
+            free(b);
+        }
+        for (int j = 0; j < 2; j++) {
+            assert_true((in_f[j] == NULL) == (first == 0));
+            if (in_f[j])
+                assert_memory_equal(in_f[j], in_h[h][j], sizeof(double) * 2 * 16 * 32);
+            free(in_h[h][j]);
+        }
+        td_model_destroy(halves[h]);
     }
-    for (int j = 0; j < 2; j++) {
-        assert_true((in_f[j] == NULL) == (first == 0));
-        if (in_f[j])
-            assert_memory_equal(in_f[j], in_h[j], sizeof(double) * 2 * 16 * 32);
+    for (int j = 0; j < 2; j++)
         free(in_f[j]);
-        free(in_h[j]);
-    }
     td_model_destroy(fused);
-    td_model_destroy(halves);
     td_model_destroy(prefix);
 }
 
