@@ -300,8 +300,8 @@ td_status td_model_part_backward_weights_many(td_model *m, const int *slots, int
     weights_args a = {m, slots, count};
     if (count < 1 || !slots)
         return td__error(TD_ERR_INVALID_ARG,
-                         "td_model_part_backward_weights_many: %d slots (slots %s)", count,
-                         slots ? "given" : "NULL");
+                         "td_model_part_backward_weights_many: %s (expected at least one slot)",
+                         slots ? "count is 0 or less" : "slots is NULL");
     for (int q = 0; q < count; q++) {
         TD_CHECK(check_slot(m, slots[q], "td_model_part_backward_weights"));
         if (!m->slots[slots[q]].weights_owed)

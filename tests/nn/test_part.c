@@ -315,6 +315,9 @@ static void run_halves(td_model *m, td_model *prefix, int halves, const td_batch
     } else if (halves == 2) {
         static const int twice[2] = {1, 1}, both[2] = {0, 1};
         TD_ASSERT_STATUS(td_model_part_backward_weights_many(m, both, 0), TD_ERR_INVALID_ARG);
+        td_test_assert_message_contains("expected at least one slot");
+        TD_ASSERT_STATUS(td_model_part_backward_weights_many(m, NULL, 2), TD_ERR_INVALID_ARG);
+        td_test_assert_message_contains("slots is NULL");
         TD_ASSERT_STATUS(td_model_part_backward_weights_many(m, twice, 2), TD_ERR_INVALID_ARG);
         td_test_assert_message_contains("slot 1 given twice");
         TD_ASSERT_OK(td_model_part_backward_weights_many(m, both, 2));
