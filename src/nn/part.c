@@ -260,15 +260,11 @@ typedef struct weights_args {
     int count;
 } weights_args;
 
-/* Whether two layers under l add to one gradient (a head tied to the
- * embedding's table). */
-static int shares_a_gradient(const td_layer *l) {
-    if (l->tied)
-        return 1;
-    for (int i = 0; i < l->nchildren; i++)
-        if (shares_a_gradient(l->children[i]))
-            return 1;
-    return 0;
+/* The weight gradients slot owes for top-level layer `layer`. */
+static td_status layer_weights(td_model *m, int layer, int slot) {
+    td_nn_run r;
+    TD_CHECK(backward_run(m, slot, m->slots[slot].accumulate, &r));
+    return td__seq_child_weights(m->root, layer, &m->input, &r);
 }
 
 /* Top-level layer by layer, each one's gradients from every slot in turn:
@@ -276,19 +272,22 @@ static int shares_a_gradient(const td_layer *l) {
  * while they are in cache, where slot after slot streamed every layer's
  * from memory each time (the weight-gradient GEMMs of a micro-batch of one
  * 128-token sample read and write 6 MB for 2 ms of compute). Each layer
- * still adds the slots in the order given. Where two layers add to one
- * gradient, slot by slot: the other order would change those sums. */
+ * still adds the slots in the order given. A head tied to the embedding
+ * adds to the embedding's gradient: there slot by slot, as the other order
+ * would change that sum. */
 static td_status weights_task(td_device *dev, void *arg) {
     weights_args *a = arg;
     td_model *m = a->m;
-    int layers = m->root->nchildren, by_slot = shares_a_gradient(m->root);
+    int layers = m->root->nchildren;
     uint64_t start = td_clock_ns();
-    for (int x = 0; x < layers * a->count; x++) {
-        int i = layers - 1 - (by_slot ? x % layers : x / a->count);
-        int q = by_slot ? x / layers : x % a->count;
-        td_nn_run r;
-        TD_CHECK(backward_run(m, a->slots[q], m->slots[a->slots[q]].accumulate, &r));
-        TD_CHECK(td__seq_child_weights(m->root, i, &m->input, &r));
+    if (m->embed && m->embed->tied) {
+        for (int q = 0; q < a->count; q++)
+            for (int i = layers - 1; i >= 0; i--)
+                TD_CHECK(layer_weights(m, i, a->slots[q]));
+    } else {
+        for (int i = layers - 1; i >= 0; i--)
+            for (int q = 0; q < a->count; q++)
+                TD_CHECK(layer_weights(m, i, a->slots[q]));
     }
     for (int q = 0; q < a->count; q++)
         m->slots[a->slots[q]].weights_owed = 0;

@@ -124,26 +124,15 @@ static void trace_micro(uint64_t t0, td__trace_cat cat, const char *name, int64_
  * still owes. Each micro-batch's weights are done in order, with the flag
  * its backward had: the gradients are bitwise those of a fused backward. */
 
-static td_status weights_one(stage *s) {
-    int64_t j = s->w_next;
-    uint64_t t0 = td_clock_ns(), tr = td__trace_begin();
-    td_status st = td_model_part_backward_weights(s->part, (int)(j % s->slots));
-    trace_micro(tr, TD__TRACE_COMPUTE, "weight gradients", j);
-    s->compute_s += (double)(td_clock_ns() - t0) * 1e-9;
-    if (st == TD_OK)
-        s->w_next++;
-    return st;
-}
-
 /* The weight gradients of micro-batches before `upto`, in one pass over
- * the layers when there are several. */
+ * the layers. */
 static td_status weights_upto(stage *s, int64_t upto) {
     int slots[MAX_MICRO];
     int64_t end = upto < s->b_done ? upto : s->b_done, n = end - s->w_next;
     uint64_t t0, tr;
     td_status st;
-    if (n <= 1)
-        return n == 1 ? weights_one(s) : TD_OK;
+    if (n < 1)
+        return TD_OK;
     for (int64_t j = s->w_next; j < end; j++)
         slots[j - s->w_next] = (int)(j % s->slots);
     t0 = td_clock_ns();
@@ -159,7 +148,7 @@ static td_status weights_upto(stage *s, int64_t upto) {
 /* Until message j of c is there (or taken), does weight gradients owed. */
 static td_status weights_while_waiting(stage *s, channel *c, int64_t j, int for_consumed) {
     while (s->w_next < s->b_done && !chan_ready(c, j, for_consumed))
-        TD_CHECK(weights_one(s));
+        TD_CHECK(weights_upto(s, s->w_next + 1));
     return TD_OK;
 }
 
