@@ -34,6 +34,12 @@ typedef struct td_pp_need {
     int64_t micro_batches;
 } td_pp_need;
 
+/* Whether the stages after the first carry the end of a training step (the
+ * weight gradients they still owe, their optimizer step) into the next
+ * (pipeline_run.c): not when clipping, whose norm every stage's update
+ * needs at once. */
+int td__pp_tails_carry(const td_optimizer_config *opt);
+
 /* Measures every layer on every member of g (forward and backward of one
  * micro-batch, each layer alone) and cuts the layers into consecutive
  * stages, member k taking the k-th, so that the slowest stage is as fast as
@@ -83,6 +89,7 @@ typedef struct stage {
     /* Micro-batches [w_next, b_done) went back to their input but still owe
      * their weight gradients (td_model_part_backward_weights). */
     int64_t w_next, b_done;
+    int update_owed; /* the step before's optimizer step (pipeline_run.c) */
 } stage;
 
 struct pipeline {
@@ -98,7 +105,8 @@ struct pipeline {
     int prev[TD_PP_MAX_STAGES], next[TD_PP_MAX_STAGES]; /* neighbours with layers, or -1 */
     channel fwd[TD_PP_MAX_STAGES];                      /* k to next[k]: activations */
     channel bwd[TD_PP_MAX_STAGES];                      /* k to prev[k]: their gradients */
-    int abort; /* a member failed: the others stop (atomic) */
+    int abort;      /* a member failed: the others stop (atomic) */
+    int first_done; /* the first stage has finished the step (atomic) */
 
     /* The step or evaluation under way. */
     const td_batch *batch;                     /* training: the whole batch */
@@ -116,6 +124,9 @@ void td__pp_split(pipeline *p, int64_t n);
 /* Runs the step or evaluation set up in p on every member (td_group_run);
  * a member that fails stops the others. */
 td_status td__pp_run(pipeline *p);
+/* Has every stage pay what it still owes of the step before: before
+ * anything reads or replaces the weights or the optimizer's state. */
+td_status td__pp_settle(pipeline *p);
 /* The optimizer's sum-of-squares reduction over the stages (arg: a stage). */
 td_status td__pp_sum_over_stages(void *arg, const double *terms, size_t n, double *sumsq);
 

@@ -6,8 +6,9 @@
  * at most P - s micro-batches' activations. A stage whose memory holds more
  * (the plan gives it up to M slots) runs that many forwards ahead instead.
  * Each backward sends the input's gradient on first and leaves the weight
- * gradients for the stage's waits or the step's end (pipeline_run.c). A
- * stage receives its input from
+ * gradients for the stage's waits or the step's end; a stage after the first
+ * may carry that end and its optimizer step into the next step's start
+ * (pipeline_run.c). A stage receives its input from
  * the stage before and the gradient of its output from the stage after
  * through a channel: the sender posts its buffer, the receiver copies it onto
  * its own device (a peer copy where the backend can) on its own thread and
@@ -152,6 +153,7 @@ static td_status pp_save(void *impl, const char *path, const td_train_state *sta
     td_model *parts[TD_PP_MAX_STAGES];
     td_optimizer *opts[TD_PP_MAX_STAGES];
     int n = 0;
+    TD_CHECK(td__pp_settle(p));
     for (int k = 0; k < p->size; k++)
         if (p->st[k].part) {
             parts[n] = p->st[k].part;
@@ -162,6 +164,7 @@ static td_status pp_save(void *impl, const char *path, const td_train_state *sta
 
 static td_status pp_load(void *impl, const char *path, td_train_state *state) {
     pipeline *p = impl;
+    TD_CHECK(td__pp_settle(p));
     for (int k = 0; k < p->size; k++)
         if (p->st[k].part)
             TD_CHECK(td_checkpoint_load_part(path, p->st[k].part, p->st[k].opt, state));

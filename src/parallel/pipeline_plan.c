@@ -149,38 +149,55 @@ static double cut_bytes(const td_pp_need *nd, int members, int a, int b) {
     return stage_bytes(nd, members < nd->micro_batches ? members : nd->micro_batches, a, b);
 }
 
-/* A step under 1F1B with M micro-batches and stage times s_k (per step):
- * the first micro-batch passes every stage, then the slowest stage sets the
- * pace for the other M - 1: sum s_k / M + (M - 1) max s_k / M. */
-static double step_estimate(const double *pre, int p, int L, const int *cut, int64_t m) {
-    double sum = 0, worst = 0;
+/* A step's estimate under pipeline_run.c's schedule, from the stage times
+ * s_k (per step). Where the stages carry their tails over
+ * (td__pp_tails_carry), a stage pays what it carried while its first input
+ * is on the way, and the slowest stage sets the step: max s_k, a tie going
+ * to the smaller sum of s_k. Otherwise the first micro-batch passes every
+ * stage before the slowest sets the pace for the other M - 1: sum s_k / M +
+ * (M - 1) max s_k / M. */
+typedef struct estimate {
+    double step, sum;
+} estimate;
+
+static estimate step_estimate(const td_pp_need *nd, const double *pre, int p, int L,
+                              const int *cut) {
+    double worst = 0;
+    estimate e = {0, 0};
+    int64_t m = nd->micro_batches;
     for (int k = 0; k < p; k++) {
         double t = pre[k * (L + 1) + cut[k + 1]] - pre[k * (L + 1) + cut[k]];
-        sum += t;
+        e.sum += t;
         worst = fmax(worst, t);
     }
-    return (sum + (double)(m - 1) * worst) / (double)m;
+    e.step = td__pp_tails_carry(nd->opt) ? worst : (e.sum + (double)(m - 1) * worst) / (double)m;
+    return e;
+}
+
+static int shorter(estimate a, estimate b) {
+    const double rel = 1e-9;
+    return a.step < b.step * (1 - rel) ||
+           (a.step <= b.step * (1 + rel) && a.sum < b.sum * (1 - rel));
 }
 
 /* Moves the cut's boundaries one layer at a time while that shortens the
  * estimated step and the stages still fit: the slowest-stage cut the
- * programme found ignores that the other stages' time shows too. cut[k] is
- * member k's first layer, cut[p] = L. */
+ * programme found leaves the other stages' boundaries wherever its ties fell.
+ * cut[k] is member k's first layer, cut[p] = L. */
 static void refine(const td_pp_need *nd, const measure *ms, const double *pre, int p, int L,
                    int *cut) {
-    double best = step_estimate(pre, p, L, cut, nd->micro_batches);
+    estimate best = step_estimate(nd, pre, p, L, cut), t;
     for (int moved = 1; moved;) {
         moved = 0;
         for (int b = 1; b < p; b++)
             for (int dir = -1; dir <= 1; dir += 2) {
-                double t;
                 cut[b] += dir;
                 if (cut[b] >= cut[b - 1] && cut[b] <= cut[b + 1] &&
                     cut_bytes(nd, p, cut[b - 1], cut[b]) <=
                         MEM_HEADROOM * (double)ms->mem_free[b - 1] &&
                     cut_bytes(nd, p, cut[b], cut[b + 1]) <=
                         MEM_HEADROOM * (double)ms->mem_free[b] &&
-                    (t = step_estimate(pre, p, L, cut, nd->micro_batches)) < best * (1 - 1e-9)) {
+                    shorter(t = step_estimate(nd, pre, p, L, cut), best)) {
                     best = t;
                     moved = 1;
                 } else {

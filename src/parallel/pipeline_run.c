@@ -286,15 +286,58 @@ static td_status backward(pipeline *p, stage *s, int k, int64_t j) {
     return TD_OK;
 }
 
+/* The step's tail carried over --------------------------------------------
+ *
+ * Every stage but the first waits at the start of a step for its first
+ * input, which comes through the stages before it. So such a stage does not
+ * finish its step: once its last backward has gone back it pays the weight
+ * gradients it owes only until the first stage has finished, and it takes
+ * the rest and its optimizer step at the start of the next step (or before
+ * anything reads its weights, td__pp_settle), while its input is on the way.
+ * The sums and their order are unchanged. Clipping's norm is a collective
+ * over all the stages' updates, so with clipping every stage finishes. */
+
+int td__pp_tails_carry(const td_optimizer_config *opt) {
+    return !(opt->clip_norm > 0);
+}
+
+static int carries_tail(const pipeline *p, int k) {
+    return p->train && p->prev[k] >= 0 && td__pp_tails_carry(&p->s->cfg.opt);
+}
+
+static td_status update(stage *s) {
+    uint64_t t0 = td_clock_ns();
+    td_status st = td_optimizer_step(s->opt, NULL);
+    s->update_s += (double)(td_clock_ns() - t0) * 1e-9;
+    return st;
+}
+
+/* The weight gradients and the optimizer step a stage still owes from the
+ * step before; then, as after a failed step, any weight gradients owed (their
+ * slots refuse a forward until paid). */
+static td_status settle(stage *s) {
+    TD_CHECK(weights_upto(s, s->b_done));
+    if (s->update_owed) {
+        TD_CHECK(update(s));
+        s->update_owed = 0;
+    }
+    s->w_next = s->b_done = 0;
+    return TD_OK;
+}
+
+/* Weight gradients owed, one micro-batch at a time, until the first stage
+ * has finished the step. */
+static td_status weights_while_first_runs(pipeline *p, stage *s) {
+    while (s->w_next < s->b_done && !__atomic_load_n(&p->first_done, __ATOMIC_ACQUIRE))
+        TD_CHECK(weights_upto(s, s->w_next + 1));
+    return TD_OK;
+}
+
 /* Stage k's share of a step: 1F1B, with as many forwards ahead as its slots
- * hold, then its optimizer step. */
+ * hold, then its optimizer step (or the step's tail, carried over). */
 static td_status run_schedule(pipeline *p, stage *s, int k) {
     int64_t m = p->m, warm = s->slots - 1 < m ? s->slots - 1 : m;
-    uint64_t t0;
-    /* A step that failed may have left weights owed: their slots refuse a
-     * forward until paid (the next step's first overwrites them). */
-    TD_CHECK(weights_upto(s, s->b_done));
-    s->w_next = s->b_done = 0;
+    TD_CHECK(settle(s));
     if (!p->train) {
         for (int64_t j = 0; j < m; j++)
             TD_CHECK(forward(p, s, k, j));
@@ -307,10 +350,14 @@ static td_status run_schedule(pipeline *p, stage *s, int k) {
             TD_CHECK(forward(p, s, k, j + warm));
         TD_CHECK(backward(p, s, k, j));
     }
+    if (carries_tail(p, k)) {
+        s->update_owed = 1;
+        return weights_while_first_runs(p, s);
+    }
     TD_CHECK(weights_upto(s, m));
-    t0 = td_clock_ns();
-    TD_CHECK(td_optimizer_step(s->opt, NULL));
-    s->update_s += (double)(td_clock_ns() - t0) * 1e-9;
+    TD_CHECK(update(s));
+    if (p->prev[k] < 0)
+        __atomic_store_n(&p->first_done, 1, __ATOMIC_RELEASE);
     return TD_OK;
 }
 
@@ -375,8 +422,19 @@ void td__pp_split(pipeline *p, int64_t n) {
     }
 }
 
+static td_status settle_member(td_group *g, td_device *dev, int rank, int size, void *arg) {
+    stage *s = &((pipeline *)arg)->st[rank];
+    (void)g, (void)dev, (void)size;
+    return s->part ? settle(s) : TD_OK;
+}
+
+td_status td__pp_settle(pipeline *p) {
+    return td_group_run(p->g, settle_member, p);
+}
+
 td_status td__pp_run(pipeline *p) {
     __atomic_store_n(&p->abort, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&p->first_done, 0, __ATOMIC_RELEASE);
     for (int k = 0; k < p->size; k++) {
         chan_reset(&p->fwd[k]);
         chan_reset(&p->bwd[k]);

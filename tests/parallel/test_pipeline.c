@@ -110,9 +110,11 @@ static double weights_diff(td_strategy *s, td_model *ref) {
     return d;
 }
 
-static void check_like_one_device(const char *json, const char *spec, td_dtype dt, int64_t batch,
-                                  int64_t micro, td_optimizer_kind kind, double tol) {
-    opt_in_use = optimizer(kind);
+static void check_like_one_device_with(const char *json, const char *spec, td_dtype dt,
+                                       int64_t batch, int64_t micro, td_optimizer_config opt,
+                                       double tol) {
+    td_optimizer_kind kind = opt.kind;
+    opt_in_use = opt;
     td_test_data *d = td_test_data_create(json, STEPS, batch);
     td_device_list *one = td_test_open("cpu:0");
     td_step_result ref_last = {0, 0, 0}, last = {0, 0, 0};
@@ -143,6 +145,66 @@ static void check_like_one_device(const char *json, const char *spec, td_dtype d
     td_group_destroy(g);
     td_model_destroy(ref);
     td_device_list_destroy(one);
+    td_test_data_destroy(d);
+}
+
+static void check_like_one_device(const char *json, const char *spec, td_dtype dt, int64_t batch,
+                                  int64_t micro, td_optimizer_kind kind, double tol) {
+    check_like_one_device_with(json, spec, dt, batch, micro, optimizer(kind), tol);
+}
+
+static td_optimizer_config unclipped(td_optimizer_kind kind) {
+    td_optimizer_config o = optimizer(kind);
+    o.clip_norm = 0;
+    return o;
+}
+
+/* Without clipping, every stage but the first carries its last weight
+ * gradients and its optimizer step into the next step (pipeline_run.c):
+ * steps, an evaluation between them, a checkpoint saved and loaded back
+ * mid-run, all as `single` on one device would have them, within rounding.
+ * An update paid late, twice or not at all shows at once. */
+static void the_tail_carried_over_is_paid_before_it_is_read(void **state) {
+    td_test_data *d = td_test_data_create(gpt_json, 4, 6);
+    td_group *g = NULL, *g1 = NULL;
+    td_strategy *pp = NULL, *one = NULL;
+    td_strategy_config c, cs;
+    td_step_result r, e_pp[2], e_one[2];
+    (void)state;
+    opt_in_use = unclipped(TD_OPT_SGD);
+    c = config("pipeline", TD_F64, 6, 3);
+    cs = config("single", TD_F64, 6, 0);
+    check_like_one_device_with(gpt_json, "cpu*3", TD_F64, 6, 3, unclipped(TD_OPT_SGD), 1e-12);
+    check_like_one_device_with(gpt_json, "cpu:0,cpu:1{slowdown=3}", TD_F32, 6, 3,
+                               unclipped(TD_OPT_SGD), 1e-5);
+    opt_in_use = unclipped(TD_OPT_SGD);
+    TD_ASSERT_OK(td_group_create_spec("cpu*3", NULL, &g));
+    TD_ASSERT_OK(td_group_create_spec("cpu:0", NULL, &g1));
+    TD_ASSERT_OK(td_strategy_create(g, gpt_json, "test", &c, &pp));
+    TD_ASSERT_OK(td_strategy_create(g1, gpt_json, "test", &cs, &one));
+    for (int k = 0; k < 4; k++) {
+        TD_ASSERT_OK(td_strategy_step(pp, &d->b[k], (uint64_t)k, &r, NULL));
+        TD_ASSERT_OK(td_strategy_step(one, &d->b[k], (uint64_t)k, &r, NULL));
+        if (k == 1) {
+            TD_ASSERT_OK(td_strategy_evaluate(pp, d->b, 2, e_pp));
+            TD_ASSERT_OK(td_strategy_evaluate(one, d->b, 2, e_one));
+            for (int i = 0; i < 2; i++)
+                assert_true(fabs(e_pp[i].loss_sum - e_one[i].loss_sum) <=
+                            1e-12 * fabs(e_one[i].loss_sum));
+        }
+        if (k == 2) {
+            TD_ASSERT_OK(td_strategy_save(pp, td_test_tmp("mid.safetensors"), NULL));
+            TD_ASSERT_OK(td_strategy_load(pp, td_test_tmp("mid.safetensors"), NULL));
+        }
+    }
+    TD_ASSERT_OK(td_strategy_save(pp, td_test_tmp("pp_end.safetensors"), NULL));
+    TD_ASSERT_OK(td_strategy_save(one, td_test_tmp("one_end.safetensors"), NULL));
+    assert_true(td_dp_checkpoint_diff(td_test_tmp("pp_end.safetensors"),
+                                      td_test_tmp("one_end.safetensors")) <= 1e-12);
+    td_strategy_destroy(one);
+    td_strategy_destroy(pp);
+    td_group_destroy(g1);
+    td_group_destroy(g);
     td_test_data_destroy(d);
 }
 
@@ -354,6 +416,7 @@ int main(void) {
         cmocka_unit_test(a_slowed_device_gets_fewer_layers),
         cmocka_unit_test(stages_hold_what_their_memory_allows),
         cmocka_unit_test(more_devices_than_layers),
+        cmocka_unit_test(the_tail_carried_over_is_paid_before_it_is_read),
         cmocka_unit_test(checkpoints_move_between_strategies),
         cmocka_unit_test(a_model_too_big_for_one_device_trains_split),
         cmocka_unit_test(bad_micro_batch_counts),
