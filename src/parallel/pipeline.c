@@ -4,7 +4,8 @@
  * stages in the 1F1B order: stage s of P first runs P - s - 1 forwards, then
  * one forward and one backward in turn, then the backwards left, so it holds
  * at most P - s micro-batches' activations. A stage whose memory holds more
- * (the plan gives it up to M slots) runs that many forwards ahead instead.
+ * (the plan gives it up to M slots) runs that many forwards ahead instead,
+ * but for the last stage, whose every backward the others wait for.
  * Each backward sends the input's gradient on first and leaves the weight
  * gradients for the stage's waits or the step's end; a stage after the first
  * may carry that end and its optimizer step into the next step's start

@@ -333,10 +333,20 @@ static td_status weights_while_first_runs(pipeline *p, stage *s) {
     return TD_OK;
 }
 
-/* Stage k's share of a step: 1F1B, with as many forwards ahead as its slots
- * hold, then its optimizer step (or the step's tail, carried over). */
+/* Forwards stage k runs before its first backward: as many as its slots
+ * hold, so that the stages after it never wait for an input; but none on
+ * the last stage, which nobody waits on for an input, while the stages
+ * before it wait for each gradient it sends back. */
+static int64_t forwards_ahead(const pipeline *p, const stage *s, int k) {
+    if (p->next[k] < 0)
+        return 0;
+    return s->slots - 1 < p->m ? s->slots - 1 : p->m;
+}
+
+/* Stage k's share of a step: 1F1B, with forwards ahead (above), then its
+ * optimizer step (or the step's tail, carried over). */
 static td_status run_schedule(pipeline *p, stage *s, int k) {
-    int64_t m = p->m, warm = s->slots - 1 < m ? s->slots - 1 : m;
+    int64_t m = p->m, warm = forwards_ahead(p, s, k);
     TD_CHECK(settle(s));
     if (!p->train) {
         for (int64_t j = 0; j < m; j++)
