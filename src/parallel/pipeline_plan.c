@@ -209,14 +209,15 @@ static void refine(const td_pp_need *nd, const measure *ms, const double *pre, i
 
 /* A stage whose memory holds more micro-batches than 1F1B needs takes up
  * to one slot per micro-batch: then it runs forwards ahead, as its memory
- * allows, and leaves the weight gradients it owes to fill its waits. Its
- * weights and their gradients are streamed less often between other
- * traffic (GPT 4 x 512 on two one-core devices, 8 micro-batches: a step
- * 0.267 s with 1F1B's slots, 0.246 s with 8). A stage runs as many forwards
- * before its first backward as it has slots, and the stage after needs as
- * many of them before its own: so no stage holds more slots than the one
- * before it, or the two would wait for each other. *prev: the slots of the
- * stage before (the micro-batch count before the first). */
+ * allows (but for the last stage, pipeline_run.c), and leaves the weight
+ * gradients it owes to fill its waits. Its weights and their gradients are
+ * streamed less often between other traffic (GPT 4 x 512 on two one-core
+ * devices, 8 micro-batches: a step 0.267 s with 1F1B's slots, 0.246 s with
+ * 8). Such a stage runs as many forwards before its first backward as it
+ * has slots, and the stage after needs as many of them before its own: so
+ * no stage holds more slots than the one before it, or the two would wait
+ * for each other. *prev: the slots of the stage before (the micro-batch
+ * count before the first). */
 static void hold_extra_slots(const td_pp_need *nd, const measure *ms, td_pp_plan *out, int k,
                              int64_t *prev) {
     int a = out->first[k], b = out->end[k];
