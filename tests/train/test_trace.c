@@ -239,7 +239,9 @@ static void a_pipeline_trace_shows_each_micro_batch(void **state) {
             const track *t = named(&tr, d ? "cpu:1" : "cpu:0");
             assert_int_equal(count(t, "forward", s, NULL), 4);
             assert_int_equal(count(t, "backward", s, NULL), 4);
-            assert_int_equal(count(t, "optimizer step", s, NULL), 1);
+            /* The second stage takes step s's update at the start of step
+             * s + 1 (no clipping here), the first stage within step s. */
+            assert_int_equal(count(t, "optimizer step", s, NULL), d && s == 1 ? 0 : 1);
             /* Activations come in to the second stage, their gradients to the first. */
             assert_int_equal(count(t, "copy peer", s, NULL), 4);
         }
