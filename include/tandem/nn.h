@@ -347,6 +347,16 @@ TD_API void td_optimizer_destroy(td_optimizer *opt);
 /* One update from the current gradients (clipped first when configured);
  * *grad_norm, when not NULL, gets the global norm before clipping. */
 TD_API td_status td_optimizer_step(td_optimizer *opt, double *grad_norm);
+/* Updates parameters [first, first + count) with the step under way, from
+ * their gradients as they are now, so that a model's backward can update
+ * each layer as soon as its gradients are final (td_model_set_grad_hook),
+ * while the cache still holds them and, on a CPU shared with other devices,
+ * while the others compute rather than all streaming state at once. The
+ * step ends with td_optimizer_step, which updates the parameters not updated
+ * yet; the weights are bitwise those of td_optimizer_step alone. A
+ * parameter is updated once per step however often it is named. Refused
+ * with clipping, which needs the whole gradient's norm first. */
+TD_API td_status td_optimizer_step_params(td_optimizer *opt, size_t first, size_t count);
 
 /* ZeRO-1: an optimizer that keeps state for, and updates, only shard `rank`
  * of `size` of every parameter: with c = numel / size, elements

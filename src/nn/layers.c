@@ -415,8 +415,8 @@ const td_layer_vt td__pool_vt = {"pool", pool_plan, pool_forward, pool_backward,
 /* Containers --------------------------------------------------------------------------- */
 
 static void grads_ready(const td_layer *c, const td_nn_run *r) {
-    if (c->nparams > 0 && r->model->hook)
-        r->model->hook(r->model->hook_arg, c->first_param, (size_t)c->nparams);
+    if (c->nparams > 0)
+        td__model_grads_ready(r->model, c->first_param, (size_t)c->nparams);
 }
 
 static td_status child_backward(td_layer *c, const td_tensor *x, td_tensor *dx, td_nn_run *r) {

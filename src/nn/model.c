@@ -581,6 +581,16 @@ size_t td_model_num_weights(const td_model *m) {
         n += m->params[i]->numel;
     return n;
 }
+void td__model_grads_ready(td_model *m, size_t first, size_t count) {
+    if (!m->hook || !count)
+        return;
+    /* The hook may update the weights there and then (an optimizer in the
+     * backward): a slowed device is slow at its compute, not at that. */
+    td_device_throttle(m->dev, m->stretch_start, 0);
+    m->hook(m->hook_arg, first, count);
+    m->stretch_start = td_clock_ns();
+}
+
 void td_model_set_grad_hook(td_model *m, td_grad_ready_fn fn, void *arg) {
     if (!m)
         return;

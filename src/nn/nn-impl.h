@@ -291,6 +291,9 @@ td_status td__model_add_slice(td_model *m, td_layer *l, const char *name, int nd
                               int64_t count, int normal, double bound, td_tensor **param);
 /* Sums t across the shards through the model's reduce hook (nothing without one). */
 td_status td__model_reduce(td_model *m, td_tensor *t);
+/* Calls the model's gradient hook (nothing without one) for parameters
+ * [first, first + count), whose gradients are final. */
+void td__model_grads_ready(td_model *m, size_t first, size_t count);
 /* Zeros t (a view) on the device's thread. */
 td_status td__zero(td_tensor *t);
 

@@ -24,6 +24,8 @@ struct td_optimizer {
     size_t nstate;
     td_tensor **state;
     char **names;
+    /* (nparams): updated already in the step under way (td_optimizer_step_params) */
+    unsigned char *stepped;
 };
 
 static td_status check_config(const td_optimizer_config *c) {
@@ -88,7 +90,9 @@ td_status td_optimizer_create_shard(td_model *m, const td_optimizer_config *cfg,
     o->shards = size;
     o->per_param = cfg->kind == TD_OPT_ADAMW ? 2 : cfg->momentum > 0 ? 1 : 0;
     o->nstate = m->nparams * (size_t)o->per_param;
-    if (!(o->terms = td__calloc(sizeof *o->terms * (2 * m->nparams + 1), "optimizer state"))) {
+    o->stepped = td__calloc(m->nparams + 1, "optimizer state");
+    if (!(o->terms = td__calloc(sizeof *o->terms * (2 * m->nparams + 1), "optimizer state")) ||
+        !o->stepped) {
         st = TD_ERR_OUT_OF_MEMORY;
         goto fail;
     }
@@ -140,6 +144,7 @@ void td_optimizer_destroy(td_optimizer *o) {
     free(o->state);
     free(o->names);
     free(o->terms);
+    free(o->stepped);
     free(o);
 }
 
@@ -166,8 +171,10 @@ int64_t td_optimizer_steps(const td_optimizer *o) {
     return o ? o->steps : 0;
 }
 void td_optimizer_set_steps(td_optimizer *o, int64_t steps) {
-    if (o)
-        o->steps = steps < 0 ? 0 : steps;
+    if (!o)
+        return;
+    o->steps = steps < 0 ? 0 : steps;
+    memset(o->stepped, 0, o->m->nparams); /* a step begun is forgotten */
 }
 void td_optimizer_set_sumsq_reduce(td_optimizer *o, td_sumsq_reduce_fn reduce, void *arg) {
     if (o) {
@@ -259,23 +266,14 @@ static td_status grad_sumsq(td_optimizer *o, double *sum) {
     return o->reduce ? o->reduce(o->reduce_arg, o->terms, 2 * o->m->nparams, sum) : TD_OK;
 }
 
-static td_status opt_step_task(td_device *dev, void *arg) {
-    opt_step_args *a = arg;
-    td_optimizer *o = a->o;
-    td_model *m = o->m;
+/* The arguments of the update kernels for the step under way, the gradients
+ * multiplied by grad_mul (clipping). */
+static td_opt_args kernel_args(const td_optimizer *o, double grad_mul) {
     const td_optimizer_config *c = &o->cfg;
     td_opt_args k;
-    td_status st;
-    double sum = 0;
-    if (a->want_norm && (st = grad_sumsq(o, &sum)) != TD_OK)
-        return st;
-    a->norm = a->want_norm ? sqrt(sum) : 0.0;
     memset(&k, 0, sizeof k);
     k.lr = lr_at(c, o->steps);
-    k.grad_mul = 1.0;
-    /* As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when above. */
-    if (c->clip_norm > 0 && a->norm > c->clip_norm)
-        k.grad_mul = c->clip_norm / (a->norm + 1e-6);
+    k.grad_mul = grad_mul;
     k.weight_decay = c->weight_decay;
     k.momentum = c->momentum;
     k.nesterov = c->nesterov;
@@ -285,20 +283,76 @@ static td_status opt_step_task(td_device *dev, void *arg) {
     k.eps = c->eps;
     k.bias_corr1 = 1.0 - pow(c->beta1, (double)(o->steps + 1));
     k.bias_corr2 = 1.0 - pow(c->beta2, (double)(o->steps + 1));
-    for (size_t i = 0; i < m->nparams; i++)
-        for (int part = 0; part < 2; part++) {
-            td_tensor w, g, state[2];
-            if (!part_views(o, i, part, &w, &g, state))
-                continue;
-            if (c->kind == TD_OPT_ADAMW)
-                st = td__op_adamw(&w, &g, &state[0], &state[1], &k);
-            else
-                st = td__op_sgd(&w, &g, o->per_param ? &state[0] : NULL, &k);
-            if (st != TD_OK)
-                return st;
-        }
+    return k;
+}
+
+/* Updates parameter i (the parts this optimizer owns) unless this step did. */
+static td_status update_param(td_optimizer *o, size_t i, const td_opt_args *k) {
+    if (o->stepped[i])
+        return TD_OK;
+    for (int part = 0; part < 2; part++) {
+        td_tensor w, g, state[2];
+        td_status st;
+        if (!part_views(o, i, part, &w, &g, state))
+            continue;
+        st = o->cfg.kind == TD_OPT_ADAMW ? td__op_adamw(&w, &g, &state[0], &state[1], k)
+                                         : td__op_sgd(&w, &g, o->per_param ? &state[0] : NULL, k);
+        if (st != TD_OK)
+            return st;
+    }
+    o->stepped[i] = 1;
+    return TD_OK;
+}
+
+static td_status opt_step_task(td_device *dev, void *arg) {
+    opt_step_args *a = arg;
+    td_optimizer *o = a->o;
+    const td_optimizer_config *c = &o->cfg;
+    td_opt_args k;
+    td_status st;
+    double sum = 0;
+    (void)dev;
+    if (a->want_norm && (st = grad_sumsq(o, &sum)) != TD_OK)
+        return st;
+    a->norm = a->want_norm ? sqrt(sum) : 0.0;
+    /* As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when above. */
+    k = kernel_args(o, c->clip_norm > 0 && a->norm > c->clip_norm ? c->clip_norm / (a->norm + 1e-6)
+                                                                  : 1.0);
+    for (size_t i = 0; i < o->m->nparams; i++)
+        if ((st = update_param(o, i, &k)) != TD_OK)
+            return st;
+    memset(o->stepped, 0, o->m->nparams);
     o->steps++;
     return TD_OK;
+}
+
+typedef struct params_args {
+    td_optimizer *o;
+    size_t first, count;
+} params_args;
+
+static td_status params_task(td_device *dev, void *arg) {
+    params_args *a = arg;
+    td_opt_args k = kernel_args(a->o, 1.0);
+    (void)dev;
+    for (size_t i = a->first; i < a->first + a->count; i++)
+        TD_CHECK(update_param(a->o, i, &k));
+    return TD_OK;
+}
+
+td_status td_optimizer_step_params(td_optimizer *o, size_t first, size_t count) {
+    params_args a = {o, first, count};
+    if (!o)
+        return td__error(TD_ERR_INVALID_ARG, "td_optimizer_step_params: optimizer is NULL");
+    if (o->cfg.clip_norm > 0)
+        return td__error(TD_ERR_INVALID_ARG,
+                         "td_optimizer_step_params: clipping needs the whole gradient's norm "
+                         "first; update with td_optimizer_step");
+    if (first > o->m->nparams || count > o->m->nparams - first)
+        return td__error(TD_ERR_INVALID_ARG,
+                         "td_optimizer_step_params: parameters [%zu, %zu) of %zu", first,
+                         first + count, o->m->nparams);
+    return td_device_run(o->m->dev, params_task, &a);
 }
 
 /* opt_step_task, traced on the device's host thread (whoever called). */

@@ -163,11 +163,149 @@ static void gpt_loss_falls(void **state) {
     free(next);
 }
 
+/* Updating each layer from the backward's gradient hook, as soon as its
+ * gradients are final (td_optimizer_step_params), must give bitwise the
+ * weights of the update after the backward: the same kernels on the same
+ * numbers, only earlier. A tied head reads the embedding's table in its
+ * backward, before the embedding's gradients are final: the table must
+ * not be updated before the embedding's backward. */
+typedef struct early {
+    td_optimizer *opt;
+    size_t named; /* parameters named, with repeats */
+    td_status st;
+} early;
+
+static void update_early(void *arg, size_t first, size_t count) {
+    early *e = arg;
+    td_status st = td_optimizer_step_params(e->opt, first, count);
+    e->named += count;
+    if (e->st == TD_OK)
+        e->st = st;
+}
+
+static void train_gpt(const char *spec, td_device *dev, int in_backward, double *weights,
+                      size_t nweights) {
+    enum { N = 2, T = 32, STEPS = 4 };
+    td_model *m = NULL;
+    td_optimizer_config cfg = TD_OPTIMIZER_CONFIG_INIT;
+    early e = {NULL, 0, TD_OK};
+    int32_t tok[N * T], next[N * T];
+    td_batch b = {N, NULL, tok, next};
+    size_t at = 0;
+    TD_ASSERT_OK(td_model_load_string(spec, "gpt", dev, TD_F64, 9, &m));
+    cfg.kind = TD_OPT_ADAMW;
+    cfg.lr = 1e-2;
+    cfg.weight_decay = 0.1;
+    TD_ASSERT_OK(td_optimizer_create(m, &cfg, &e.opt));
+    if (in_backward)
+        td_model_set_grad_hook(m, update_early, &e);
+    for (int step = 0; step < STEPS; step++) {
+        td_step_result r;
+        for (int i = 0; i < N * T; i++) {
+            tok[i] = (int32_t)(td_rng_uniform((uint64_t)step, (uint64_t)i) * 256);
+            next[i] = (tok[i] * 7 + 3) % 256;
+        }
+        TD_ASSERT_OK(td_model_train_step(m, &b, 1.0 / (N * T), 0, (uint64_t)step, &r));
+        TD_ASSERT_OK(e.st);
+        TD_ASSERT_OK(td_optimizer_step(e.opt, NULL));
+    }
+    if (in_backward)
+        assert_true(e.named >= STEPS * td_model_param_count(m));
+    assert_int_equal(td_optimizer_steps(e.opt), STEPS);
+    assert_int_equal(td_model_num_weights(m), nweights);
+    for (size_t i = 0; i < td_model_param_count(m); i++) {
+        td_tensor *w = td_model_param(m, i);
+        TD_ASSERT_OK(td_tensor_read_f64(w, weights + at, td_tensor_numel(w)));
+        at += td_tensor_numel(w);
+    }
+    td_optimizer_destroy(e.opt);
+    td_model_destroy(m);
+}
+
+static void check_update_in_backward(const char *spec) {
+    td_device_list *list = td_test_open("cpu:0");
+    td_device *dev = td_device_list_get(list, 0);
+    td_model *m = NULL;
+    size_t n;
+    double *after, *early_after, *before;
+    TD_ASSERT_OK(td_model_load_string(spec, "gpt", dev, TD_F64, 9, &m));
+    n = td_model_num_weights(m);
+    td_model_destroy(m);
+    after = malloc(sizeof(double) * n);
+    early_after = malloc(sizeof(double) * n);
+    before = malloc(sizeof(double) * n);
+    train_gpt(spec, dev, 0, after, n);
+    train_gpt(spec, dev, 1, early_after, n);
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&after[i], &early_after[i], sizeof(double)))
+            fail_msg("weight %zu: %.17g updated in the backward, %.17g after it", i, early_after[i],
+                     after[i]);
+    /* and training moved them: an update that did nothing would pass above */
+    {
+        size_t moved = 0;
+        TD_ASSERT_OK(td_model_load_string(spec, "gpt", dev, TD_F64, 9, &m));
+        for (size_t i = 0, at = 0; i < td_model_param_count(m); i++) {
+            td_tensor *w = td_model_param(m, i);
+            TD_ASSERT_OK(td_tensor_read_f64(w, before + at, td_tensor_numel(w)));
+            at += td_tensor_numel(w);
+        }
+        td_model_destroy(m);
+        for (size_t i = 0; i < n; i++)
+            moved += before[i] != after[i];
+        assert_true(moved > n * 9 / 10);
+    }
+    free(after);
+    free(early_after);
+    free(before);
+    td_device_list_destroy(list);
+}
+
+static void update_in_backward_matches_after(void **state) {
+    check_update_in_backward(small_gpt);
+}
+
+static void update_in_backward_waits_for_tied_table(void **state) {
+    static const char *const tied_gpt =
+        "{\"input\": {\"tokens\": 32, \"vocab\": 256}, \"layers\": ["
+        "{\"type\": \"embedding\", \"vocab\": 256, \"dim\": 64},"
+        "{\"type\": \"residual\", \"layers\": [{\"type\": \"layernorm\"}, "
+        "{\"type\": \"attention\", \"heads\": 4}]},"
+        "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 256, \"tied\": true}]}";
+    check_update_in_backward(tied_gpt);
+}
+
+/* Clipping scales by the whole gradient's norm, unknown layer by layer. */
+static void update_in_backward_refused_with_clipping(void **state) {
+    td_device_list *list = td_test_open("cpu:0");
+    td_model *m = NULL;
+    td_optimizer *opt = NULL;
+    td_optimizer_config cfg = TD_OPTIMIZER_CONFIG_INIT;
+    TD_ASSERT_OK(
+        td_model_load_string(small_gpt, "gpt", td_device_list_get(list, 0), TD_F32, 1, &m));
+    TD_ASSERT_OK(td_optimizer_create(m, &cfg, &opt));
+    assert_int_equal(td_optimizer_step_params(opt, 0, 100), TD_ERR_INVALID_ARG);
+    assert_non_null(strstr(td_last_error(), "parameters [0, 100)"));
+    TD_ASSERT_OK(td_optimizer_step_params(opt, 0, td_model_param_count(m)));
+    td_optimizer_destroy(opt);
+    cfg.clip_norm = 1.0;
+    TD_ASSERT_OK(td_optimizer_create(m, &cfg, &opt));
+    assert_int_equal(td_optimizer_step_params(opt, 0, 1), TD_ERR_INVALID_ARG);
+    assert_non_null(strstr(td_last_error(), "clipping"));
+    td_optimizer_destroy(opt);
+    td_model_destroy(m);
+    td_device_list_destroy(list);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(mlp_sgd_loss_falls), cmocka_unit_test(mlp_adamw_loss_falls_two_cores),
-        cmocka_unit_test(mlp_f64_loss_falls), cmocka_unit_test(lenet_loss_falls),
+        cmocka_unit_test(mlp_sgd_loss_falls),
+        cmocka_unit_test(mlp_adamw_loss_falls_two_cores),
+        cmocka_unit_test(mlp_f64_loss_falls),
+        cmocka_unit_test(lenet_loss_falls),
         cmocka_unit_test(gpt_loss_falls),
+        cmocka_unit_test(update_in_backward_matches_after),
+        cmocka_unit_test(update_in_backward_waits_for_tied_table),
+        cmocka_unit_test(update_in_backward_refused_with_clipping),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
