@@ -10,8 +10,9 @@
  * backward on its own thread; the partial outputs of each unit and their
  * input gradients are summed across the members by small all-reduces (the
  * model's reduce hook), so every member computes the replicated layers on
- * the same numbers and gets the same gradients for them. Then each member
- * takes its optimizer step on what it holds; clipping needs the norm of the
+ * the same numbers and gets the same gradients for them. Each member
+ * updates what it holds, layer by layer in the backward where it can
+ * (backward()), else after it; clipping needs the norm of the
  * whole gradient: every member's sum of squares over its slices, plus the
  * replicated parameters once (member 0's), all-reduced. The step ends with
  * an all-gather of every member's numbers and timings, a collective, so a
@@ -68,6 +69,7 @@ typedef struct member {
     double shard_s;                    /* calibration: its first shard's step, less waiting */
     uint64_t mem_free;                 /* calibration: its device's free memory, bytes */
     double comm_s, compute_s, update_s;
+    td_status early_st; /* the first failure of an update in the backward */
     td_step_result res;
 } member;
 
@@ -343,20 +345,50 @@ static td_status time_shard(tensor_par *p, member *m) {
     return TD_OK;
 }
 
-static td_status backward(tensor_par *p, member *m) {
+/* The gradient hook of a step whose update may run in the backward: updates
+ * the layer whose gradients are final. */
+static void update_early(void *arg, size_t first, size_t count) {
+    member *m = arg;
     uint64_t t0 = td_clock_ns();
+    td_status st = td_optimizer_step_params(m->opt, first, count);
+    if (m->early_st == TD_OK)
+        m->early_st = st;
+    m->update_s += (double)(td_clock_ns() - t0) * 1e-9;
+}
+
+/* Forward and backward; with `early`, each layer's update as soon as its
+ * gradients are final, between the layers' compute: the members' updates
+ * then do not all stream their optimizer state at once, which on CPU
+ * devices sharing one memory bus slows every one of them. */
+static td_status backward(tensor_par *p, member *m, int early) {
+    uint64_t t0 = td_clock_ns();
+    td_status st;
     m->comm_s = m->compute_s = m->update_s = 0;
+    m->early_st = TD_OK;
     memset(&m->res, 0, sizeof m->res);
-    TD_CHECK(td_model_train_slice(m->m, p->batch, p->first, p->grad_scale, 0, p->step, &m->res));
-    m->compute_s = fmax(0, (double)(td_clock_ns() - t0) * 1e-9 - m->comm_s);
+    if (early)
+        td_model_set_grad_hook(m->m, update_early, m);
+    st = td_model_train_slice(m->m, p->batch, p->first, p->grad_scale, 0, p->step, &m->res);
+    if (early)
+        td_model_set_grad_hook(m->m, NULL, NULL);
+    TD_CHECK(st);
+    TD_CHECK(m->early_st);
+    m->compute_s = fmax(0, (double)(td_clock_ns() - t0) * 1e-9 - m->comm_s - m->update_s);
     return TD_OK;
 }
 
 static td_status update(td_group *g, member *m) {
     uint64_t t0 = td_clock_ns();
     TD_CHECK(td_optimizer_step(m->opt, NULL));
-    m->update_s = (double)(td_clock_ns() - t0) * 1e-9;
+    m->update_s += (double)(td_clock_ns() - t0) * 1e-9;
     return gather_stats(g, m);
+}
+
+/* The update may run in the backward where it needs no more than the
+ * layer's own gradients: no clipping (the whole gradient's norm), and no
+ * other processes (their gradients summed first). */
+static int can_update_early(const tensor_par *p) {
+    return p->s->cfg.opt.clip_norm <= 0 && p->procs.nprocs == 1;
 }
 
 static td_status member_run(td_group *g, td_device *dev, int rank, int size, void *arg) {
@@ -385,9 +417,9 @@ static td_status member_run(td_group *g, td_device *dev, int rank, int size, voi
                 p->eval_res[i] = r;
         }
         return TD_OK;
-    case MODE_BACKWARD: return backward(p, m);
+    case MODE_BACKWARD: return backward(p, m, 0);
     case MODE_UPDATE: return update(g, m);
-    default: TD_CHECK(backward(p, m)); return update(g, m);
+    default: TD_CHECK(backward(p, m, can_update_early(p))); return update(g, m);
     }
 }
 
