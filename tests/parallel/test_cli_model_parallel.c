@@ -100,10 +100,11 @@ static void tensor_matches_one_device_and_survives_a_loss(void **state) {
     double d, dl;
     (void)state;
     train("", "cpu*3", "--steps 12 --precision f64 --strategy tensor", "tensor.safetensors");
-    /* cpu:2 fails at its 40th all-reduce (in step 2: the MLP's two pairs
-     * make 4 a step, the step's numbers one more): back to step 1's
-     * checkpoint, on two devices */
-    train("TANDEM_FAULT=cpu:2@allreduce:8:error ", "cpu*3",
+    /* cpu:2 fails at its 12th all-reduce, in training whether or not the
+     * members timed their shards first: calibration takes 3, timing 4 and
+     * a step one (the MLP's pair in forward; its input needs no gradient).
+     * Back to the last checkpoint, on two devices */
+    train("TANDEM_FAULT=cpu:2@allreduce:12:error ", "cpu*3",
           "--steps 12 --precision f64 --strategy tensor --checkpoint-every 1",
           "tensor_lost.safetensors");
     d = diff("tensor.safetensors", "one.safetensors");
