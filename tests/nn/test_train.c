@@ -183,6 +183,15 @@ static void update_early(void *arg, size_t first, size_t count) {
         e->st = st;
 }
 
+/* Every parameter of m, one after another, as f64. */
+static void read_weights(td_model *m, double *out) {
+    for (size_t i = 0; i < td_model_param_count(m); i++) {
+        td_tensor *w = td_model_param(m, i);
+        TD_ASSERT_OK(td_tensor_read_f64(w, out, td_tensor_numel(w)));
+        out += td_tensor_numel(w);
+    }
+}
+
 static void train_gpt(const char *spec, td_device *dev, int in_backward, double *weights,
                       size_t nweights) {
     enum { N = 2, T = 32, STEPS = 4 };
@@ -191,7 +200,6 @@ static void train_gpt(const char *spec, td_device *dev, int in_backward, double 
     early e = {NULL, 0, TD_OK};
     int32_t tok[N * T], next[N * T];
     td_batch b = {N, NULL, tok, next};
-    size_t at = 0;
     TD_ASSERT_OK(td_model_load_string(spec, "gpt", dev, TD_F64, 9, &m));
     cfg.kind = TD_OPT_ADAMW;
     cfg.lr = 1e-2;
@@ -213,11 +221,7 @@ static void train_gpt(const char *spec, td_device *dev, int in_backward, double 
         assert_true(e.named >= STEPS * td_model_param_count(m));
     assert_int_equal(td_optimizer_steps(e.opt), STEPS);
     assert_int_equal(td_model_num_weights(m), nweights);
-    for (size_t i = 0; i < td_model_param_count(m); i++) {
-        td_tensor *w = td_model_param(m, i);
-        TD_ASSERT_OK(td_tensor_read_f64(w, weights + at, td_tensor_numel(w)));
-        at += td_tensor_numel(w);
-    }
+    read_weights(m, weights);
     td_optimizer_destroy(e.opt);
     td_model_destroy(m);
 }
@@ -244,11 +248,7 @@ static void check_update_in_backward(const char *spec) {
     {
         size_t moved = 0;
         TD_ASSERT_OK(td_model_load_string(spec, "gpt", dev, TD_F64, 9, &m));
-        for (size_t i = 0, at = 0; i < td_model_param_count(m); i++) {
-            td_tensor *w = td_model_param(m, i);
-            TD_ASSERT_OK(td_tensor_read_f64(w, before + at, td_tensor_numel(w)));
-            at += td_tensor_numel(w);
-        }
+        read_weights(m, before);
         td_model_destroy(m);
         for (size_t i = 0; i < n; i++)
             moved += before[i] != after[i];
