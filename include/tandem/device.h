@@ -164,6 +164,11 @@ TD_API td_status td_buffer_read(const td_buffer *src, size_t offset, void *dst, 
  * else staged through host memory. Synchronous. */
 TD_API td_status td_buffer_copy(td_buffer *dst, size_t dst_offset, const td_buffer *src,
                                 size_t src_offset, size_t nbytes);
+/* Whether td_buffer_copy into a buffer on dst from one on src runs on dst's
+ * host thread alone (the same device, or a peer copy). Otherwise it also
+ * runs a read on src's host thread, so a caller on dst's thread must not
+ * wait for it while src's thread waits for that caller. */
+TD_API int td_buffer_copy_is_direct(const td_device *dst, const td_device *src);
 
 /* Bytes in use on the device through td_buffer_alloc. */
 TD_API uint64_t td_device_mem_used(const td_device *dev);

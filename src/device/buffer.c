@@ -228,9 +228,11 @@ td_status td_buffer_copy(td_buffer *dst, size_t dst_offset, const td_buffer *src
         return TD_OK;
     a = (xfer_args){(char *)dst->ptr + dst_offset, (const char *)src->ptr + src_offset,
                     src->dev->ctx, nbytes};
-    if (dst->dev == src->dev)
-        return td_device_run(dst->dev, copy_task, &a);
-    if (dst->dev->ops == src->dev->ops && dst->dev->ops->copy_peer)
-        return td_device_run(dst->dev, peer_task, &a);
-    return copy_staged(dst, dst_offset, src, src_offset, nbytes);
+    if (!td_buffer_copy_is_direct(dst->dev, src->dev))
+        return copy_staged(dst, dst_offset, src, src_offset, nbytes);
+    return td_device_run(dst->dev, dst->dev == src->dev ? copy_task : peer_task, &a);
+}
+
+int td_buffer_copy_is_direct(const td_device *dst, const td_device *src) {
+    return dst && src && (dst == src || (dst->ops == src->ops && dst->ops->copy_peer));
 }

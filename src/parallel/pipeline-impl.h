@@ -9,6 +9,10 @@
 #include "tandem/strategy.h"
 
 #define TD_PP_MAX_STAGES TD_DP_MAX_MEMBERS
+/* Micro-batches a stage holds at once, at most: 1F1B needs one per stage
+ * from it to the last; more only let it run ahead. A channel holds as many
+ * messages, since a sender has at most its slots' worth not yet taken. */
+#define TD_PP_MAX_SLOTS TD_PP_MAX_STAGES
 
 typedef struct td_pp_plan {
     int members;                 /* the group's size: stages, some maybe empty */
@@ -65,8 +69,14 @@ td_status td__pipeline_decoder(td_group *g, const char *checkpoint, td_dtype dty
 typedef struct channel {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    const td_buffer *buf[TD_PP_MAX_STAGES]; /* message j at [j % TD_PP_MAX_STAGES] */
-    int64_t posted, consumed;               /* messages 0..posted-1 posted; consumed likewise */
+    const td_buffer *buf[TD_PP_MAX_SLOTS]; /* message j at [j % TD_PP_MAX_SLOTS] */
+    int64_t posted, consumed;              /* messages 0..posted-1 posted; consumed likewise */
+    /* Set where the receiver cannot copy from the sender's device on its own
+     * thread (td_buffer_copy_is_direct): the sender then reads each message
+     * into host memory on its own thread, at the same place as buf's. */
+    int staged;
+    void *host[TD_PP_MAX_SLOTS];
+    size_t host_bytes[TD_PP_MAX_SLOTS];
 } channel;
 
 typedef struct pipeline pipeline;

@@ -4,7 +4,7 @@
  * stages in the 1F1B order: stage s of P first runs P - s - 1 forwards, then
  * one forward and one backward in turn, then the backwards left, so it holds
  * at most P - s micro-batches' activations. A stage whose memory holds more
- * (the plan gives it up to M slots) runs that many forwards ahead instead,
+ * (the plan gives it up to M slots, at most TD_PP_MAX_SLOTS) runs that many forwards ahead instead,
  * but for the last stage, whose every backward the others wait for.
  * Each backward sends the input's gradient on first and leaves the weight
  * gradients for the stage's waits or the step's end; a stage after the first
@@ -14,11 +14,14 @@
  * through a channel: the sender posts its buffer, the receiver copies it onto
  * its own device (a peer copy where the backend can) on its own thread and
  * marks it consumed, and the sender overwrites a posted buffer only once it
- * was. Gradients of the micro-batches add up on each stage, scaled by one
- * over the whole batch's labels, so each stage's optimizer step is exactly
- * one device's over the whole batch (up to summation order). The step ends
- * with an all-gather of every stage's numbers and timings, a collective, so
- * a lost member fails the step as under the data strategy.
+ * was. Each member runs on its device's host thread, so where the copy
+ * would need the sender's thread too (OpenCL devices, a CPU and a GPU), the
+ * sender reads the message into host memory before posting it and the
+ * receiver writes it from there: each on its own thread. Gradients of the micro-batches add up on
+ * each stage, scaled by one over the whole batch's labels, so each stage's optimizer step is
+ * exactly one device's over the whole batch (up to summation order). The step ends with an
+ * all-gather of every stage's numbers and timings, a collective, so a lost member fails the step as
+ * under the data strategy.
  *
  * This file holds the strategy's table (step, evaluate, save, load, the
  * report) and its creation; a step's run on the stages is pipeline_run.c,
@@ -220,6 +223,10 @@ static void pp_destroy(void *impl) {
         td_buffer_free(s->stats_all);
         td_buffer_free(s->terms);
         free(s->terms_host);
+        for (int i = 0; i < TD_PP_MAX_SLOTS; i++) {
+            free(p->fwd[k].host[i]);
+            free(p->bwd[k].host[i]);
+        }
         pthread_mutex_destroy(&p->fwd[k].mu);
         pthread_cond_destroy(&p->fwd[k].cv);
         pthread_mutex_destroy(&p->bwd[k].mu);
@@ -337,8 +344,12 @@ static td_status pp_create(td_strategy *s) {
         if (p->plan.end[k] == p->plan.first[k])
             continue;
         p->prev[k] = last;
-        if (last >= 0)
+        if (last >= 0) {
             p->next[last] = k;
+            td_device *a = td_group_device(p->g, last), *b = td_group_device(p->g, k);
+            p->fwd[last].staged = !td_buffer_copy_is_direct(b, a);
+            p->bwd[k].staged = !td_buffer_copy_is_direct(a, b);
+        }
         last = k;
     }
     for (int k = 0; k < p->size; k++)

@@ -208,7 +208,7 @@ static void refine(const td_pp_need *nd, const measure *ms, const double *pre, i
 }
 
 /* A stage whose memory holds more micro-batches than 1F1B needs takes up
- * to one slot per micro-batch: then it runs forwards ahead, as its memory
+ * to one slot per micro-batch (at most TD_PP_MAX_SLOTS): then it runs forwards ahead, as its memory
  * allows (but for the last stage, pipeline_run.c), and leaves the weight
  * gradients it owes to fill its waits. Its weights and their gradients are
  * streamed less often between other traffic (GPT 4 x 512 on two one-core
@@ -216,8 +216,8 @@ static void refine(const td_pp_need *nd, const measure *ms, const double *pre, i
  * 8). Such a stage runs as many forwards before its first backward as it
  * has slots, and the stage after needs as many of them before its own: so
  * no stage holds more slots than the one before it, or the two would wait
- * for each other. *prev: the slots of the stage before (the micro-batch
- * count before the first). */
+ * for each other. *prev: the slots of the stage before (before the first,
+ * the micro-batch count up to TD_PP_MAX_SLOTS). */
 static void hold_extra_slots(const td_pp_need *nd, const measure *ms, td_pp_plan *out, int k,
                              int64_t *prev) {
     int a = out->first[k], b = out->end[k];
@@ -296,7 +296,7 @@ static td_status cut(td_group *g, const td_pp_need *nd, const measure *ms, td_pp
         out->seconds[k] = pre[k * (L + 1) + i] - pre[k * (L + 1) + j];
         out->alone_s[k] = pre[k * (L + 1) + L];
     }
-    int64_t prev = nd->micro_batches;
+    int64_t prev = nd->micro_batches < TD_PP_MAX_SLOTS ? nd->micro_batches : TD_PP_MAX_SLOTS;
     for (int k = 0; k < p; k++)
         hold_extra_slots(nd, ms, out, k, &prev);
 #undef BEST

@@ -68,10 +68,37 @@ static int chan_ready(channel *c, int64_t j, int for_consumed) {
 
 static void chan_post(channel *c, int64_t j, const td_buffer *buf) {
     pthread_mutex_lock(&c->mu);
-    c->buf[j % TD_PP_MAX_STAGES] = buf;
+    c->buf[j % TD_PP_MAX_SLOTS] = buf;
     c->posted = j + 1;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
+}
+
+/* Into c's host copy of message j, `bytes` of buf, on the sender's thread;
+ * the place is free, as the message before it there was taken (wait_taken). */
+static td_status stage_on_host(channel *c, int64_t j, const td_buffer *buf, size_t bytes) {
+    int at = (int)(j % TD_PP_MAX_SLOTS);
+    if (c->host_bytes[at] < bytes) {
+        free(c->host[at]);
+        c->host_bytes[at] = 0;
+        if (!(c->host[at] = td__aligned_alloc(bytes, "a pipeline message on the host")))
+            return TD_ERR_OUT_OF_MEMORY;
+        c->host_bytes[at] = bytes;
+    }
+    return td_buffer_read(buf, 0, c->host[at], bytes);
+}
+
+/* Posts `bytes` of buf as message j of c, from stage s, staged on the host
+ * where c says so (the time counted as s's transfer). */
+static td_status send(stage *s, channel *c, int64_t j, const td_buffer *buf, size_t bytes) {
+    if (c->staged) {
+        uint64_t t0 = td_clock_ns();
+        td_status st = stage_on_host(c, j, buf, bytes);
+        s->comm_s += (double)(td_clock_ns() - t0) * 1e-9;
+        TD_CHECK(st);
+    }
+    chan_post(c, j, buf);
+    return TD_OK;
 }
 
 static void chan_consumed(channel *c, int64_t j) {
@@ -169,9 +196,10 @@ static td_status receive(pipeline *p, stage *s, channel *c, int64_t j, int from,
     if (st != TD_OK)
         return st;
     pthread_mutex_lock(&c->mu);
-    src = c->buf[j % TD_PP_MAX_STAGES];
+    src = c->buf[j % TD_PP_MAX_SLOTS];
     pthread_mutex_unlock(&c->mu);
-    st = td_buffer_copy(s->recv, 0, src, 0, bytes);
+    st = c->staged ? td_buffer_write(s->recv, 0, c->host[j % TD_PP_MAX_SLOTS], bytes)
+                   : td_buffer_copy(s->recv, 0, src, 0, bytes);
     s->comm_s += (double)(td_clock_ns() - t1) * 1e-9;
     if (st == TD_OK)
         chan_consumed(c, j);
@@ -246,7 +274,8 @@ static td_status forward(pipeline *p, stage *s, int k, int64_t j) {
     if (st != TD_OK)
         return st;
     if (p->next[k] >= 0)
-        chan_post(&p->fwd[k], j, td_model_part_output(s->part, slot));
+        TD_CHECK(send(s, &p->fwd[k], j, td_model_part_output(s->part, slot),
+                      act_bytes(p, end - 1, mb.n)));
     else if (p->evals) { /* micro-batches end in order: each batch's sum in one order */
         td_step_result *e = &p->eval_res[p->eval_of[j]];
         e->loss_sum += r.loss_sum;
@@ -282,7 +311,8 @@ static td_status backward(pipeline *p, stage *s, int k, int64_t j) {
         return st;
     s->b_done = j + 1;
     if (p->prev[k] >= 0)
-        chan_post(&p->bwd[k], j, td_model_part_input_grad(s->part, slot));
+        TD_CHECK(send(s, &p->bwd[k], j, td_model_part_input_grad(s->part, slot),
+                      act_bytes(p, first - 1, p->cnt[j])));
     return TD_OK;
 }
 

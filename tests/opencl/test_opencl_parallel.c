@@ -2,8 +2,10 @@
  * (opencl:0.0{split=2}) and a mixed group (cpu:0 with opencl:0.0) train like
  * one CPU device on the same global batches, within the data-parallel
  * tolerances (f64 1e-12, f32 1e-5; the check is shared with CUDA:
- * tests/support/dp_check.c); an OpenCL member that is lost stops the step
- * with a status naming it, and the survivors train on. */
+ * tests/support/dp_check.c); so do `pipeline` and `tensor` over the
+ * sub-devices, where no peer copy exists and a stage's messages go through
+ * host memory. An OpenCL member that is lost stops the step with a status
+ * naming it, and the survivors train on. */
 #include "support/dp_check.h"
 #include "support/support.h"
 #include "tandem/comm.h"
@@ -15,6 +17,14 @@ static void sub_devices_train_like_one_device(void **state) {
 
 static void cpu_and_opencl_train_like_one_device(void **state) {
     td_dp_check_equals_one_device("cpu:0,opencl:0.0", "dp_ocl");
+}
+
+static void pipeline_over_sub_devices_trains_like_one_device(void **state) {
+    td_strategy_check_equals_one_device("pipeline", "opencl:0.0{split=2}", "pp_ocl");
+}
+
+static void tensor_over_sub_devices_trains_like_one_device(void **state) {
+    td_strategy_check_equals_one_device("tensor", "opencl:0.0{split=2}", "tp_ocl");
 }
 
 /* opencl:0.0 fails at its third all-reduce (injected: TANDEM_FAULT syntax),
@@ -54,8 +64,10 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(sub_devices_train_like_one_device),
         cmocka_unit_test(cpu_and_opencl_train_like_one_device),
+        cmocka_unit_test(pipeline_over_sub_devices_trains_like_one_device),
+        cmocka_unit_test(tensor_over_sub_devices_trains_like_one_device),
         cmocka_unit_test(a_lost_opencl_member_is_named_and_the_survivor_trains_on),
     };
     td_test_require_devices("opencl:0.0", "OpenCL device");
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(tests, td_test_tmpdir_setup, td_test_tmpdir_teardown);
 }

@@ -298,6 +298,14 @@ static void stages_hold_what_their_memory_allows(void **state) {
     free(json);
 }
 
+/* 100 micro-batches, each stage with room for all: a stage holds at most
+ * as many as a channel does (64), or a message would be overwritten before
+ * the next stage took it. */
+static void more_micro_batches_than_a_channel_holds(void **state) {
+    (void)state;
+    check_like_one_device(mlp_json, "cpu*2", TD_F64, 100, 100, TD_OPT_SGD, 1e-12);
+}
+
 static void more_devices_than_layers(void **state) {
     const char *one_layer = "{\"name\": \"one\", \"input\": {\"shape\": [6]}, \"layers\": ["
                             "{\"type\": \"linear\", \"out\": 3}]}";
@@ -415,6 +423,7 @@ int main(void) {
         cmocka_unit_test(gpt_with_dropout_on_three_devices),
         cmocka_unit_test(a_slowed_device_gets_fewer_layers),
         cmocka_unit_test(stages_hold_what_their_memory_allows),
+        cmocka_unit_test(more_micro_batches_than_a_channel_holds),
         cmocka_unit_test(more_devices_than_layers),
         cmocka_unit_test(the_tail_carried_over_is_paid_before_it_is_read),
         cmocka_unit_test(checkpoints_move_between_strategies),

@@ -3,10 +3,12 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "tandem/checkpoint.h"
 #include "tandem/comm.h"
 #include "tandem/parallel.h"
+#include "tandem/strategy.h"
 
 td_dp_data *td_dp_data_create(int steps, int size, int features, int classes, uint64_t x_seed,
                               uint64_t y_seed) {
@@ -171,6 +173,62 @@ void td_dp_check_equals_one_device(const char *spec, const char *name) {
         snprintf(what, sizeof what, "%s on %s", dt ? "f64" : "f32", spec);
         td_dp_assert_like_one_device(dp, 2, ref, &res, &ref_res, TD_DP_CHECK_BATCH, tol, what);
         td_dp_destroy(dp);
+        td_group_destroy(g);
+        td_model_destroy(ref);
+    }
+    td_device_list_destroy(one);
+    td_dp_data_destroy(d);
+}
+
+/* The strategy's weights, through a checkpoint on cpu:0, against ref's. */
+static double strategy_weights_diff(td_strategy *s, td_model *ref, td_device *cpu) {
+    td_model *m = NULL;
+    double diff;
+    TD_ASSERT_OK(td_strategy_save(s, td_test_tmp("strategy_check.safetensors"), NULL));
+    TD_ASSERT_OK(
+        td_checkpoint_load_model(td_test_tmp("strategy_check.safetensors"), cpu, &m, NULL));
+    diff = td_dp_weights_diff(m, ref);
+    td_model_destroy(m);
+    return diff;
+}
+
+void td_strategy_check_equals_one_device(const char *strategy, const char *spec, const char *name) {
+    td_dp_data *d = td_dp_check_data();
+    td_device_list *one = NULL;
+    char json[512];
+    td_dp_check_model(name, json, sizeof json);
+    TD_ASSERT_OK(td_devices_open("cpu:0", &one));
+    for (int dt = 1; dt >= 0; dt--) {
+        td_step_result ref_res, res = {0, 0, 0};
+        td_strategy_config c = TD_STRATEGY_CONFIG_INIT;
+        td_model *ref;
+        td_group *g = NULL;
+        td_strategy *s = NULL;
+        double tol = dt == TD_F64 ? 1e-12 : 1e-5, diff;
+        char plan[2048];
+        c.name = strategy;
+        c.dtype = (td_dtype)dt;
+        c.seed = SEED;
+        c.batch = TD_DP_CHECK_BATCH;
+        c.micro_batches = strcmp(strategy, "pipeline") ? 0 : 4;
+        c.opt.kind = TD_OPT_SGD;
+        c.opt.lr = 0.1;
+        c.opt.momentum = 0.9;
+        c.opt.weight_decay = 0.01;
+        ref = td_dp_train_single(json, name, SEED, &c.opt, td_device_list_get(one, 0), (td_dtype)dt,
+                                 d, &ref_res);
+        TD_ASSERT_OK(td_group_create_spec(spec, NULL, &g));
+        TD_ASSERT_OK(td_strategy_create(g, json, name, &c, &s));
+        printf("%s", td_strategy_plan(s, plan, sizeof plan));
+        for (int k = 0; k < TD_DP_CHECK_STEPS; k++)
+            TD_ASSERT_OK(td_strategy_step(s, &d->batch[k], (uint64_t)k, &res, NULL));
+        diff = strategy_weights_diff(s, ref, td_device_list_get(one, 0));
+        printf("%s on %s, %s: weights differ from one device by %.3g (tol %g)\n", strategy, spec,
+               dt ? "f64" : "f32", diff, tol);
+        assert_true(diff <= tol);
+        assert_int_equal(res.count, ref_res.count);
+        assert_int_equal(res.correct, ref_res.correct);
+        td_strategy_destroy(s);
         td_group_destroy(g);
         td_model_destroy(ref);
     }

@@ -1,8 +1,8 @@
 /* Data-parallel test support: fixed global batches, the single-device
- * reference they are checked against, and the check that the `data`
- * strategy over a group trains like that reference. Shared by
- * tests/parallel/test_data_parallel.c, tests/cuda/test_cuda_parallel.c and
- * tests/opencl/test_opencl_parallel.c. */
+ * reference they are checked against, and the checks that the `data`,
+ * `pipeline` and `tensor` strategies over a group train like that
+ * reference. Shared by tests/parallel/test_data_parallel.c,
+ * tests/cuda/test_cuda_parallel.c and tests/opencl/test_opencl_parallel.c. */
 #ifndef TD_TEST_DP_CHECK_H
 #define TD_TEST_DP_CHECK_H
 
@@ -81,5 +81,15 @@ td_optimizer_config td_dp_check_adamw(void);
  * 1e-12 (f64) or 1e-5 (f32), and the last step's count, correct and loss sum
  * match. Prints each replica's difference. */
 void td_dp_check_equals_one_device(const char *spec, const char *name);
+
+/* The same model and batches through td_strategy_create's `strategy`
+ * (pipeline: 4 micro-batches) over the devices of spec, with SGD and
+ * momentum, whose update is linear in the gradients (AdamW magnifies the
+ * rounding of near-zero gradients past the f32 tolerance under tensor's
+ * sums); fails unless the weights, saved and loaded on cpu:0, equal one CPU
+ * device's within 1e-12 (f64) or 1e-5 (f32) and the last step's count and
+ * correct match. The checkpoint goes to td_test_tmp: the test program sets
+ * up td_test_tmpdir_setup. */
+void td_strategy_check_equals_one_device(const char *strategy, const char *spec, const char *name);
 
 #endif
