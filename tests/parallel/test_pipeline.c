@@ -11,7 +11,6 @@
 #include "support/dp_check.h"
 #include "support/model_data.h"
 #include "support/support.h"
-#include "tandem/checkpoint.h"
 #include "tandem/strategy.h"
 
 #define STEPS 3
@@ -96,20 +95,6 @@ static td_model *reference(const char *json, td_device *dev, td_dtype dt, const 
     return m;
 }
 
-/* The strategy's weights, through a checkpoint, against ref's. */
-static double weights_diff(td_strategy *s, td_model *ref) {
-    td_device_list *l = td_test_open("cpu:0");
-    td_model *m = NULL;
-    double d;
-    TD_ASSERT_OK(td_strategy_save(s, td_test_tmp("pp.safetensors"), NULL));
-    TD_ASSERT_OK(td_checkpoint_load_model(td_test_tmp("pp.safetensors"), td_device_list_get(l, 0),
-                                          &m, NULL));
-    d = td_dp_weights_diff(m, ref);
-    td_model_destroy(m);
-    td_device_list_destroy(l);
-    return d;
-}
-
 static void check_like_one_device_with(const char *json, const char *spec, td_dtype dt,
                                        int64_t batch, int64_t micro, td_optimizer_config opt,
                                        double tol) {
@@ -130,7 +115,7 @@ static void check_like_one_device_with(const char *json, const char *spec, td_dt
     printf("%s\n", td_strategy_plan(s, plan, sizeof plan));
     for (int k = 0; k < d->steps; k++)
         TD_ASSERT_OK(td_strategy_step(s, &d->b[k], (uint64_t)k, &last, &stats));
-    diff = weights_diff(s, ref);
+    diff = td_strategy_weights_diff(s, ref);
     printf(
         "pipeline on %s, %s, %s, %lld micro-batches: weights differ by %.3g (tol %g), loss %.17g "
         "vs %.17g, bubble %.2f (theory %.2f)\n",

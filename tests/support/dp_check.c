@@ -8,7 +8,6 @@
 #include "tandem/checkpoint.h"
 #include "tandem/comm.h"
 #include "tandem/parallel.h"
-#include "tandem/strategy.h"
 
 td_dp_data *td_dp_data_create(int steps, int size, int features, int classes, uint64_t x_seed,
                               uint64_t y_seed) {
@@ -180,15 +179,17 @@ void td_dp_check_equals_one_device(const char *spec, const char *name) {
     td_dp_data_destroy(d);
 }
 
-/* The strategy's weights, through a checkpoint on cpu:0, against ref's. */
-static double strategy_weights_diff(td_strategy *s, td_model *ref, td_device *cpu) {
+double td_strategy_weights_diff(td_strategy *s, td_model *ref) {
+    td_device_list *l = NULL;
     td_model *m = NULL;
     double diff;
+    TD_ASSERT_OK(td_devices_open("cpu:0", &l));
     TD_ASSERT_OK(td_strategy_save(s, td_test_tmp("strategy_check.safetensors"), NULL));
-    TD_ASSERT_OK(
-        td_checkpoint_load_model(td_test_tmp("strategy_check.safetensors"), cpu, &m, NULL));
+    TD_ASSERT_OK(td_checkpoint_load_model(td_test_tmp("strategy_check.safetensors"),
+                                          td_device_list_get(l, 0), &m, NULL));
     diff = td_dp_weights_diff(m, ref);
     td_model_destroy(m);
+    td_device_list_destroy(l);
     return diff;
 }
 
@@ -222,7 +223,7 @@ void td_strategy_check_equals_one_device(const char *strategy, const char *spec,
         printf("%s", td_strategy_plan(s, plan, sizeof plan));
         for (int k = 0; k < TD_DP_CHECK_STEPS; k++)
             TD_ASSERT_OK(td_strategy_step(s, &d->batch[k], (uint64_t)k, &res, NULL));
-        diff = strategy_weights_diff(s, ref, td_device_list_get(one, 0));
+        diff = td_strategy_weights_diff(s, ref);
         printf("%s on %s, %s: weights differ from one device by %.3g (tol %g)\n", strategy, spec,
                dt ? "f64" : "f32", diff, tol);
         assert_true(diff <= tol);

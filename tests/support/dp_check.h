@@ -8,6 +8,7 @@
 
 #include "support/support.h"
 #include "tandem/parallel.h"
+#include "tandem/strategy.h"
 
 /* `steps` global batches of `size` samples each: features normal from
  * x_seed, labels uniform in [0, classes) from y_seed, the same on every run. */
@@ -81,6 +82,10 @@ td_optimizer_config td_dp_check_adamw(void);
  * 1e-12 (f64) or 1e-5 (f32), and the last step's count, correct and loss sum
  * match. Prints each replica's difference. */
 void td_dp_check_equals_one_device(const char *spec, const char *name);
+
+/* td_dp_weights_diff of a strategy's weights, saved to td_test_tmp and
+ * loaded on cpu:0, against ref's. */
+double td_strategy_weights_diff(td_strategy *s, td_model *ref);
 
 /* The same model and batches through td_strategy_create's `strategy`
  * (pipeline: 4 micro-batches) over the devices of spec, with SGD and
