@@ -99,6 +99,9 @@ TD_API td_status td_safetensors_writer_save(td_safetensors_writer *w, const char
  * the step, the data position, the seed, the batch size, the optimizer
  * configuration ("tandem.optimizer", JSON) and the text vocabulary if any. */
 
+/* The longest split text a checkpoint records, with its terminating NUL. */
+#define TD_SPLIT_TEXT_MAX 512
+
 typedef struct td_train_state {
     int64_t step;   /* optimizer steps taken */
     int64_t epoch;  /* data position: the epoch of the next batch */
@@ -108,6 +111,11 @@ typedef struct td_train_state {
     td_optimizer_config opt;
     char vocab[257]; /* text models with a character vocabulary: its bytes */
     int vocab_len;   /* 0: none (images, or the 256-byte vocabulary) */
+    /* How the strategy that saved it split the model, in its own words
+     * ("tensor 0.75 0.25": its name, then what it needs to cut the same
+     * slices again), so that a resumed run takes bitwise the same steps;
+     * "": nothing recorded ("tandem.split"). */
+    char split[TD_SPLIT_TEXT_MAX];
 } td_train_state;
 
 /* Saves m, opt (NULL: weights only) and state to path, atomically. */

@@ -47,12 +47,14 @@ typedef struct td_strategy_config {
     td_dp_config data;       /* data: buckets, overlap, determinism, ZeRO-1, balancing */
     int64_t micro_batches;   /* pipeline: micro-batches per step; 0: chosen from the batch
                                 and the stage count */
+    int replan; /* loading a checkpoint this strategy wrote: keep the split made at creation
+                   rather than cut the recorded one again (see td_strategy_load) */
 } td_strategy_config;
 
 #define TD_STRATEGY_CONFIG_INIT                                                                    \
     {                                                                                              \
         .name = NULL, .dtype = TD_F32, .seed = 1, .opt = TD_OPTIMIZER_CONFIG_INIT, .batch = 64,    \
-        .data = TD_DP_CONFIG_INIT, .micro_batches = 0                                              \
+        .data = TD_DP_CONFIG_INIT, .micro_batches = 0, .replan = 0                                 \
     }
 
 /* The strategy names, NULL-terminated, for messages and usage texts. */
@@ -100,10 +102,14 @@ TD_API td_status td_strategy_evaluate(td_strategy *s, const td_batch *batches, s
 TD_API td_status td_strategy_save(td_strategy *s, const char *path, const td_train_state *state);
 /* Loads a whole-model checkpoint (weights, optimizer state, step count) into
  * every member's part; *state (may be NULL) gets its run state, in every
- * process. The checkpoint's model must be the strategy's. The configuration
- * stays the strategy's: its seed keys dropout, so a run resumed the way it
- * was saved creates the strategy with the checkpoint's seed and optimizer
- * configuration (td_checkpoint_read_meta). */
+ * process. A checkpoint this strategy wrote over as many members records
+ * its split (td_train_state.split): the members first cut those slices
+ * again, whatever the devices measure now, so the resumed run takes
+ * bitwise the steps the saved one would have (cfg.replan keeps the split
+ * made at creation instead). Saving records the split. The checkpoint's model must be the
+ * strategy's. The configuration stays the strategy's: its seed keys dropout, so a run resumed the
+ * way it was saved creates the strategy with the checkpoint's seed and optimizer configuration
+ * (td_checkpoint_read_meta). */
 TD_API td_status td_strategy_load(td_strategy *s, const char *path, td_train_state *state);
 
 /* The learning rate the next step will use, and optimizer steps taken. */

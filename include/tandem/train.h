@@ -247,6 +247,8 @@ typedef struct td_train_config {
     const char *checkpoint;   /* written at each epoch's end and at the end; NULL: none */
     int64_t checkpoint_every; /* also every this many steps; 0: not */
     const char *resume;       /* a checkpoint to continue from; NULL: start afresh */
+    int replan;               /* resuming: split the model as measured now, not as the
+                                 checkpoint recorded (td_strategy_config.replan) */
     const char *metrics;      /* JSON lines, one per step and per epoch; NULL: none */
     td_train_callback callback;
     void *callback_arg;
@@ -291,9 +293,9 @@ typedef struct td_train_config {
         .model_path = NULL, .data_path = NULL, .devices = NULL, .dtype = TD_F32, .epochs = 1,      \
         .steps = 0, .batch = 64, .seed = 1, .opt = TD_OPTIMIZER_CONFIG_INIT, .max_seconds = 0.0,   \
         .eval_samples = 0, .eval_each_epoch = 1, .checkpoint = NULL, .checkpoint_every = 0,        \
-        .resume = NULL, .metrics = NULL, .callback = NULL, .callback_arg = NULL, .eval_every = 0,  \
-        .strategy = NULL, .deterministic = 0, .bucket_bytes = 0, .zero = 0, .overlap = -1,         \
-        .micro_batches = 0, .given = 0, .extend = TD_EXTEND_STRETCH                                \
+        .resume = NULL, .replan = 0, .metrics = NULL, .callback = NULL, .callback_arg = NULL,      \
+        .eval_every = 0, .strategy = NULL, .deterministic = 0, .bucket_bytes = 0, .zero = 0,       \
+        .overlap = -1, .micro_batches = 0, .given = 0, .extend = TD_EXTEND_STRETCH                 \
     }
 
 typedef struct td_train_summary {

@@ -47,6 +47,7 @@ static const setting_flag flags[] = {
     {"checkpoint", "--checkpoint"},
     {"checkpoint_every", "--checkpoint-every"},
     {"resume", "--resume"},
+    {"replan", "--replan"},
     {"extend", "--extend"},
     {"metrics", "--metrics"},
     {"trace_path", "--trace"},

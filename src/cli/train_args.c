@@ -62,7 +62,10 @@ void td_cli_train_usage(FILE *out) {
             "  --resume PATH       continue the run saved in PATH (model, optimizer, data order);\n"
             "                      --batch, --seed, --precision, --optimizer, --warmup and\n"
             "                      --model must then match it, the other optimizer options\n"
-            "                      apply from here on\n"
+            "                      apply from here on; the model is split across the\n"
+            "                      devices as the checkpoint records, so the steps are\n"
+            "                      bitwise those of a run that never stopped\n"
+            "  --replan            resuming: split the model by what the devices measure now\n"
             "  --extend HOW        resuming a cosine schedule with a new end: stretch (default:\n"
             "                      it ends at the new end) or restart (a new cosine from --lr)\n"
             "  --metrics FILE      write JSON lines: one per step, epoch and the end\n"
@@ -113,6 +116,7 @@ enum {
     OPT_CHECKPOINT,
     OPT_CHECKPOINT_EVERY,
     OPT_RESUME,
+    OPT_REPLAN,
     OPT_EXTEND,
     OPT_METRICS,
     OPT_TRACE,
@@ -175,6 +179,7 @@ static const struct option options[] = {
     {"checkpoint", required_argument, NULL, OPT_CHECKPOINT},
     {"checkpoint-every", required_argument, NULL, OPT_CHECKPOINT_EVERY},
     {"resume", required_argument, NULL, OPT_RESUME},
+    {"replan", no_argument, NULL, OPT_REPLAN},
     {"extend", required_argument, NULL, OPT_EXTEND},
     {"metrics", required_argument, NULL, OPT_METRICS},
     {"trace", required_argument, NULL, OPT_TRACE},
@@ -421,6 +426,7 @@ static int parse_option(FILE *err, int c, const char *arg, td_cli_train_args *a)
     case OPT_DEVICES: cfg->devices = arg; return 1;
     case OPT_CHECKPOINT: cfg->checkpoint = arg; return 1;
     case OPT_RESUME: cfg->resume = arg; return 1;
+    case OPT_REPLAN: cfg->replan = 1; return 1;
     case OPT_METRICS: cfg->metrics = arg; return 1;
     case OPT_TRACE: cfg->trace_path = arg; return 1;
     case OPT_TRACE_STEPS: return parse_trace_steps(err, arg, cfg);

@@ -75,6 +75,8 @@ static td_status write_meta(td_safetensors_writer *w, const char *path, const ch
         hex[2 * nv] = '\0';
         TD_TRY(td_safetensors_writer_set_meta(w, "tandem.vocab", hex));
     }
+    if (state->split[0])
+        TD_TRY(td_safetensors_writer_set_meta(w, "tandem.split", state->split));
     st = TD_OK;
 fail:
     free(ojson);
@@ -345,6 +347,23 @@ static td_status opt_from_json(const char *file, const char *text, td_optimizer_
     return st;
 }
 
+/* The optional "tandem.split": printable text that fits td_train_state. */
+static td_status meta_split(const td_safetensors *sf, td_train_state *s) {
+    const char *v = td_safetensors_meta(sf, "tandem.split");
+    if (!v)
+        return TD_OK; /* written before splits were recorded, or by one device */
+    if (strlen(v) >= sizeof s->split)
+        return td__error(TD_ERR_CORRUPT, "%s: metadata \"tandem.split\" is longer than %zu bytes",
+                         td_safetensors_name(sf), sizeof s->split - 1);
+    for (const char *c = v; *c; c++)
+        if (*c < ' ' || *c > '~')
+            return td__error(TD_ERR_CORRUPT,
+                             "%s: metadata \"tandem.split\" has a byte 0x%02x that is not text",
+                             td_safetensors_name(sf), (unsigned char)*c);
+    memcpy(s->split, v, strlen(v) + 1);
+    return TD_OK;
+}
+
 static td_status read_state(const td_safetensors *sf, td_train_state *s) {
     const char *v;
     long long x;
@@ -363,6 +382,7 @@ static td_status read_state(const td_safetensors *sf, td_train_state *s) {
     if (!(v = td_safetensors_meta(sf, "tandem.optimizer")))
         return meta_missing(sf, "tandem.optimizer");
     TD_CHECK(opt_from_json(td_safetensors_name(sf), v, &s->opt));
+    TD_CHECK(meta_split(sf, s));
     return meta_vocab(sf, s);
 }
 

@@ -29,6 +29,15 @@ typedef struct td_strategy_ops {
     td_status (*load)(void *impl, const char *path, td_train_state *state);
     double (*lr)(void *impl);
     int64_t (*steps)(void *impl);
+    /* The split this strategy made, as text a checkpoint records after its
+     * name ("0.75 0.25"): enough to cut the same slices again. NULL: it
+     * makes none that changes the numbers. */
+    void (*split)(void *impl, char *buf, size_t n);
+    /* Cuts the slices a checkpoint recorded (the text `split` wrote) in
+     * place of those made at creation, before the checkpoint is loaded.
+     * *adopted 0, without error, when the text does not fit this group
+     * (another member count): the creation's plan stays. */
+    td_status (*adopt_split)(void *impl, const char *text, int *adopted);
     td_status (*survivors)(void *impl, td_group **out);
     td_status (*carry_on)(td_strategy *s, td_group *survivors, int64_t steps_before,
                           td_strategy *next, int *step_taken, const char **why);

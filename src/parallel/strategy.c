@@ -9,6 +9,7 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "parallel/strategy-impl.h"
 
 static const td_strategy_ops *const strategies[] = {
@@ -151,25 +152,67 @@ td_status td_strategy_evaluate(td_strategy *s, const td_batch *batches, size_t n
     return n ? s->ops->evaluate(s->impl, batches, n, per_batch) : TD_OK;
 }
 
+/* The run state to save: `state` (NULL: the strategy's own) with the
+ * strategy's split. */
+static void state_to_save(const td_strategy *s, const td_train_state *state, td_train_state *out) {
+    int used;
+    if (state)
+        *out = *state;
+    else {
+        memset(out, 0, sizeof *out);
+        out->step = td_strategy_steps(s);
+        out->seed = s->cfg.seed;
+        out->batch = s->cfg.batch;
+        out->opt = s->cfg.opt;
+    }
+    out->split[0] = '\0';
+    if (!s->ops->split)
+        return;
+    used = snprintf(out->split, sizeof out->split, "%s ", s->ops->name);
+    s->ops->split(s->impl, out->split + used, sizeof out->split - (size_t)used);
+}
+
 td_status td_strategy_save(td_strategy *s, const char *path, const td_train_state *state) {
-    td_train_state def;
+    td_train_state st;
     if (!s || !path)
         return td__error(TD_ERR_INVALID_ARG, "td_strategy_save: strategy or path is NULL");
-    if (!state) {
-        /* Without a run's state: the strategy's own. */
-        memset(&def, 0, sizeof def);
-        def.step = td_strategy_steps(s);
-        def.seed = s->cfg.seed;
-        def.batch = s->cfg.batch;
-        def.opt = s->cfg.opt;
-        state = &def;
+    state_to_save(s, state, &st);
+    return s->ops->save(s->impl, path, &st);
+}
+
+/* Before loading path: cuts the slices its split records, when this
+ * strategy wrote it and the configuration does not ask to re-plan. */
+static td_status adopt_split(td_strategy *s, const char *path) {
+    td_train_state st;
+    td_dtype dtype;
+    char *json = NULL;
+    size_t len = strlen(s->ops->name);
+    int adopted = 0;
+    td_status ret;
+    if (!s->ops->adopt_split || s->cfg.replan)
+        return TD_OK;
+    TD_CHECK(td_checkpoint_read_meta(path, &json, &dtype, &st));
+    free(json);
+    if (strncmp(st.split, s->ops->name, len) != 0 || st.split[len] != ' ')
+        return TD_OK; /* another strategy's, or none: this one's plan */
+    ret = s->ops->adopt_split(s->impl, st.split + len + 1, &adopted);
+    if (ret == TD_ERR_CORRUPT) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", td_last_error());
+        return td__error(TD_ERR_CORRUPT, "%s: metadata \"tandem.split\" = \"%.64s\": %s", path,
+                         st.split, why);
     }
-    return s->ops->save(s->impl, path, state);
+    TD_CHECK(ret);
+    if (!adopted)
+        TD_LOG_INFO("%s: %s: the recorded split \"%s\" is for other devices; re-planned", path,
+                    s->ops->name, st.split);
+    return TD_OK;
 }
 
 td_status td_strategy_load(td_strategy *s, const char *path, td_train_state *state) {
     if (!s || !path)
         return td__error(TD_ERR_INVALID_ARG, "td_strategy_load: strategy or path is NULL");
+    TD_CHECK(adopt_split(s, path));
     return s->ops->load(s->impl, path, state);
 }
 

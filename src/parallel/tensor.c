@@ -568,6 +568,56 @@ static const char *tp_plan_text(void *impl, char *buf, size_t n) {
     return buf;
 }
 
+/* The shares, exactly (%.17g reads back as the same double). */
+static void tp_split(void *impl, char *buf, size_t n) {
+    tensor_par *p = impl;
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int k = 0; k < p->size && used < n; k++)
+        used += (size_t)snprintf(buf + used, n - used, "%s%.17g", k ? " " : "", p->share[k]);
+}
+
+/* The shares tp_split wrote into share[0..*n) (at most TD_DP_MAX_MEMBERS);
+ * TD_ERR_CORRUPT unless they are numbers from 0 to 1 summing to 1. */
+static td_status parse_shares(const char *text, double *share, int *n) {
+    const char *at = text;
+    double sum = 0;
+    for (*n = 0; *at; (*n)++) {
+        char *end;
+        if (*n == TD_DP_MAX_MEMBERS)
+            return td__error(TD_ERR_CORRUPT, "more than %d shares", TD_DP_MAX_MEMBERS);
+        share[*n] = strtod(at, &end);
+        if (end == at || !(share[*n] >= 0 && share[*n] <= 1))
+            return td__error(TD_ERR_CORRUPT, "\"%.20s\" is not a share from 0 to 1", at);
+        sum += share[*n];
+        for (at = end; *at == ' '; at++)
+            ;
+    }
+    if (!(sum > 0.999 && sum < 1.001))
+        return td__error(TD_ERR_CORRUPT, "the shares add up to %g, not 1", sum);
+    return TD_OK;
+}
+
+static void drop_member(member *m);
+static td_status make_member(tensor_par *p, int k);
+
+static td_status tp_adopt_split(void *impl, const char *text, int *adopted) {
+    tensor_par *p = impl;
+    double share[TD_DP_MAX_MEMBERS];
+    int n;
+    TD_CHECK(parse_shares(text, share, &n));
+    *adopted = n == p->size;
+    if (!*adopted || !memcmp(share, p->share, sizeof(double) * (size_t)p->size))
+        return TD_OK;
+    memcpy(p->share, share, sizeof(double) * (size_t)p->size);
+    make_plans(p);
+    for (int k = 0; k < p->size; k++) {
+        drop_member(&p->mb[k]);
+        TD_CHECK(make_member(p, k));
+    }
+    return TD_OK;
+}
+
 /* What make_member made. */
 static void drop_member(member *m) {
     td_optimizer_destroy(m->opt);
@@ -712,5 +762,7 @@ const td_strategy_ops td__strategy_tensor = {
     .load = tp_load,
     .lr = tp_lr,
     .steps = tp_steps,
+    .split = tp_split,
+    .adopt_split = tp_adopt_split,
     .decoder = td__tensor_decoder,
 };

@@ -88,6 +88,7 @@ static void strategy_config(td__trainer *t, td_dtype dtype) {
         sc.data.first_bucket_bytes = c->bucket_bytes / 16 ? c->bucket_bytes / 16 : 1;
     }
     sc.micro_batches = c->micro_batches;
+    sc.replan = c->replan;
     t->scfg = sc;
 }
 
