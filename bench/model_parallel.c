@@ -190,7 +190,9 @@ int main(int argc, char **argv) {
         sc.opt.kind = TD_OPT_ADAMW;
         sc.opt.lr = 1e-4;
         sc.batch = cf[c].batch;
-        sc.micro_batches = !strcmp(cf[c].strategy, "pipeline") ? micro : 0;
+        char options[64];
+        snprintf(options, sizeof options, "micro_batches=%d", micro);
+        sc.options = !strcmp(cf[c].strategy, "pipeline") ? options : NULL;
         if (td_group_create_spec(cf[c].devices, NULL, &cf[c].g) != TD_OK)
             return fail(cf[c].devices);
         if (td_strategy_create(cf[c].g, json, "bench_gpt", &sc, &cf[c].s) != TD_OK)

@@ -38,27 +38,72 @@ extern "C" {
 typedef struct td_strategy td_strategy;
 
 typedef struct td_strategy_config {
-    const char *name;        /* "single" (also NULL), "data", "pipeline",
-                                "tensor" */
+    const char *name; /* td_strategy_names(); NULL: "single" */
+    /* The strategy's own options, "key=value" comma-separated (td_strategy_about
+     * lists them: "zero=1,overlap=on" for data, "micro_batches=8" for
+     * pipeline); NULL or "": its defaults. A key it does not know is an
+     * error naming it. */
+    const char *options;
     td_dtype dtype;          /* of the weights and activations */
     uint64_t seed;           /* initialisation (as td_model_load's) and dropout */
     td_optimizer_config opt; /* every member's optimizer */
     int64_t batch;           /* samples a step takes (the plan's micro-batches come from it) */
-    td_dp_config data;       /* data: buckets, overlap, determinism, ZeRO-1, balancing */
-    int64_t micro_batches;   /* pipeline: micro-batches per step; 0: chosen from the batch
-                                and the stage count */
     int replan; /* loading a checkpoint this strategy wrote: keep the split made at creation
                    rather than cut the recorded one again (see td_strategy_load) */
 } td_strategy_config;
 
 #define TD_STRATEGY_CONFIG_INIT                                                                    \
     {                                                                                              \
-        .name = NULL, .dtype = TD_F32, .seed = 1, .opt = TD_OPTIMIZER_CONFIG_INIT, .batch = 64,    \
-        .data = TD_DP_CONFIG_INIT, .micro_batches = 0, .replan = 0                                 \
+        .name = NULL, .options = NULL, .dtype = TD_F32, .seed = 1,                                 \
+        .opt = TD_OPTIMIZER_CONFIG_INIT, .batch = 64, .replan = 0                                  \
     }
 
 /* The strategy names, NULL-terminated, for messages and usage texts. */
 TD_API const char *const *td_strategy_names(void);
+
+/* What a strategy is, for usage texts and for checking a configuration
+ * before anything is built. */
+typedef struct td_strategy_about {
+    const char *name;
+    const char *summary; /* one line: what it splits */
+    int min_members;     /* the fewest devices it runs on */
+    int max_members;     /* the most it uses (0: all): training leaves the others idle,
+                            generation refuses more */
+    int trains;          /* 0: it evaluates only */
+    int generates;       /* it makes a decoder (td_strategy_decoder_create) */
+    /* Its options: option i's name, its values ("0|1") and a line of help;
+     * NULL past the last. */
+    const char *option_name[8], *option_values[8], *option_help[8];
+} td_strategy_about;
+
+/* Fills *out for the strategy `name`; TD_ERR_INVALID_ARG naming the known
+ * ones when there is none of that name. */
+TD_API td_status td_strategy_about_get(const char *name, td_strategy_about *out);
+/* TD_ERR_INVALID_ARG, naming it, for the first key of options that the
+ * strategy `name` does not have (td_strategy_create checks the same, and
+ * the values too). */
+TD_API td_status td_strategy_check_options(const char *name, const char *options);
+
+/* What a run's report is made of: the figures its steps gave, added up by
+ * the caller (the trainer) from td_step_stats. */
+typedef struct td_run_figures {
+    int64_t steps;
+    double hidden;                    /* mean hidden_fraction */
+    double ideal_ratio;               /* mean step time over the ideal */
+    int buckets, buckets_in_backward; /* the last step's */
+} td_run_figures;
+
+/* The words a strategy reports a run with, beside the member table. */
+typedef struct td_strategy_report {
+    int show_plan;       /* print the plan above the member table */
+    char comm_label[16]; /* the table's communication column: "comm s", "transfer s" */
+    char wait_label[16]; /* its waiting column: "wait s", "idle s" */
+    char note[512];      /* lines under the table; "" none */
+} td_strategy_report;
+
+/* Fills *out with s's words for a run that gave the figures f. */
+TD_API void td_strategy_report_make(const td_strategy *s, const td_run_figures *f,
+                                    td_strategy_report *out);
 
 /* Creates the strategy cfg->name over g's devices for the model described by
  * model_json (`model_name` stands for its file in messages), its weights

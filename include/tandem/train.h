@@ -264,13 +264,9 @@ typedef struct td_train_config {
      * measured speed; "pipeline" cuts the model's layers into stages, one
      * per device. */
     const char *strategy;
-    int deterministic;     /* data: bitwise the same weights for any device count */
-    size_t bucket_bytes;   /* data: gradient bucket size; 0: the default */
-    int zero;              /* data: ZeRO-1, each device keeps its shard of the optimizer state */
-    int overlap;           /* data: reduce gradients during backward: 1 on, 0 off, -1 as the
-                              devices suit (td_dp_config.overlap; the default) */
-    int64_t micro_batches; /* pipeline: micro-batches per step (at most the batch); 0: chosen
-                              from the batch and the stage count */
+    /* The strategy's own options (td_strategy_config.options): "zero=1" for
+     * data, "micro_batches=8" for pipeline; NULL: its defaults. */
+    const char *strategy_options;
     /* Resuming: model_path, when set, must be the checkpoint's model; of the
      * settings in `given`, batch, seed, dtype, the optimizer's kind and its
      * warm-up must equal the checkpoint's (else TD_ERR_INVALID_ARG naming
@@ -294,8 +290,8 @@ typedef struct td_train_config {
         .steps = 0, .batch = 64, .seed = 1, .opt = TD_OPTIMIZER_CONFIG_INIT, .max_seconds = 0.0,   \
         .eval_samples = 0, .eval_each_epoch = 1, .checkpoint = NULL, .checkpoint_every = 0,        \
         .resume = NULL, .replan = 0, .metrics = NULL, .callback = NULL, .callback_arg = NULL,      \
-        .eval_every = 0, .strategy = NULL, .deterministic = 0, .bucket_bytes = 0, .zero = 0,       \
-        .overlap = -1, .micro_batches = 0, .given = 0, .extend = TD_EXTEND_STRETCH                 \
+        .eval_every = 0, .strategy = NULL, .strategy_options = NULL, .given = 0,                   \
+        .extend = TD_EXTEND_STRETCH                                                                \
     }
 
 typedef struct td_train_summary {
@@ -317,6 +313,7 @@ typedef struct td_train_summary {
     int devices_named; /* devices --devices opened (in this process) */
     char strategy[16]; /* the strategy that trained ("single", "data", "pipeline", "tensor") */
     char plan[2048];   /* what each device held at the end (td_strategy_plan), a line each */
+    td_strategy_report report; /* the strategy's words for the member table */
     /* Every member's totals over the run (td_step_stats added up). */
     int members;        /* devices that trained, all processes; 1 for "single" */
     int root;           /* 1 in the process that reports (MPI rank 0, or the only one) */

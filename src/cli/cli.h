@@ -26,6 +26,9 @@ typedef struct td_cli_train_args {
     int help;            /* --help: print td_cli_train_usage() and run nothing */
     int epochs_given;    /* --epochs (else --steps alone decides) */
     int extend_given;    /* --extend (which needs --resume) */
+    /* cfg.strategy_options: what --zero, --overlap, --deterministic,
+     * --bucket-bytes and --micro-batches spell, "key=value" comma-separated */
+    char strategy_options[256];
 } td_cli_train_args;
 
 /* Parses tandem train's argv (argv[0] the command's name; argv may be

@@ -141,15 +141,15 @@ int td_cli_eval(int argc, char **argv) {
         case 's': split = optarg; break;
         case 'D': devices = optarg; break;
         case 'S':
-            if (strcmp(optarg, "alternate") && !known_strategy(optarg)) {
+            if (!known_strategy(optarg)) {
                 char list[128] = "";
                 for (const char *const *n = td_strategy_names(); *n; n++)
-                    snprintf(list + strlen(list), sizeof list - strlen(list), ", %s", *n);
-                fprintf(stderr, "tandem eval: --strategy is alternate%s, not '%s'\n", list, optarg);
+                    snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s",
+                             list[0] ? ", " : "", *n);
+                fprintf(stderr, "tandem eval: --strategy is one of %s, not '%s'\n", list, optarg);
                 return 2;
             }
-            /* Evaluating, the data strategy goes round-robin: `alternate`. */
-            strategy = !strcmp(optarg, "alternate") ? "data" : optarg;
+            strategy = optarg;
             break;
         case 'j': json = 1; break;
         case 'b':

@@ -319,6 +319,7 @@ static int run(const gen_args *a, const unsigned char *prompt, size_t n) {
     td_generate_config cfg = a->cfg;
     td_bpe *bpe = NULL;
     td_generate_stats s;
+    td_strategy_about about;
     td_status st;
     int rc = 1;
     if (a->tokenizer && (st = td_bpe_load(a->tokenizer, &bpe)) != TD_OK) {
@@ -336,11 +337,13 @@ static int run(const gen_args *a, const unsigned char *prompt, size_t n) {
         rc = td_cli_fail("generate", st);
         goto done;
     }
-    if (!strcmp(a->strategy, "single") && td_device_list_count(devs) != 1) {
+    if (td_strategy_about_get(a->strategy, &about) == TD_OK && about.max_members > 0 &&
+        td_device_list_count(devs) > (size_t)about.max_members) {
         fprintf(stderr,
-                "tandem generate: --devices %s names %zu devices; --strategy single runs on "
-                "one (--strategy tensor splits the model across several)\n",
-                a->devices, td_device_list_count(devs));
+                "tandem generate: --devices %s names %zu devices; --strategy %s runs on "
+                "%s (--strategy tensor splits the model across several)\n",
+                a->devices, td_device_list_count(devs), about.name,
+                about.max_members == 1 ? "one" : "fewer");
         rc = 2;
         goto done;
     }

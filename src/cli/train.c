@@ -11,16 +11,14 @@
 #include "tandem/tandem.h"
 
 /* The table of the members of a run over several devices: each one's share
- * and where its time went. Under pipeline its share is of the layers' cost,
- * its communication is the transfer of activations and their gradients,
- * and its wait is the pipeline's idle time. */
+ * and where its time went, in the words of the strategy that ran
+ * (td_strategy_report: its plan above, its columns, its note below). */
 static void print_members(const td_train_summary *s) {
-    int pipeline = !strcmp(s->strategy, "pipeline");
-    if (pipeline || !strcmp(s->strategy, "tensor"))
+    const td_strategy_report *w = &s->report;
+    if (w->show_plan)
         printf("\n%s", s->plan);
     printf("\n%-14s %9s %7s %11s %10s %10s %10s %8s\n", "device", "samples", "share", "compute s",
-           pipeline ? "transfer s" : "comm s", "update s", pipeline ? "idle s" : "wait s",
-           "parked");
+           w->comm_label, "update s", w->wait_label, "parked");
     for (int r = 0; r < s->members && r < TD_DP_MAX_MEMBERS; r++)
         printf("%-14s %9lld %6.1f%% %11.3f %10.3f %10.3f %10.3f %8lld\n", s->member[r].name,
                (long long)s->member[r].samples, 100 * s->member[r].share, s->member[r].compute_s,
@@ -41,18 +39,7 @@ static void print_members(const td_train_summary *s) {
         else if (s->member[r].lost_at_step)
             printf("lost: %s in step %lld; the other devices trained on\n", s->member[r].name,
                    (long long)s->member[r].lost_at_step);
-    if (pipeline)
-        printf("pipeline: share: of the layers' cost; transfer: activations and their "
-               "gradients copied in; idle: the bubble and waiting for the neighbours\n\n");
-    else if (!strcmp(s->strategy, "tensor"))
-        printf("tensor: every device takes every sample (the plan at the start says which heads "
-               "and hidden features each holds); comm: the all-reduces of partial results and "
-               "input gradients, waiting for the others included\n\n");
-    else
-        printf("gradient reduction: %d bucket%s, %d started during backward, %.0f%% of its time "
-               "hidden behind backward; step time %.2fx the ideal\n\n",
-               s->buckets, s->buckets == 1 ? "" : "s", s->buckets_in_backward, 100 * s->hidden,
-               s->ideal_ratio);
+    printf("%s%s\n", w->note, w->note[0] ? "\n" : "");
 }
 
 /* Ctrl-C asks the run to stop after the current step, evaluate and save its

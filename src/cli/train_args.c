@@ -10,6 +10,38 @@
 #include "cli.h"
 #include "tandem/tandem.h"
 
+/* Prints `text` in lines of at most 80 columns, each indented by 22 and
+ * the first led by `lead`. */
+static void print_wrapped(FILE *out, const char *lead, const char *text) {
+    const char *at = text;
+    int col = fprintf(out, "%22s%s", "", lead);
+    while (*at) {
+        size_t word = strcspn(at, " ");
+        if (col + (int)word + 1 > 80) {
+            fprintf(out, "\n%24s", "");
+            col = 24;
+        } else if (at != text) {
+            col += fprintf(out, " ");
+        }
+        col += fprintf(out, "%.*s", (int)word, at);
+        at += word;
+        at += strspn(at, " ");
+    }
+    fprintf(out, "\n");
+}
+
+/* Each training strategy's line, from the strategy table. */
+static void print_strategies(FILE *out) {
+    for (const char *const *n = td_strategy_names(); *n; n++) {
+        td_strategy_about a;
+        char lead[32];
+        if (td_strategy_about_get(*n, &a) != TD_OK || !a.trains)
+            continue;
+        snprintf(lead, sizeof lead, "%s:", a.name);
+        print_wrapped(out, lead, a.summary);
+    }
+}
+
 void td_cli_train_usage(FILE *out) {
     fprintf(out,
             "usage: tandem train --model M.json --data D [options]\n"
@@ -40,13 +72,11 @@ void td_cli_train_usage(FILE *out) {
             "  --clip X            clip gradients to global norm X (default off)\n"
             "  --precision P       f32 (default) or f64\n"
             "  --devices SPEC      devices (default cpu): 'cpu*2', 'cpu:0,cpu:1{slowdown=3}'\n"
-            "  --strategy S        single (default: the first device trains), data (a\n"
-            "                      replica on every device, batches split by measured speed,\n"
-            "                      gradients all-reduced; under mpirun, across processes),\n"
-            "                      pipeline (the layers cut into stages, one per device,\n"
-            "                      micro-batches flowing through them) or tensor (each\n"
-            "                      layer's heads and hidden features split across the\n"
-            "                      devices: batch size 1)\n"
+            "  --strategy S        how the devices share the work (default single):\n");
+    print_strategies(out);
+    fprintf(out,
+            "  --strategy-option K=V  one of the strategy's own options; the flags below\n"
+            "                      are their spellings:\n"
             "  --deterministic     data: bitwise the same weights for any number of devices\n"
             "  --zero              data: ZeRO-1, each device keeps only its shard of the\n"
             "                      optimizer state (weights all-gathered after each step)\n"
@@ -115,6 +145,7 @@ enum {
     OPT_SEED,
     OPT_CHECKPOINT,
     OPT_CHECKPOINT_EVERY,
+    OPT_STRATEGY_OPTION,
     OPT_RESUME,
     OPT_REPLAN,
     OPT_EXTEND,
@@ -174,6 +205,7 @@ static const struct option options[] = {
     {"zero", no_argument, NULL, OPT_ZERO},
     {"bucket-bytes", required_argument, NULL, OPT_BUCKET_BYTES},
     {"overlap", required_argument, NULL, OPT_OVERLAP},
+    {"strategy-option", required_argument, NULL, OPT_STRATEGY_OPTION},
     {"micro-batches", required_argument, NULL, OPT_MICRO_BATCHES},
     {"seed", required_argument, NULL, OPT_SEED},
     {"checkpoint", required_argument, NULL, OPT_CHECKPOINT},
@@ -194,6 +226,26 @@ static const struct option options[] = {
     {"help", no_argument, NULL, OPT_HELP},
     {NULL, 0, NULL, 0},
 };
+
+/* Appends key=value (key "": value is the whole item) to the strategy's
+ * options (the flags are their CLI spellings); the strategy checks them. */
+static int add_strategy_option(td_cli_train_args *a, const char *key, const char *value) {
+    size_t used = strlen(a->strategy_options);
+    snprintf(a->strategy_options + used, sizeof a->strategy_options - used, "%s%s%s%s",
+             used ? "," : "", key, key[0] ? "=" : "", value);
+    a->cfg.strategy_options = a->strategy_options;
+    return 1;
+}
+
+/* --strategy-option K=V, as it is. */
+static int add_strategy_item(FILE *err, td_cli_train_args *a, const char *item) {
+    const char *eq = strchr(item, '=');
+    if (!eq || eq == item || !eq[1] || strchr(item, ',')) {
+        fprintf(err, "tandem train: --strategy-option wants KEY=VALUE, not '%s'\n", item);
+        return 0;
+    }
+    return add_strategy_option(a, "", item);
+}
 
 static int parse_int(FILE *err, const char *flag, const char *s, long long lo, long long *out) {
     char *end;
@@ -268,13 +320,11 @@ static int parse_count(FILE *err, int c, const char *arg, td_cli_train_args *a) 
     case OPT_BUCKET_BYTES:
         if (!parse_int(err, "bucket-bytes", arg, 64, &v))
             return 0;
-        cfg->bucket_bytes = (size_t)v;
-        return 1;
+        return add_strategy_option(a, "bucket_bytes", arg);
     case OPT_MICRO_BATCHES:
         if (!parse_int(err, "micro-batches", arg, 1, &v))
             return 0;
-        cfg->micro_batches = v;
-        return 1;
+        return add_strategy_option(a, "micro_batches", arg);
     case OPT_SEED:
         if (!parse_int(err, "seed", arg, 0, &v))
             return 0;
@@ -357,8 +407,7 @@ static int parse_choice(FILE *err, int c, const char *arg, td_cli_train_args *a)
     case OPT_OVERLAP:
         if (!parse_word(err, "overlap", arg, overlaps, &i))
             return 0;
-        cfg->overlap = i == 0 ? -1 : i == 1;
-        return 1;
+        return add_strategy_option(a, "overlap", overlaps[i]);
     case OPT_EXTEND:
         if (!parse_word(err, "extend", arg, extends, &i))
             return 0;
@@ -434,8 +483,9 @@ static int parse_option(FILE *err, int c, const char *arg, td_cli_train_args *a)
         cfg->opt.nesterov = 1;
         cfg->given |= TD_GIVEN_NESTEROV;
         return 1;
-    case OPT_DETERMINISTIC: cfg->deterministic = 1; return 1;
-    case OPT_ZERO: cfg->zero = 1; return 1;
+    case OPT_DETERMINISTIC: return add_strategy_option(a, "deterministic", "1");
+    case OPT_ZERO: return add_strategy_option(a, "zero", "1");
+    case OPT_STRATEGY_OPTION: return add_strategy_item(err, a, arg);
     case OPT_NO_EPOCH_EVAL: cfg->eval_each_epoch = 0; return 1;
     case OPT_SUMMARY: a->summary = 1; return 1;
     case OPT_QUIET: a->quiet = 1; return 1;

@@ -16,9 +16,38 @@
 
 typedef struct data {
     td_strategy *s;
+    td_dp_config cfg; /* from the strategy's options */
     td_dp *dp;
     td_model_info info;
 } data;
+
+static const td_strategy_option data_options[] = {
+    {"deterministic", "0|1", "bitwise the same weights for any number of devices"},
+    {"zero", "0|1", "ZeRO-1: each device keeps only its shard of the optimizer state"},
+    {"overlap", "auto|on|off",
+     "reduce each bucket while backward goes on (auto: unless every device is a CPU device of "
+     "this process)"},
+    {"bucket_bytes", "N", "gradient all-reduce bucket size (default 4 MiB)"},
+    {NULL, NULL, NULL},
+};
+
+/* td_dp's configuration from the strategy's options. */
+static td_status dp_config_of(const td_strategy *s, td_dp_config *c) {
+    static const char *const overlap[] = {"auto", "on", "off", NULL};
+    int64_t bucket = 0;
+    int ov = 0;
+    *c = (td_dp_config)TD_DP_CONFIG_INIT;
+    TD_CHECK(td__option_flag(s, "deterministic", &c->deterministic));
+    TD_CHECK(td__option_flag(s, "zero", &c->zero));
+    TD_CHECK(td__option_choice(s, "overlap", overlap, &ov));
+    c->overlap = ov == 0 ? -1 : ov == 1;
+    TD_CHECK(td__option_count(s, "bucket_bytes", 1, &bucket));
+    if (bucket > 0) {
+        c->bucket_bytes = (size_t)bucket;
+        c->first_bucket_bytes = bucket / 16 ? (size_t)bucket / 16 : 1;
+    }
+    return TD_OK;
+}
 
 /* The rank in g of this process's member (of `among`, when not NULL) whose
  * replica's optimizer has counted the most steps (a parked replica falls
@@ -86,7 +115,7 @@ static td_status data_save(void *impl, const char *path, const td_train_state *s
     data *d = impl;
     /* Every process calls the refresh; only rank 0's writes. */
     TD_CHECK(td_dp_refresh(d->dp));
-    if (d->s->cfg.data.zero)
+    if (d->cfg.zero)
         return save_gathered(d, path, state);
     if (!td_dp_model(d->dp, 0))
         return TD_OK;
@@ -174,8 +203,9 @@ static td_status data_create(td_strategy *s) {
         TD_CHECK(td__tensor_check_dtype(td_group_device(g, r), s->cfg.dtype));
     if (first < 0)
         return td__error(TD_ERR_INVALID_ARG, "data: none of the group's devices is here");
+    TD_CHECK(dp_config_of(s, &d->cfg));
     TD_CHECK(td_dp_create(g, s->json, s->model_name, s->cfg.dtype, s->cfg.seed, &s->cfg.opt,
-                          &s->cfg.data, &d->dp));
+                          &d->cfg, &d->dp));
     td_model_get_info(td_dp_model(d->dp, first), &d->info);
     return TD_OK;
 }
@@ -193,7 +223,7 @@ static td_status data_carry_on(td_strategy *s, td_group *survivors, int64_t step
         *why = "no device of this process is left";
         return td__error(TD_ERR_UNSUPPORTED, "data: %s", *why);
     }
-    if (s->cfg.data.zero) {
+    if (d->cfg.zero) {
         *why = "its shard of the ZeRO-1 optimizer state was the only copy";
         return td__error(TD_ERR_UNSUPPORTED, "data: %s", *why);
     }
@@ -212,8 +242,20 @@ static td_status data_carry_on(td_strategy *s, td_group *survivors, int64_t step
     return td_dp_scatter_optimizer(n->dp, td_dp_optimizer(d->dp, from));
 }
 
+static void data_report(const td_run_figures *f, td_strategy_report *out) {
+    snprintf(out->note, sizeof out->note,
+             "gradient reduction: %d bucket%s, %d started during backward, %.0f%% of its time "
+             "hidden behind backward; step time %.2fx the ideal",
+             f->buckets, f->buckets == 1 ? "" : "s", f->buckets_in_backward, 100 * f->hidden,
+             f->ideal_ratio);
+}
+
 const td_strategy_ops td__strategy_data = {
     .name = "data",
+    .summary = "a replica on every device, batches split by measured speed, gradients "
+               "all-reduced; under mpirun, across processes",
+    .options = data_options,
+    .report = data_report,
     .create = data_create,
     .destroy = data_destroy,
     .model_info = data_model_info,
@@ -227,4 +269,22 @@ const td_strategy_ops td__strategy_data = {
     .steps = data_steps,
     .survivors = data_survivors,
     .carry_on = data_carry_on,
+};
+
+/* Evaluation's name for the data strategy: whole batches go round-robin
+ * across the replicas by speed (td_dp_evaluate). */
+const td_strategy_ops td__strategy_alternate = {
+    .name = "alternate",
+    .summary = "evaluation: whole batches round-robin across the devices by measured speed",
+    .evaluates_only = 1,
+    .create = data_create,
+    .destroy = data_destroy,
+    .model_info = data_model_info,
+    .plan = data_plan,
+    .calibrate = data_calibrate,
+    .evaluate = data_evaluate,
+    .save = data_save,
+    .load = data_load,
+    .lr = data_lr,
+    .steps = data_steps,
 };

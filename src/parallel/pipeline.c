@@ -236,19 +236,24 @@ static void pp_destroy(void *impl) {
     free(p);
 }
 
+static const td_strategy_option pp_options[] = {
+    {"micro_batches", "M",
+     "micro-batches per step, at most the batch (default: four per "
+     "device, or the batch if smaller)"},
+    {NULL, NULL, NULL},
+};
+
 /* The micro-batch count: the configured one, checked, or four per stage. */
 static td_status choose_micro_batches(pipeline *p) {
     const td_strategy_config *c = &p->s->cfg;
-    int64_t m = c->micro_batches;
-    if (m < 0)
-        return td__error(TD_ERR_INVALID_ARG, "pipeline: %lld micro-batches: give at least 1",
-                         (long long)m);
+    int64_t m = 0;
+    TD_CHECK(td__option_count(p->s, "micro_batches", 1, &m));
     if (m == 0)
         m = c->batch < 4 * (int64_t)p->size ? c->batch : 4 * (int64_t)p->size;
     if (m > c->batch)
         return td__error(TD_ERR_INVALID_ARG,
-                         "pipeline: %lld micro-batches for a batch of %lld samples: at most one "
-                         "micro-batch per sample",
+                         "pipeline: %lld micro-batches (`micro_batches`) for a batch of %lld "
+                         "samples: at most one micro-batch per sample",
                          (long long)m, (long long)c->batch);
     if (m > MAX_MICRO)
         return td__error(TD_ERR_INVALID_ARG, "pipeline: %lld micro-batches: at most %d",
@@ -357,8 +362,22 @@ static td_status pp_create(td_strategy *s) {
     return make_norm_terms(p);
 }
 
+static void pp_report(const td_run_figures *f, td_strategy_report *out) {
+    (void)f;
+    out->show_plan = 1;
+    snprintf(out->comm_label, sizeof out->comm_label, "transfer s");
+    snprintf(out->wait_label, sizeof out->wait_label, "idle s");
+    snprintf(out->note, sizeof out->note,
+             "pipeline: share: of the layers' cost; transfer: activations and their gradients "
+             "copied in; idle: the bubble and waiting for the neighbours");
+}
+
 const td_strategy_ops td__strategy_pipeline = {
     .name = "pipeline",
+    .summary = "the layers cut into stages, one per device, micro-batches flowing through "
+               "them: a model too big for one device",
+    .options = pp_options,
+    .report = pp_report,
     .create = pp_create,
     .destroy = pp_destroy,
     .model_info = pp_model_info,

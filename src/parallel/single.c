@@ -192,6 +192,8 @@ fail:
 
 const td_strategy_ops td__strategy_single = {
     .name = "single",
+    .summary = "the first device trains; the others stay idle",
+    .max_members = 1,
     .create = single_create,
     .destroy = single_destroy,
     .model_info = single_model_info,

@@ -13,8 +13,24 @@
 #include "tandem/generate.h"
 #include "tandem/strategy.h"
 
+/* One of a strategy's own options, for checking and usage texts. */
+typedef struct td_strategy_option {
+    const char *name;   /* "zero" */
+    const char *values; /* "0|1" */
+    const char *help;   /* "ZeRO-1: each device keeps its shard of the optimizer state" */
+} td_strategy_option;
+
 typedef struct td_strategy_ops {
     const char *name;
+    const char *summary; /* one line for usage texts (td_strategy_about) */
+    int min_members;     /* the fewest devices it runs on; 0: 1 */
+    int max_members;     /* the most it uses (0: all): training leaves the rest idle, a
+                            decoder refuses a larger group */
+    int evaluates_only;  /* 1: evaluation, no training steps */
+    const td_strategy_option *options; /* its own, NULL-terminated by name; NULL: none */
+    /* The words of the run's report (td_strategy_report_make); NULL: the
+     * plain member table with no note. */
+    void (*report)(const td_run_figures *f, td_strategy_report *out);
     /* Builds the strategy's state over s->group from s->json and s->cfg into
      * s->impl; on failure leaves nothing s->ops->destroy cannot free. */
     td_status (*create)(td_strategy *s);
@@ -51,6 +67,7 @@ struct td_strategy {
     td_group *group;
     char *json;       /* the model's JSON text */
     char *model_name; /* its file, for messages */
+    char *options;    /* cfg.options' copy */
     td_strategy_config cfg;
     void *impl;
 };
@@ -71,9 +88,25 @@ void td__shares_from_speed(const double *alone_s, int n, double *share);
  * first (ties to the lower rank); a range may be empty. */
 void td__cut_by_shares(int64_t size, const double *share, int n, int64_t *first, int64_t *count);
 
+/* Options (strategy_options.c) ---------------------------------------------------- */
+
+/* TD_ERR_INVALID_ARG naming the first key of options ("k=v,k=v") that is
+ * not one of ops' options, or has no value. */
+td_status td__strategy_check_options(const td_strategy_ops *ops, const char *options);
+/* The value given for s's option `name` (the last one given), copied into
+ * buf; NULL when not given. */
+const char *td__strategy_option(const td_strategy *s, const char *name, char *buf, size_t n);
+/* Typed readers: leave *out as it is when the option is not given; a value
+ * of another kind is TD_ERR_INVALID_ARG naming the option and what it wants. */
+td_status td__option_flag(const td_strategy *s, const char *name, int *out);
+td_status td__option_count(const td_strategy *s, const char *name, int64_t least, int64_t *out);
+td_status td__option_choice(const td_strategy *s, const char *name, const char *const *choices,
+                            int *index);
+
 extern const td_strategy_ops td__strategy_single;
 extern const td_strategy_ops td__strategy_data;
 extern const td_strategy_ops td__strategy_pipeline;
 extern const td_strategy_ops td__strategy_tensor;
+extern const td_strategy_ops td__strategy_alternate;
 
 #endif

@@ -2,6 +2,7 @@
  * needs (the group, the model's JSON, the configuration) in td_strategy,
  * finds the strategy's table by name and fills the optional slots it leaves
  * NULL with their defaults. */
+#include <assert.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,10 +14,8 @@
 #include "parallel/strategy-impl.h"
 
 static const td_strategy_ops *const strategies[] = {
-    &td__strategy_single,
-    &td__strategy_data,
-    &td__strategy_pipeline,
-    &td__strategy_tensor,
+    &td__strategy_single, &td__strategy_data,      &td__strategy_pipeline,
+    &td__strategy_tensor, &td__strategy_alternate,
 };
 
 #define NSTRATEGIES (sizeof strategies / sizeof *strategies)
@@ -50,6 +49,63 @@ static const char *known(char *buf, size_t n) {
     return buf;
 }
 
+td_status td_strategy_about_get(const char *name, td_strategy_about *out) {
+    const td_strategy_ops *ops;
+    char list[128];
+    int i = 0;
+    if (!out)
+        return td__error(TD_ERR_INVALID_ARG, "td_strategy_about_get: out is NULL");
+    memset(out, 0, sizeof *out);
+    if (!(ops = find(name ? name : "single")))
+        return td__error_setting(TD_ERR_INVALID_ARG, "strategy",
+                                 "unknown strategy '%s' (known: %s)", name,
+                                 known(list, sizeof list));
+    out->name = ops->name;
+    out->summary = ops->summary;
+    out->min_members = ops->min_members > 0 ? ops->min_members : 1;
+    out->max_members = ops->max_members;
+    out->trains = !ops->evaluates_only;
+    out->generates = ops->decoder != NULL;
+    for (const td_strategy_option *o = ops->options; o && o->name; o++, i++) {
+        assert(i < 8);
+        out->option_name[i] = o->name;
+        out->option_values[i] = o->values;
+        out->option_help[i] = o->help;
+    }
+    return TD_OK;
+}
+
+td_status td_strategy_check_options(const char *name, const char *options) {
+    td_strategy_about a;
+    TD_CHECK(td_strategy_about_get(name, &a));
+    return td__strategy_check_options(find(a.name), options);
+}
+
+void td_strategy_report_make(const td_strategy *s, const td_run_figures *f,
+                             td_strategy_report *out) {
+    if (!out)
+        return;
+    memset(out, 0, sizeof *out);
+    snprintf(out->comm_label, sizeof out->comm_label, "comm s");
+    snprintf(out->wait_label, sizeof out->wait_label, "wait s");
+    if (s && f && s->ops->report)
+        s->ops->report(f, out);
+}
+
+/* TD_ERR_INVALID_ARG unless g's size suits ops. */
+static td_status check_member_count(const td_strategy_ops *ops, const td_group *g) {
+    int n = td_group_size(g), least = ops->min_members > 0 ? ops->min_members : 1;
+    if (n < least)
+        return td__error_setting(TD_ERR_INVALID_ARG, "devices",
+                                 "%s runs on at least %d devices; the group has %d", ops->name,
+                                 least, n);
+    if (ops->max_members > 0 && n > ops->max_members)
+        return td__error_setting(TD_ERR_INVALID_ARG, "devices",
+                                 "%s runs on %d device%s; the group has %d", ops->name,
+                                 ops->max_members, ops->max_members == 1 ? "" : "s", n);
+    return TD_OK;
+}
+
 /* A td_strategy of ops over g with copies of json, name and cfg, and no
  * state yet; NULL when out of memory. */
 static td_strategy *alloc_strategy(const td_strategy_ops *ops, td_group *g, const char *json,
@@ -63,7 +119,8 @@ static td_strategy *alloc_strategy(const td_strategy_ops *ops, td_group *g, cons
     s->cfg.name = ops->name; /* the caller's string need not outlive s */
     s->json = td__strdup(json);
     s->model_name = td__strdup(name ? name : "(model)");
-    if (!s->json || !s->model_name) {
+    s->cfg.options = s->options = td__strdup(cfg->options ? cfg->options : "");
+    if (!s->json || !s->model_name || !s->options) {
         td_strategy_destroy(s);
         return NULL;
     }
@@ -86,6 +143,9 @@ td_status td_strategy_create(td_group *g, const char *model_json, const char *mo
                          known(list, sizeof list));
     if (td_group_size(g) < 1)
         return td__error(TD_ERR_INVALID_ARG, "%s: the group has no device", ops->name);
+    TD_CHECK(td__strategy_check_options(ops, cfg->options));
+    if (td_group_size(g) < ops->min_members)
+        return check_member_count(ops, g);
     if (!(s = alloc_strategy(ops, g, model_json, model_name, cfg)))
         return TD_ERR_OUT_OF_MEMORY;
     if ((st = ops->create(s)) != TD_OK) {
@@ -103,6 +163,7 @@ void td_strategy_destroy(td_strategy *s) {
         s->ops->destroy(s->impl);
     free(s->json);
     free(s->model_name);
+    free(s->options);
     free(s);
 }
 
@@ -139,6 +200,9 @@ td_status td_strategy_step(td_strategy *s, const td_batch *batch, uint64_t step,
                            td_step_result *res, td_step_stats *stats) {
     if (!s || !batch || batch->n < 1 || !batch->labels || !res)
         return td__error(TD_ERR_INVALID_ARG, "td_strategy_step: needs a batch with labels");
+    if (s->ops->evaluates_only)
+        return td__error_setting(TD_ERR_UNSUPPORTED, "strategy",
+                                 "%s evaluates only; it takes no training step", s->ops->name);
     return s->ops->step(s->impl, batch, step, res, stats);
 }
 
@@ -293,5 +357,6 @@ td_status td_strategy_decoder_create(td_group *g, const char *strategy, const ch
     if (td_group_local_size(g) != td_group_size(g) || td_group_size(g) < 1)
         return td__error(TD_ERR_UNSUPPORTED,
                          "%s: generates within one process; this group spans several", ops->name);
+    TD_CHECK(check_member_count(ops, g));
     return ops->decoder(g, checkpoint, dtype, out);
 }

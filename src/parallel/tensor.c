@@ -750,8 +750,19 @@ static td_status tp_create(td_strategy *s) {
     return rebalance(p);
 }
 
+static void tp_report(const td_run_figures *f, td_strategy_report *out) {
+    (void)f;
+    out->show_plan = 1;
+    snprintf(out->note, sizeof out->note,
+             "tensor: every device takes every sample (the plan at the start says which heads "
+             "and hidden features each holds); comm: the all-reduces of partial results and "
+             "input gradients, waiting for the others included");
+}
+
 const td_strategy_ops td__strategy_tensor = {
     .name = "tensor",
+    .summary = "each layer's heads and hidden features split across the devices: batch size 1",
+    .report = tp_report,
     .create = tp_create,
     .destroy = tp_destroy,
     .model_info = tp_model_info,

@@ -37,38 +37,15 @@ static void vocab_to_state(td__trainer *t) {
         memcpy(t->state.vocab, v, n);
 }
 
-/* Options of one strategy given to another are mistakes. */
+/* A strategy that does not train, or options it does not have, are
+ * mistakes found before anything is loaded. */
 static td_status check_strategy_options(const td_train_config *c) {
-    const char *name = c->strategy ? c->strategy : "single";
-    const char *const *names = td_strategy_names();
-    char list[128] = "";
-    size_t i = 0;
-    while (names[i] && strcmp(names[i], name))
-        i++;
-    if (!names[i]) {
-        for (i = 0; names[i]; i++)
-            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "",
-                     names[i]);
-        return td__error(TD_ERR_INVALID_ARG, "unknown strategy '%s' for training (%s)", name, list);
-    }
-    if (strcmp(name, "data") && (c->zero || c->deterministic || c->overlap >= 0)) {
-        const char *field = c->zero ? "zero" : c->deterministic ? "deterministic" : "overlap";
-        return td__error_setting(TD_ERR_INVALID_ARG, field,
-                                 "%s (`%s`) belongs to the data strategy (`strategy` data)",
-                                 c->zero            ? "ZeRO-1"
-                                 : c->deterministic ? "deterministic mode"
-                                                    : "overlapping the reduction",
-                                 field);
-    }
-    if (strcmp(name, "pipeline") && c->micro_batches)
-        return td__error_setting(TD_ERR_INVALID_ARG, "micro_batches",
-                                 "micro-batches (`micro_batches`) belong to the pipeline "
-                                 "strategy (`strategy` pipeline)");
-    if (c->micro_batches < 0)
-        return td__error_setting(TD_ERR_INVALID_ARG, "micro_batches",
-                                 "%lld micro-batches: give at least 1 (`micro_batches`)",
-                                 (long long)c->micro_batches);
-    return TD_OK;
+    td_strategy_about about;
+    TD_CHECK(td_strategy_about_get(c->strategy, &about));
+    if (!about.trains)
+        return td__error_setting(TD_ERR_INVALID_ARG, "strategy", "%s does not train: %s",
+                                 about.name, about.summary);
+    return td_strategy_check_options(about.name, c->strategy_options);
 }
 
 /* The strategy's configuration from the run's. */
@@ -80,14 +57,7 @@ static void strategy_config(td__trainer *t, td_dtype dtype) {
     sc.seed = t->state.seed;
     sc.opt = t->state.opt;
     sc.batch = t->state.batch;
-    sc.data.deterministic = c->deterministic;
-    sc.data.zero = c->zero;
-    sc.data.overlap = c->overlap;
-    if (c->bucket_bytes) {
-        sc.data.bucket_bytes = c->bucket_bytes;
-        sc.data.first_bucket_bytes = c->bucket_bytes / 16 ? c->bucket_bytes / 16 : 1;
-    }
-    sc.micro_batches = c->micro_batches;
+    sc.options = c->strategy_options;
     sc.replan = c->replan;
     t->scfg = sc;
 }

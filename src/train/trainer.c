@@ -140,6 +140,16 @@ static void add_member_stats(td__trainer *t, const td_step_stats *ds, int64_t ba
         fprintf(stderr, "tandem: %s", ds->stragglers);
 }
 
+/* The strategy's words for the member table, from the run's figures. */
+static void report_words(td__trainer *t, td_train_summary *out) {
+    td_run_figures f = {.steps = t->stat_steps,
+                        .hidden = out->hidden,
+                        .ideal_ratio = out->ideal_ratio,
+                        .buckets = out->buckets,
+                        .buckets_in_backward = out->buckets_in_backward};
+    td_strategy_report_make(t->s, &f, &out->report);
+}
+
 static void finish_member_stats(td__trainer *t, td_train_summary *out) {
     int64_t steps = t->stat_steps > 0 ? t->stat_steps : 1;
     for (int r = 0; r < out->members; r++)
@@ -364,6 +374,7 @@ static void finish(td__trainer *t, int64_t first_epoch) {
     out->devices_named = (int)td_device_list_count(t->devs);
     out->root = t->root;
     finish_member_stats(t, out);
+    report_words(t, out);
     out->steps = t->state.step;
     td_loader_position(t->loader, &last_epoch, NULL);
     out->epochs_done = last_epoch - first_epoch;

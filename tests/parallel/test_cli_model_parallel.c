@@ -135,7 +135,7 @@ static void bad_micro_batch_counts_are_refused(void **state) {
     (void)state;
     refused("--devices cpu*2 --strategy pipeline --micro-batches 0", 2, "--micro-batches");
     refused("--devices cpu*2 --strategy pipeline --batch 8 --micro-batches 9", 1,
-            "9 micro-batches for a batch of 8 samples");
+            "9 micro-batches (--micro-batches) for a batch of 8 samples");
 }
 
 int main(void) {

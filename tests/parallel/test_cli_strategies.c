@@ -209,11 +209,21 @@ static void refused(const char *args, int code, const char *why) {
 
 static void bad_strategies_are_refused(void **state) {
     refused("--strategy tiles", 2, "--strategy is single, data, pipeline");
-    refused("--zero", 1, "ZeRO-1 (--zero) belongs to the data strategy");
+    refused("--zero", 1, "single has no option --zero (its options: none)");
+    refused("--strategy pipeline --devices 'cpu*2' --zero", 1,
+            "pipeline has no option --zero (its options: --micro-batches)");
+    refused("--strategy data --strategy-option chunk=3", 1,
+            "data has no option `chunk` (its options: --deterministic, --zero, --overlap, "
+            "--bucket-bytes)");
+    refused("--strategy data --strategy-option zero=maybe", 1,
+            "data: --zero wants 0 or 1 or off or on or no or yes, not 'maybe'");
+    refused("--strategy-option zero", 2, "--strategy-option wants KEY=VALUE, not 'zero'");
+    refused("--strategy alternate", 1,
+            "alternate does not train: evaluation: whole batches round-robin");
     refused("--devices 'cpu*2' --strategy data --zero --deterministic", 1,
             "ZeRO-1 and deterministic mode do not go together");
     refused("--overlap sometimes", 2, "--overlap is auto, on or off, not 'sometimes'");
-    refused("--overlap on", 1, "overlapping the reduction (--overlap) belongs to the data");
+    refused("--overlap on", 1, "single has no option --overlap");
 }
 
 /* A device lost in the middle of a run: the other device trains on, and the

@@ -49,6 +49,9 @@ static td_optimizer_config optimizer(td_optimizer_kind kind) {
 
 static td_optimizer_config opt_in_use; /* the check's */
 
+/* config()'s options: one pipeline configuration at a time. */
+static char options[64];
+
 static td_strategy_config config(const char *name, td_dtype dt, int64_t batch, int64_t micro) {
     td_strategy_config c = TD_STRATEGY_CONFIG_INIT;
     c.name = name;
@@ -56,7 +59,9 @@ static td_strategy_config config(const char *name, td_dtype dt, int64_t batch, i
     c.seed = 5;
     c.opt = opt_in_use;
     c.batch = batch;
-    c.micro_batches = micro;
+    if (micro) /* a single's config leaves the pipeline's options as they are */
+        snprintf(options, sizeof options, "micro_batches=%lld", (long long)micro);
+    c.options = micro ? options : NULL;
     return c;
 }
 
@@ -393,10 +398,17 @@ static void bad_micro_batch_counts(void **state) {
     (void)state;
     TD_ASSERT_OK(td_group_create_spec("cpu*2", NULL, &g));
     TD_ASSERT_STATUS(td_strategy_create(g, mlp_json, "test", &c, &s), TD_ERR_INVALID_ARG);
-    td_test_assert_message_contains("5 micro-batches for a batch of 4 samples");
-    c.micro_batches = -1;
+    td_test_assert_message_contains("5 micro-batches (`micro_batches`) for a batch of 4 samples");
+    c.options = "micro_batches=-1";
     TD_ASSERT_STATUS(td_strategy_create(g, mlp_json, "test", &c, &s), TD_ERR_INVALID_ARG);
-    td_test_assert_message_contains("micro-batches");
+    td_test_assert_message_contains("pipeline: `micro_batches` wants a whole number of at least 1, "
+                                    "not '-1'");
+    c.options = "micro_batches=4,zero=1";
+    TD_ASSERT_STATUS(td_strategy_create(g, mlp_json, "test", &c, &s), TD_ERR_INVALID_ARG);
+    td_test_assert_message_contains("pipeline has no option `zero` (its options: `micro_batches`)");
+    c.options = "micro_batches";
+    TD_ASSERT_STATUS(td_strategy_create(g, mlp_json, "test", &c, &s), TD_ERR_INVALID_ARG);
+    td_test_assert_message_contains("option `micro_batches` wants a value (micro_batches=M)");
     assert_null(s);
     td_group_destroy(g);
 }

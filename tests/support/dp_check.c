@@ -211,7 +211,7 @@ void td_strategy_check_equals_one_device(const char *strategy, const char *spec,
         c.dtype = (td_dtype)dt;
         c.seed = SEED;
         c.batch = TD_DP_CHECK_BATCH;
-        c.micro_batches = strcmp(strategy, "pipeline") ? 0 : 4;
+        c.options = strcmp(strategy, "pipeline") ? NULL : "micro_batches=4";
         c.opt.kind = TD_OPT_SGD;
         c.opt.lr = 0.1;
         c.opt.momentum = 0.9;
