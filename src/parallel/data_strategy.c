@@ -242,6 +242,17 @@ static td_status data_carry_on(td_strategy *s, td_group *survivors, int64_t step
     return td_dp_scatter_optimizer(n->dp, td_dp_optimizer(d->dp, from));
 }
 
+/* A replica on every member of this process (ZeRO-1's shards of the
+ * optimizer state are data_carry_on's to judge). */
+static void data_holdings(void *impl, td__holding *h, int *n) {
+    data *d = impl;
+    td_group *g = td_dp_group(d->dp);
+    *n = 0;
+    for (int r = 0; r < td_group_size(g) && *n < TD_DP_MAX_MEMBERS; r++)
+        if (td_dp_model(d->dp, r))
+            h[(*n)++] = (td__holding){td_dp_model(d->dp, r), td_dp_optimizer(d->dp, r), r};
+}
+
 static void data_report(const td_run_figures *f, td_strategy_report *out) {
     snprintf(out->note, sizeof out->note,
              "gradient reduction: %d bucket%s, %d started during backward, %.0f%% of its time "
@@ -267,6 +278,7 @@ const td_strategy_ops td__strategy_data = {
     .load = data_load,
     .lr = data_lr,
     .steps = data_steps,
+    .holdings = data_holdings,
     .survivors = data_survivors,
     .carry_on = data_carry_on,
 };

@@ -37,6 +37,7 @@
 #include "core/error.h"
 #include "core/trace.h"
 #include "parallel/pipeline-impl.h"
+#include "parallel/placement.h"
 #include "parallel/strategy-impl.h"
 #include "tensor/view.h"
 
@@ -152,27 +153,34 @@ done:
     return st;
 }
 
+/* The stages that hold layers, in layer order: *n of them. */
+static void holdings_of(const pipeline *p, td__holding *h, int *n) {
+    *n = 0;
+    for (int k = 0; k < p->size; k++)
+        if (p->st[k].part)
+            h[(*n)++] = (td__holding){p->st[k].part, p->st[k].opt, k};
+}
+
+static void pp_holdings(void *impl, td__holding *h, int *n) {
+    holdings_of(impl, h, n);
+}
+
 static td_status pp_save(void *impl, const char *path, const td_train_state *state) {
     pipeline *p = impl;
-    td_model *parts[TD_PP_MAX_STAGES];
-    td_optimizer *opts[TD_PP_MAX_STAGES];
-    int n = 0;
+    td__holding h[TD_PP_MAX_STAGES];
+    int n;
     TD_CHECK(td__pp_settle(p));
-    for (int k = 0; k < p->size; k++)
-        if (p->st[k].part) {
-            parts[n] = p->st[k].part;
-            opts[n++] = p->st[k].opt;
-        }
-    return td_checkpoint_save_parts(path, parts, opts, n, state);
+    holdings_of(p, h, &n);
+    return td__placement_save(h, n, path, state);
 }
 
 static td_status pp_load(void *impl, const char *path, td_train_state *state) {
     pipeline *p = impl;
+    td__holding h[TD_PP_MAX_STAGES];
+    int n;
     TD_CHECK(td__pp_settle(p));
-    for (int k = 0; k < p->size; k++)
-        if (p->st[k].part)
-            TD_CHECK(td_checkpoint_load_part(path, p->st[k].part, p->st[k].opt, state));
-    return TD_OK;
+    holdings_of(p, h, &n);
+    return td__placement_load(h, n, path, state);
 }
 
 static double pp_lr(void *impl) {
@@ -388,5 +396,6 @@ const td_strategy_ops td__strategy_pipeline = {
     .load = pp_load,
     .lr = pp_lr,
     .steps = pp_steps,
+    .holdings = pp_holdings,
     .decoder = td__pipeline_decoder,
 };

@@ -10,6 +10,7 @@
 #ifndef TD_STRATEGY_IMPL_H
 #define TD_STRATEGY_IMPL_H
 
+#include "parallel/placement.h"
 #include "tandem/generate.h"
 #include "tandem/strategy.h"
 
@@ -54,6 +55,10 @@ typedef struct td_strategy_ops {
      * *adopted 0, without error, when the text does not fit this group
      * (another member count): the creation's plan stays. */
     td_status (*adopt_split)(void *impl, const char *text, int *adopted);
+    /* What each member of this process holds, for the survival rule
+     * (placement.h): at most TD_DP_MAX_MEMBERS into h, *n of them. NULL:
+     * the rule is the strategy's carry_on alone. */
+    void (*holdings)(void *impl, td__holding *h, int *n);
     td_status (*survivors)(void *impl, td_group **out);
     td_status (*carry_on)(td_strategy *s, td_group *survivors, int64_t steps_before,
                           td_strategy *next, int *step_taken, const char **why);
@@ -68,6 +73,7 @@ struct td_strategy {
     char *json;       /* the model's JSON text */
     char *model_name; /* its file, for messages */
     char *options;    /* cfg.options' copy */
+    char why[256];    /* td_strategy_carry_on's *why when it names a tensor */
     td_strategy_config cfg;
     void *impl;
 };

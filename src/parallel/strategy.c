@@ -298,6 +298,27 @@ td_status td_strategy_survivors(td_strategy *s, td_group **out) {
                              : td_group_shrink(s->group, NULL, 0, out);
 }
 
+/* The survival rule: whether the members of s left in survivors still hold
+ * every parameter between them (placement.h); else s->why names one they
+ * lost. 1 for a strategy that publishes no holdings. */
+static int survivors_hold_all(td_strategy *s, const td_group *survivors) {
+    td__holding h[TD_DP_MAX_MEMBERS];
+    int alive[TD_DP_MAX_MEMBERS], n = 0;
+    char lost[200];
+    if (!s->ops->holdings)
+        return 1;
+    s->ops->holdings(s->impl, h, &n);
+    assert(n <= TD_DP_MAX_MEMBERS);
+    for (int k = 0; k < n; k++) {
+        td_device *dev = td_group_device(s->group, h[k].member);
+        alive[k] = dev && td_group_rank_of(survivors, dev) >= 0;
+    }
+    if (n == 0 || td__placement_covers(h, n, alive, lost, sizeof lost))
+        return 1;
+    snprintf(s->why, sizeof s->why, "a lost device held the only copy of its part of %s", lost);
+    return 0;
+}
+
 td_status td_strategy_carry_on(td_strategy *s, td_group *survivors, int64_t steps_before,
                                td_strategy **out, int *step_taken, const char **why) {
     static const char *const no_copy = "a lost device held state no survivor has";
@@ -310,6 +331,10 @@ td_status td_strategy_carry_on(td_strategy *s, td_group *survivors, int64_t step
     *why = NULL;
     if (!s || !survivors)
         return td__error(TD_ERR_INVALID_ARG, "td_strategy_carry_on: strategy or group is NULL");
+    if (!survivors_hold_all(s, survivors)) {
+        *why = s->why;
+        return td__error(TD_ERR_UNSUPPORTED, "%s: %s", s->ops->name, s->why);
+    }
     if (!s->ops->carry_on) {
         *why = no_copy;
         return td__error(TD_ERR_UNSUPPORTED, "%s: %s", s->ops->name, no_copy);

@@ -30,6 +30,7 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "parallel/placement.h"
 #include "parallel/strategy-impl.h"
 #include "parallel/tensor-impl.h"
 #include "tensor/view.h"
@@ -496,32 +497,33 @@ static td_status tp_evaluate(void *impl, const td_batch *batches, size_t n,
     return n ? td_group_run(p->g, member_run, p) : TD_OK;
 }
 
-/* Checkpoints (tensor_ckpt.c) and the rest ----------------------------------------- */
+/* Checkpoints (placement.c) and the rest ----------------------------------------- */
 
 /* Every member's shard and optimizer, in rank order. */
-static void shards_of(tensor_par *p, td_model **shards, td_optimizer **opts) {
-    for (int k = 0; k < p->size; k++) {
-        shards[k] = p->mb[k].m;
-        opts[k] = p->mb[k].opt;
-    }
+static void holdings_of(const tensor_par *p, td__holding *h) {
+    for (int k = 0; k < p->size; k++)
+        h[k] = (td__holding){p->mb[k].m, p->mb[k].opt, k};
+}
+
+static void tp_holdings(void *impl, td__holding *h, int *n) {
+    holdings_of(impl, h);
+    *n = ((tensor_par *)impl)->size;
 }
 
 static td_status tp_save(void *impl, const char *path, const td_train_state *state) {
     tensor_par *p = impl;
-    td_model *shards[TD_DP_MAX_MEMBERS];
-    td_optimizer *opts[TD_DP_MAX_MEMBERS];
+    td__holding h[TD_DP_MAX_MEMBERS];
     if (p->procs.process != 0) /* every process holds the same model: one writes */
         return TD_OK;
-    shards_of(p, shards, opts);
-    return td__tensor_save(shards, opts, p->size, path, state);
+    holdings_of(p, h);
+    return td__placement_save(h, p->size, path, state);
 }
 
 static td_status tp_load(void *impl, const char *path, td_train_state *state) {
     tensor_par *p = impl;
-    td_model *shards[TD_DP_MAX_MEMBERS];
-    td_optimizer *opts[TD_DP_MAX_MEMBERS];
-    shards_of(p, shards, opts);
-    return td__tensor_load(shards, opts, p->size, path, state);
+    td__holding h[TD_DP_MAX_MEMBERS];
+    holdings_of(p, h);
+    return td__placement_load(h, p->size, path, state);
 }
 
 static double tp_lr(void *impl) {
@@ -774,6 +776,7 @@ const td_strategy_ops td__strategy_tensor = {
     .lr = tp_lr,
     .steps = tp_steps,
     .split = tp_split,
+    .holdings = tp_holdings,
     .adopt_split = tp_adopt_split,
     .decoder = td__tensor_decoder,
 };

@@ -226,6 +226,75 @@ static void the_dispatcher_checks_and_defaults(void **state) {
     td_group_destroy(g);
 }
 
+/* What the table says of each strategy: summaries, member counts, options;
+ * options a strategy lacks are refused naming its own. */
+static void the_table_describes_each_strategy(void **state) {
+    td_strategy_about a;
+    (void)state;
+    for (const char *const *n = td_strategy_names(); *n; n++) {
+        TD_ASSERT_OK(td_strategy_about_get(*n, &a));
+        assert_string_equal(a.name, *n);
+        assert_non_null(a.summary);
+        assert_true(strlen(a.summary) > 10);
+        assert_true(a.min_members >= 1);
+    }
+    TD_ASSERT_OK(td_strategy_about_get("data", &a));
+    assert_true(a.trains);
+    assert_string_equal(a.option_name[1], "zero");
+    assert_string_equal(a.option_values[1], "0|1");
+    TD_ASSERT_OK(td_strategy_about_get("alternate", &a));
+    assert_false(a.trains);
+    TD_ASSERT_OK(td_strategy_about_get(NULL, &a));
+    assert_string_equal(a.name, "single");
+    assert_int_equal(a.max_members, 1);
+    TD_ASSERT_STATUS(td_strategy_about_get("tiles", &a), TD_ERR_INVALID_ARG);
+    td_test_assert_message_contains("unknown strategy 'tiles'");
+    TD_ASSERT_OK(td_strategy_check_options("data", "zero=1,overlap=off"));
+    TD_ASSERT_OK(td_strategy_check_options("pipeline", ""));
+    TD_ASSERT_STATUS(td_strategy_check_options("tensor", "zero=1"), TD_ERR_INVALID_ARG);
+    td_test_assert_message_contains("tensor has no option `zero` (its options: none)");
+    TD_ASSERT_STATUS(td_strategy_check_options("data", "zero=1,,x=2"), TD_ERR_INVALID_ARG);
+    td_test_assert_message_contains("data has no option ``");
+}
+
+/* Losing a member: under tensor and pipeline it held the only copy of
+ * parameters (the survivors cannot carry on, and the reason names one);
+ * under data the other replica holds everything. */
+static void the_survival_rule_follows_the_holdings(void **state) {
+    static const char *const names[] = {"tensor", "pipeline", "data"};
+    td_dp_data *d = td_dp_data_create(1, BATCH, FEATURES, CLASSES, 77, 78);
+    (void)state;
+    for (int i = 0; i < 3; i++) {
+        td_strategy_config c = config(names[i]);
+        td_group *g = NULL, *left = NULL;
+        td_strategy *s = NULL, *next = NULL;
+        td_step_result r;
+        const char *why = NULL;
+        int taken = 1, lost = 1;
+        TD_ASSERT_OK(td_group_create_spec("cpu*2", NULL, &g));
+        TD_ASSERT_OK(td_strategy_create(g, model_json, "strategy_test", &c, &s));
+        TD_ASSERT_OK(td_strategy_step(s, &d->batch[0], 0, &r, NULL));
+        TD_ASSERT_OK(td_group_shrink(g, &lost, 1, &left));
+        if (i < 2) {
+            TD_ASSERT_STATUS(td_strategy_carry_on(s, left, 1, &next, &taken, &why),
+                             TD_ERR_UNSUPPORTED);
+            assert_null(next);
+            assert_non_null(why);
+            if (!strstr(why, "a lost device held the only copy of its part of layers."))
+                fail_msg("%s: %s", names[i], why);
+        } else {
+            TD_ASSERT_OK(td_strategy_carry_on(s, left, 0, &next, &taken, &why));
+            assert_non_null(next);
+            assert_true(taken); /* its one step was taken: 0 steps before it */
+        }
+        td_strategy_destroy(next);
+        td_strategy_destroy(s);
+        td_group_destroy(left);
+        td_group_destroy(g);
+    }
+    td_dp_data_destroy(d);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(single_equals_one_device),
@@ -233,6 +302,8 @@ int main(void) {
         cmocka_unit_test(a_checkpoint_moves_from_data_to_single),
         cmocka_unit_test(evaluation_equals_one_device),
         cmocka_unit_test(the_dispatcher_checks_and_defaults),
+        cmocka_unit_test(the_table_describes_each_strategy),
+        cmocka_unit_test(the_survival_rule_follows_the_holdings),
     };
     return cmocka_run_group_tests(tests, td_test_tmpdir_setup, td_test_tmpdir_teardown);
 }
