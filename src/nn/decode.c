@@ -100,6 +100,28 @@ static td_status ln_decode(td_layer *l, const td_tensor *x, pass *p) {
     return td__op_layernorm_fwd(l->eps, x, l->param[0], l->param[1], &y, &mean, &rstd);
 }
 
+static td_status rms_decode(td_layer *l, const td_tensor *x, pass *p) {
+    td_tensor y, rstd;
+    int64_t n = p->n;
+    TD_CHECK(first_rows(&l->out, n, &y));
+    TD_CHECK(td__tensor_view(&rstd, &l->ws[0], 0, 1, &n));
+    return td__op_rmsnorm_fwd(l->eps, x, l->param[0], &y, &rstd);
+}
+
+/* As in training (layers_llama.c): gu = x Wgu^T + b, h = silu(g) u, y = h Wd^T + b. */
+static td_status swiglu_decode(td_layer *l, const td_tensor *x, pass *p) {
+    td_tensor y, gu, h;
+    TD_CHECK(first_rows(&l->out, p->n, &y));
+    TD_CHECK(first_rows(&l->ws[0], p->n, &gu));
+    TD_CHECK(first_rows(&l->ws[1], p->n, &h));
+    TD_CHECK(td__op_matmul(&gu, x, 0, l->param[0], 1, 1.0, 0.0));
+    if (l->has_bias)
+        TD_CHECK(td__op_bias_add(&gu, l->param[1], p->n, 2 * l->hidden, 1));
+    TD_CHECK(td__op_swiglu_fwd(&gu, &h));
+    TD_CHECK(td__op_matmul(&y, &h, 0, l->param[2], 1, 1.0, 0.0));
+    return l->has_bias ? td__op_bias_add(&y, l->param[3], p->n, y.shape[2], 1) : TD_OK;
+}
+
 /* The rows [first, first + count) of a linear head's weight and bias: the
  * decoder's vocabulary slice. */
 static td_status head_slice(const td_decoder *d, td_layer *l, td_tensor *w, td_tensor *b) {
@@ -266,6 +288,7 @@ static const struct {
     {&td__linear_vt, linear_decode},   {&td__act_vt, act_decode},
     {&td__dropout_vt, copy_decode},    {&td__attention_vt, att_decode},
     {&td__sequential_vt, seq_decode},  {&td__residual_vt, res_decode},
+    {&td__rmsnorm_vt, rms_decode},     {&td__swiglu_vt, swiglu_decode},
 };
 
 static decode_fn decoder_of(const td_layer *l) {

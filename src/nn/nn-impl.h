@@ -100,7 +100,8 @@ struct td_layer {
     td_conv_desc conv;
     td_pool_kind pool;
     int64_t heads, vocab;
-    int fused; /* attention: the backend's fused kernels, chosen at planning */
+    int64_t hidden; /* swiglu: the gate's features */
+    int fused;      /* attention: the backend's fused kernels, chosen at planning */
     int positions;
     /* linear: its weight is the embedding's table (param[0], grad[0] borrowed);
      * embedding: such a linear adds its gradient to the table's first */
@@ -223,6 +224,8 @@ td_status td__seq_child_weights(td_layer *l, int i, const td_tensor *x, td_nn_ru
 extern const td_layer_vt td__linear_vt, td__act_vt, td__dropout_vt, td__flatten_vt,
     td__layernorm_vt, td__embedding_vt, td__attention_vt, td__conv2d_vt, td__pool_vt,
     td__sequential_vt, td__residual_vt;
+/* The Llama family's (layers_llama.c). */
+extern const td_layer_vt td__rmsnorm_vt, td__swiglu_vt;
 
 /* Refuses (TD_ERR_PARSE naming the file and the JSON path) a layer list
  * that expands to more than TD_MODEL_MAX_LAYERS layers or nests residual

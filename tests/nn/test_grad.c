@@ -64,6 +64,15 @@ static const grad_case cases[] = {
      "{\"type\": \"gelu\", \"approximate\": \"tanh\"}, {\"type\": \"linear\", \"out\": 8}]}, "
      "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 7, \"bias\": false, "
      "\"tied\": true}]}"},
+    {"rmsnorm", "{\"input\": {\"shape\": [3, 6]}, \"layers\": [{\"type\": \"linear\", \"out\": 6}, "
+                "{\"type\": \"rmsnorm\", \"eps\": 1e-5}, {\"type\": \"flatten\"}, {\"type\": "
+                "\"linear\", \"out\": 4}]}"},
+    {"swiglu_bias",
+     "{\"input\": {\"shape\": [3, 5]}, \"layers\": [{\"type\": \"linear\", \"out\": 6}, "
+     "{\"type\": \"swiglu\", \"hidden\": 7, \"bias\": true}, {\"type\": \"flatten\"}, "
+     "{\"type\": \"linear\", \"out\": 4}]}"},
+    {"swiglu", "{\"input\": {\"shape\": [5]}, \"layers\": [{\"type\": \"linear\", \"out\": 6}, "
+               "{\"type\": \"swiglu\", \"hidden\": 9}, {\"type\": \"linear\", \"out\": 4}]}"},
     {"embedding_no_positions",
      "{\"input\": {\"tokens\": 4, \"vocab\": 6}, \"layers\": [{\"type\": \"embedding\", "
      "\"vocab\": 6, \"dim\": 5, \"positions\": false}, {\"type\": \"tanh\"}, {\"type\": "
