@@ -50,6 +50,8 @@ td_status td__build_shape_error(const build_ctx *b, const char *need, int in_ndi
                                 const int64_t *in);
 
 /* The builders of layers_build_llama.c. */
+td_status td__build_attention(build_ctx *b, td_layer *l, int variant, int in_ndim,
+                              const int64_t *in);
 td_status td__build_rmsnorm(build_ctx *b, td_layer *l, int variant, int in_ndim, const int64_t *in);
 td_status td__build_swiglu(build_ctx *b, td_layer *l, int variant, int in_ndim, const int64_t *in);
 

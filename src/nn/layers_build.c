@@ -226,42 +226,6 @@ static td_status build_embedding(build_ctx *b, td_layer *l, int variant, int in_
     return TD_OK;
 }
 
-static td_status build_attention(build_ctx *b, td_layer *l, int variant, int in_ndim,
-                                 const int64_t *in) {
-    static const char *const keys[] = {"type", "heads", "causal", NULL};
-    td_model *m = b->m;
-    int causal, hd;
-    int64_t c, d, s[2];
-    double bound;
-    TD_CHECK(td__spec_keys(b, keys));
-    TD_CHECK(td__spec_int(b, "heads", 1, 0, 1, 4096, &l->heads));
-    TD_CHECK(td__spec_bool(b, "causal", 1, &causal));
-    if (!causal)
-        return td__spec_error(b, "causal", "only causal self-attention is implemented");
-    if (in_ndim != 2)
-        return td__build_shape_error(b, "(tokens, channels)", in_ndim, in);
-    c = in[1];
-    if (c % l->heads != 0)
-        return td__spec_error(b, "heads", "must divide the channels");
-    l->vt = &td__attention_vt;
-    /* A shard's heads: their rows of q, k and v (three blocks of qkv's
-     * rows) and their columns of the projection. */
-    d = c / l->heads;
-    hd = l->split.kind == TD__SPLIT_HEADS ? 0 : -1;
-    bound = 1.0 / sqrt((double)c);
-    s[0] = 3 * c;
-    s[1] = c;
-    TD_CHECK(td__model_add_slice(m, l, "qkv.weight", 2, s, hd, 3, l->split.first * d,
-                                 l->split.count * d, 0, bound, &l->param[0]));
-    TD_CHECK(td__model_add_slice(m, l, "qkv.bias", 1, s, hd, 3, l->split.first * d,
-                                 l->split.count * d, 0, bound, &l->param[1]));
-    s[0] = c;
-    TD_CHECK(td__model_add_slice(m, l, "proj.weight", 2, s, hd < 0 ? -1 : 1, 1, l->split.first * d,
-                                 l->split.count * d, 0, bound, &l->param[2]));
-    TD_CHECK(add_uniform_param(m, l, "proj.bias", 1, s, c, &l->param[3]));
-    return TD_OK;
-}
-
 /* A square window over (channels, height, width), for conv2d and the pools:
  * the input, "kernel", "stride" (default_stride, or the kernel when 0) and
  * "padding" into l->conv. */
@@ -371,7 +335,7 @@ static const layer_kind layer_kinds[] = {
     {.type = "flatten", .build = build_flatten},
     {.type = "layernorm", .build = build_layernorm},
     {.type = "embedding", .build = build_embedding},
-    {.type = "attention", .build = build_attention},
+    {.type = "attention", .build = td__build_attention},
     {.type = "rmsnorm", .build = td__build_rmsnorm},
     {.type = "swiglu", .build = td__build_swiglu},
     {.type = "residual", .build = build_residual, .container = 1},
@@ -452,7 +416,7 @@ td_status td__layer_build(td_model *m, const char *file, json_t *spec, const cha
     if (!b.kind->container) { /* a container's parameters are its children's */
         l->nparams = (int)(m->nparams - l->first_param);
         /* in slot order, skipping the slots of parameters a layer leaves out
-         * (a SwiGLU MLP without biases) */
+         * (an attention without q, k, v biases, a SwiGLU MLP without biases) */
         for (int i = 0, k = 0; i < TD_LAYER_MAX_PARAMS && k < l->nparams; i++)
             if (l->param[i])
                 l->grad[i] = m->grads[l->first_param + (size_t)k++];

@@ -26,7 +26,7 @@
 #include "tensor/ops.h"
 
 #define TD_LAYER_MAX_PARAMS 4
-#define TD_LAYER_MAX_WS     6
+#define TD_LAYER_MAX_WS     8
 
 typedef struct td_layer td_layer;
 typedef struct td_nn_plan td_nn_plan;
@@ -100,6 +100,13 @@ struct td_layer {
     td_conv_desc conv;
     td_pool_kind pool;
     int64_t heads, vocab;
+    /* attention: key and value heads (heads, or fewer for grouped-query
+     * attention); whether the output projection has a bias (has_bias: q, k
+     * and v's); rotary positions' (2, T, head width / 2) cos and sin table
+     * (owned; NULL: none) */
+    int64_t kv_heads;
+    int proj_bias;
+    td_tensor *rope;
     int64_t hidden; /* swiglu: the gate's features */
     int fused;      /* attention: the backend's fused kernels, chosen at planning */
     int positions;

@@ -6,12 +6,12 @@
  * (the root, a residual's layers) a linear followed by an elementwise
  * activation, an optional dropout and another linear is a pair, scanned left
  * to right so that a linear ends at most one pair; every attention layer is
- * a unit. Layer uids follow the build order, which the JSON alone fixes, so
- * a table indexed by uid (td__split) tells the real build what each layer
- * holds: layers_build.c shapes and initialises the slices from it and the
- * layers (layers.c) sum their partial results through the model's reduce
- * hook. A slice is initialised from the whole parameter's stream, each
- * contiguous run of it with the counter offset of its place in the whole
+ * a unit, but for grouped-query attention, which stays whole (replicated,
+ * like layer norms, RMSNorms and SwiGLU MLPs). Layer uids follow the build order, which the JSON
+ * alone fixes, so a table indexed by uid (td__split) tells the real build what each layer holds:
+ * layers_build.c shapes and initialises the slices from it and the layers (layers.c) sum their
+ * partial results through the model's reduce hook. A slice is initialised from the whole
+ * parameter's stream, each contiguous run of it with the counter offset of its place in the whole
  * tensor, so its values are the whole model's bit for bit. */
 #include <math.h>
 #include <stdio.h>
@@ -164,11 +164,13 @@ static void mark(finder *f, const td_layer *l, td__split_kind kind) {
 }
 
 static void find_units(finder *f, const td_layer *l) {
-    if (l->vt == &td__attention_vt) {
+    /* Grouped-query attention (fewer key/value heads than query heads) is
+     * not split yet: left whole, every shard computes all of it alike. */
+    if (l->vt == &td__attention_vt && l->kv_heads == l->heads) {
         mark(f, l, TD__SPLIT_HEADS);
         /* qkv weight and bias, the projection's weight: all but its bias */
         add_unit(f, TD_SPLIT_HEADS, l, l->heads, l->in_shape[1] / l->heads,
-                 l->weights - (size_t)l->in_shape[1]);
+                 l->weights - (l->proj_bias ? (size_t)l->in_shape[1] : 0));
         return;
     }
     if (l->vt == &td__residual_vt) {

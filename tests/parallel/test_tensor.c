@@ -42,6 +42,24 @@ static const char *gpt2h_json =
     "16}]},"
     "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 32}]}";
 
+/* Llama's layers: rotary attention with its key/value heads (split by
+ * heads), grouped-query attention and a SwiGLU MLP (both left whole, every
+ * member computing them alike), RMSNorms; and a GELU pair, split. */
+static const char *llama_json =
+    "{\"name\": \"tp_llama\", \"input\": {\"tokens\": 16, \"vocab\": 64}, \"layers\": ["
+    "{\"type\": \"embedding\", \"vocab\": 64, \"dim\": 32, \"positions\": false},"
+    "{\"type\": \"residual\", \"layers\": [{\"type\": \"rmsnorm\"},"
+    "  {\"type\": \"attention\", \"heads\": 4, \"rope_theta\": 10000, \"qkv_bias\": false,"
+    "   \"proj_bias\": false}]},"
+    "{\"type\": \"residual\", \"layers\": [{\"type\": \"rmsnorm\"},"
+    "  {\"type\": \"attention\", \"heads\": 4, \"kv_heads\": 2, \"rope_theta\": 10000}]},"
+    "{\"type\": \"residual\", \"layers\": [{\"type\": \"rmsnorm\"},"
+    "  {\"type\": \"swiglu\", \"hidden\": 48}]},"
+    "{\"type\": \"residual\", \"layers\": [{\"type\": \"rmsnorm\"},"
+    "  {\"type\": \"linear\", \"out\": 64}, {\"type\": \"gelu\"}, {\"type\": \"linear\", "
+    "\"out\": 32}]},"
+    "{\"type\": \"rmsnorm\"}, {\"type\": \"linear\", \"out\": 64, \"bias\": false}]}";
+
 static const char *cnn_json = "{\"input\": {\"shape\": [1, 8, 8]}, \"layers\": ["
                               "{\"type\": \"conv2d\", \"out\": 4, \"kernel\": 3},"
                               "{\"type\": \"relu\"}, {\"type\": \"flatten\"},"
@@ -174,6 +192,12 @@ static void gpt_like_one_device(void **state) {
         check_like_one_device(gpt_json, "cpu*3", TD_F64, b, 1e-12, NULL);
         check_like_one_device(gpt_json, "cpu*3", TD_F32, b, 1e-5, NULL);
     }
+}
+
+static void llama_like_one_device(void **state) {
+    (void)state;
+    check_like_one_device(llama_json, "cpu*3", TD_F64, 4, 1e-12, NULL);
+    check_like_one_device(llama_json, "cpu*2", TD_F32, 1, 1e-5, NULL);
 }
 
 /* Three times slower: a quarter of every unit (6 of 8 heads on the fast
@@ -314,6 +338,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(mnist_mlp_like_one_device),
         cmocka_unit_test(gpt_like_one_device),
+        cmocka_unit_test(llama_like_one_device),
         cmocka_unit_test(a_slowed_device_gets_a_quarter),
         cmocka_unit_test(more_devices_than_heads),
         cmocka_unit_test(a_model_without_units_is_refused),
