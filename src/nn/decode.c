@@ -108,17 +108,24 @@ static td_status rms_decode(td_layer *l, const td_tensor *x, pass *p) {
     return td__op_rmsnorm_fwd(l->eps, x, l->param[0], &y, &rstd);
 }
 
-/* As in training (layers_llama.c): gu = x Wgu^T + b, h = silu(g) u, y = h Wd^T + b. */
+/* As in training (layers_llama.c): gu = x Wgu^T + b, h = silu(g) u, y = h Wd^T
+ * + b; a shard's y summed across the shards before the bias. */
 static td_status swiglu_decode(td_layer *l, const td_tensor *x, pass *p) {
     td_tensor y, gu, h;
     TD_CHECK(first_rows(&l->out, p->n, &y));
-    TD_CHECK(first_rows(&l->ws[0], p->n, &gu));
-    TD_CHECK(first_rows(&l->ws[1], p->n, &h));
-    TD_CHECK(td__op_matmul(&gu, x, 0, l->param[0], 1, 1.0, 0.0));
-    if (l->has_bias)
-        TD_CHECK(td__op_bias_add(&gu, l->param[1], p->n, 2 * l->hidden, 1));
-    TD_CHECK(td__op_swiglu_fwd(&gu, &h));
-    TD_CHECK(td__op_matmul(&y, &h, 0, l->param[2], 1, 1.0, 0.0));
+    if (l->hidden == 0) {
+        TD_CHECK(td__zero(&y));
+    } else {
+        TD_CHECK(first_rows(&l->ws[0], p->n, &gu));
+        TD_CHECK(first_rows(&l->ws[1], p->n, &h));
+        TD_CHECK(td__op_matmul(&gu, x, 0, l->param[0], 1, 1.0, 0.0));
+        if (l->has_bias)
+            TD_CHECK(td__op_bias_add(&gu, l->param[1], p->n, 2 * l->hidden, 1));
+        TD_CHECK(td__op_swiglu_fwd(&gu, &h));
+        TD_CHECK(td__op_matmul(&y, &h, 0, l->param[2], 1, 1.0, 0.0));
+    }
+    if (l->split.kind == TD__SPLIT_GATED)
+        TD_CHECK(td__model_reduce(p->d->m, &y));
     return l->has_bias ? td__op_bias_add(&y, l->param[3], p->n, y.shape[2], 1) : TD_OK;
 }
 

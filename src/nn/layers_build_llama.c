@@ -35,6 +35,8 @@ static td_status add_uniform(td_model *m, td_layer *l, const char *name, int ndi
 td_status td__build_swiglu(build_ctx *b, td_layer *l, int variant, int in_ndim, const int64_t *in) {
     static const char *const keys[] = {"type", "hidden", "bias", NULL};
     td_model *m = b->m;
+    const td__split *sp = &l->split;
+    int split;
     int64_t c, s[2];
     TD_CHECK(td__spec_keys(b, keys));
     TD_CHECK(td__spec_int(b, "hidden", 1, 0, 1, 1 << 24, &l->hidden));
@@ -43,17 +45,25 @@ td_status td__build_swiglu(build_ctx *b, td_layer *l, int variant, int in_ndim, 
         return td__build_shape_error(b, "at least one dimension of", in_ndim, in);
     l->vt = &td__swiglu_vt;
     c = in[in_ndim - 1];
-    /* gate_up: the gate's rows, then the up projection's */
+    /* gate_up: the gate's rows, then the up projection's. A shard's hidden
+     * features: their rows of each block of gate_up, their columns of down
+     * (whose bias stays whole, added once after the sum). */
+    split = sp->kind == TD__SPLIT_GATED;
     s[0] = 2 * l->hidden;
     s[1] = c;
-    TD_CHECK(add_uniform(m, l, "gate_up.weight", 2, s, c, &l->param[0]));
+    TD_CHECK(td__model_add_slice(m, l, "gate_up.weight", 2, s, split ? 0 : -1, 2, sp->first,
+                                 sp->count, 0, 1.0 / sqrt((double)c), &l->param[0]));
     if (l->has_bias)
-        TD_CHECK(add_uniform(m, l, "gate_up.bias", 1, s, c, &l->param[1]));
+        TD_CHECK(td__model_add_slice(m, l, "gate_up.bias", 1, s, split ? 0 : -1, 2, sp->first,
+                                     sp->count, 0, 1.0 / sqrt((double)c), &l->param[1]));
     s[0] = c;
     s[1] = l->hidden;
-    TD_CHECK(add_uniform(m, l, "down.weight", 2, s, l->hidden, &l->param[2]));
+    TD_CHECK(td__model_add_slice(m, l, "down.weight", 2, s, split ? 1 : -1, 1, sp->first, sp->count,
+                                 0, 1.0 / sqrt((double)l->hidden), &l->param[2]));
     if (l->has_bias)
         TD_CHECK(add_uniform(m, l, "down.bias", 1, s, l->hidden, &l->param[3]));
+    if (split)
+        l->hidden = sp->count;
     return TD_OK;
 }
 

@@ -45,15 +45,25 @@ static td_status swiglu_plan(td_layer *l, td_nn_plan *p, const td_tensor *x) {
     return td__plan_tensor(p, &l->ws[SW_DH], 1, nd, s);
 }
 
+/* In a shard (TD__SPLIT_GATED) the layer computes its hidden features only
+ * (l->hidden of them, maybe none): the down projection's output is a
+ * partial sum, summed across the shards before the bias is added once, and
+ * the input gradient likewise. */
 static td_status swiglu_forward(td_layer *l, const td_tensor *x, td_nn_run *r) {
     td_tensor *gu = &l->ws[SW_GU], *h = &l->ws[SW_H];
     int64_t rows = td__tensor_rows(&l->out), c = td__tensor_cols(&l->out);
     /* gu (rows, 2f) = x Wgu^T + bgu; h (rows, f) = silu(g) u; out (rows, c) = h Wd^T + bd */
-    TD_CHECK(td__op_matmul(gu, x, 0, l->param[0], 1, 1.0, 0.0));
-    if (l->has_bias)
-        TD_CHECK(td__op_bias_add(gu, l->param[1], rows, 2 * l->hidden, 1));
-    TD_CHECK(td__op_swiglu_fwd(gu, h));
-    TD_CHECK(td__op_matmul(&l->out, h, 0, l->param[2], 1, 1.0, 0.0));
+    if (l->hidden == 0) {
+        TD_CHECK(td__zero(&l->out));
+    } else {
+        TD_CHECK(td__op_matmul(gu, x, 0, l->param[0], 1, 1.0, 0.0));
+        if (l->has_bias)
+            TD_CHECK(td__op_bias_add(gu, l->param[1], rows, 2 * l->hidden, 1));
+        TD_CHECK(td__op_swiglu_fwd(gu, h));
+        TD_CHECK(td__op_matmul(&l->out, h, 0, l->param[2], 1, 1.0, 0.0));
+    }
+    if (l->split.kind == TD__SPLIT_GATED)
+        TD_CHECK(td__model_reduce(r->model, &l->out));
     return l->has_bias ? td__op_bias_add(&l->out, l->param[3], rows, c, 1) : TD_OK;
 }
 
@@ -61,22 +71,33 @@ static td_status swiglu_forward(td_layer *l, const td_tensor *x, td_nn_run *r) {
 static td_status swiglu_weights(td_layer *l, const td_tensor *x, td_nn_run *r) {
     int64_t rows = td__tensor_rows(&l->out), c = td__tensor_cols(&l->out);
     double beta = r->acc ? 1.0 : 0.0;
+    if (l->has_bias)
+        TD_CHECK(td__op_bias_grad(l->grad[3], &l->dout, rows, c, 1, r->acc));
+    if (l->hidden == 0)
+        return TD_OK;
     /* dWd (c, f) = dout^T h; dWgu (2f, in) = dgu^T x */
     TD_CHECK(td__op_matmul(l->grad[2], &l->dout, 1, &l->ws[SW_H], 0, 1.0, beta));
     TD_CHECK(td__op_matmul(l->grad[0], &l->ws[SW_DGU], 1, x, 0, 1.0, beta));
-    if (!l->has_bias)
-        return TD_OK;
-    TD_CHECK(td__op_bias_grad(l->grad[3], &l->dout, rows, c, 1, r->acc));
-    return td__op_bias_grad(l->grad[1], &l->ws[SW_DGU], rows, 2 * l->hidden, 1, r->acc);
+    return l->has_bias
+               ? td__op_bias_grad(l->grad[1], &l->ws[SW_DGU], rows, 2 * l->hidden, 1, r->acc)
+               : TD_OK;
 }
 
 static td_status swiglu_backward(td_layer *l, const td_tensor *x, td_tensor *dx, td_nn_run *r) {
     /* dh (rows, f) = dout Wd; dgu from dh; dx (rows, in) = dgu Wgu */
-    TD_CHECK(td__op_matmul(&l->ws[SW_DH], &l->dout, 0, l->param[2], 0, 1.0, 0.0));
-    TD_CHECK(td__op_swiglu_bwd(&l->ws[SW_GU], &l->ws[SW_DH], &l->ws[SW_DGU]));
+    if (l->hidden > 0) {
+        TD_CHECK(td__op_matmul(&l->ws[SW_DH], &l->dout, 0, l->param[2], 0, 1.0, 0.0));
+        TD_CHECK(td__op_swiglu_bwd(&l->ws[SW_GU], &l->ws[SW_DH], &l->ws[SW_DGU]));
+    }
     if (!r->defer)
         TD_CHECK(swiglu_weights(l, x, r));
-    return dx ? td__op_matmul(dx, &l->ws[SW_DGU], 0, l->param[0], 0, 1.0, 0.0) : TD_OK;
+    if (!dx)
+        return TD_OK;
+    if (l->hidden == 0)
+        TD_CHECK(td__zero(dx));
+    else
+        TD_CHECK(td__op_matmul(dx, &l->ws[SW_DGU], 0, l->param[0], 0, 1.0, 0.0));
+    return l->split.kind == TD__SPLIT_GATED ? td__model_reduce(r->model, dx) : TD_OK;
 }
 
 const td_layer_vt td__swiglu_vt = {"swiglu", swiglu_plan, swiglu_forward, swiglu_backward,

@@ -38,6 +38,7 @@ typedef enum td__split_kind {
     TD__SPLIT_MID,      /* an activation or dropout inside a pair: those features */
     TD__SPLIT_IN,       /* the second linear: those input features; its output is partial */
     TD__SPLIT_HEADS,    /* attention: heads [first, first + count) of total */
+    TD__SPLIT_GATED,    /* a SwiGLU MLP: those hidden features; its output is partial */
 } td__split_kind;
 
 typedef struct td__split {

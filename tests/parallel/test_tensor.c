@@ -43,8 +43,9 @@ static const char *gpt2h_json =
     "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 32}]}";
 
 /* Llama's layers: rotary attention with its key/value heads (split by
- * heads), grouped-query attention and a SwiGLU MLP (both left whole, every
- * member computing them alike), RMSNorms; and a GELU pair, split. */
+ * heads), grouped-query attention (left whole, every member computing it
+ * alike), a SwiGLU MLP (split by hidden features), RMSNorms; and a GELU
+ * pair, split. */
 static const char *llama_json =
     "{\"name\": \"tp_llama\", \"input\": {\"tokens\": 16, \"vocab\": 64}, \"layers\": ["
     "{\"type\": \"embedding\", \"vocab\": 64, \"dim\": 32, \"positions\": false},"
@@ -198,6 +199,8 @@ static void llama_like_one_device(void **state) {
     (void)state;
     check_like_one_device(llama_json, "cpu*3", TD_F64, 4, 1e-12, NULL);
     check_like_one_device(llama_json, "cpu*2", TD_F32, 1, 1e-5, NULL);
+    /* more members than heads: one holds no head, and fewer hidden features */
+    check_like_one_device(llama_json, "cpu*5", TD_F64, 1, 1e-12, ": 0 of 4 heads");
 }
 
 /* Three times slower: a quarter of every unit (6 of 8 heads on the fast
