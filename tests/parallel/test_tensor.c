@@ -1,9 +1,10 @@
 /* The `tensor` strategy against one device training on the same batches:
- * the MNIST MLP and a small GPT with dropout inside its MLPs, on 2 and 3
- * devices and on two of which one is three times slower (which must get 3
- * of 4 heads), with batches of 1 and 4, AdamW clipping to a norm that binds,
- * in f64 (1e-12) and f32 (1e-5); more devices than heads; a model with
- * nothing to split refused; checkpoints that move to and from `single`. */
+ * the MNIST MLP, a small GPT with dropout inside its MLPs and a small Llama,
+ * on 2 and 3 devices and on two of which one is three times slower (which
+ * must get 3 of 4 heads), with batches of 1 and 4, AdamW clipping to a norm
+ * that binds, in f64 (1e-12) and f32 (1e-5); more devices than heads; a
+ * model with nothing to split refused; checkpoints that move to and from
+ * `single`. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
