@@ -196,7 +196,7 @@ TD_API const td_buffer *td_model_part_input_grad(td_model *m, int slot);
  * same number of times, in the same order, with tensors of the same shape. */
 
 typedef enum td_split_kind {
-    TD_SPLIT_MLP = 0,   /* a linear, activation (, dropout), linear pair: hidden features */
+    TD_SPLIT_MLP = 0,   /* linear, activation (, dropout), linear; or SwiGLU: hidden features */
     TD_SPLIT_HEADS = 1, /* attention: heads */
 } td_split_kind;
 

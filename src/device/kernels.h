@@ -150,6 +150,40 @@ typedef struct td_kernels {
     td_status (*attention_bwd)(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t c, int64_t h,
                                double scale, const void *qkv, const void *p, const void *dy,
                                void *dqkv);
+    /* The Llama family's ops (every slot optional, as ever).
+     * y = x * rstd * w per row of x (rows, cols), rstd (rows) = 1 / sqrt(mean
+     * of x^2 + eps), kept for the backward. */
+    td_status (*rmsnorm_fwd)(void *ctx, td_dtype dt, int64_t rows, int64_t cols, double eps,
+                             const void *x, const void *w, void *y, void *rstd);
+    /* dx = d/dx (dx may be NULL); dw as acc says. */
+    td_status (*rmsnorm_bwd)(void *ctx, td_dtype dt, int64_t rows, int64_t cols, const void *x,
+                             const void *w, const void *rstd, const void *dy, void *dx, void *dw,
+                             int acc);
+    /* h (rows, f) = silu(g) * u, where each row of gu (rows, 2f) is g then u. */
+    td_status (*swiglu_fwd)(void *ctx, td_dtype dt, int64_t rows, int64_t f, const void *gu,
+                            void *h);
+    /* dgu (rows, 2f) from dh (rows, f) and the forward's gu. */
+    td_status (*swiglu_bwd)(void *ctx, td_dtype dt, int64_t rows, int64_t f, const void *gu,
+                            const void *dh, void *dgu);
+    /* Rotary position embedding in place on x (b, t, ld): in each row, the
+     * `heads` heads of d columns from column col have their pairs (j, j +
+     * d/2) rotated by the angle of the row's position, pos0 + (row's index
+     * in t): x_j' = x_j cos - x_{j+d/2} sin, x_{j+d/2}' = x_{j+d/2} cos + x_j
+     * sin, cos and sin read from tab (2, npos, d/2) (cos rows, then sin
+     * rows; pos0 + t <= npos). inverse rotates the other way: the backward. */
+    td_status (*rope)(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t ld, int64_t col,
+                      int64_t heads, int64_t d, int64_t pos0, int64_t npos, const void *tab,
+                      int inverse, void *x);
+    /* Grouped-query attention: raw (rows, (h + 2 kv) d) (q, k, v side by
+     * side, h query heads and kv key and value heads of d) into qkv (rows,
+     * 3 h d), key and value head j repeated for query heads [j h/kv, (j + 1)
+     * h/kv). */
+    td_status (*kv_expand)(void *ctx, td_dtype dt, int64_t rows, int64_t h, int64_t kv, int64_t d,
+                           const void *raw, void *qkv);
+    /* Its backward: draw (rows, (h + 2 kv) d) from dqkv (rows, 3 h d), each
+     * key and value head's gradient summed over its query heads. */
+    td_status (*kv_reduce)(void *ctx, td_dtype dt, int64_t rows, int64_t h, int64_t kv, int64_t d,
+                           const void *dqkv, void *draw);
     /* *out = sum of x[i]^2, accumulated in double. */
     td_status (*sumsq)(void *ctx, td_dtype dt, size_t n, const void *x, double *out);
     /* SGD with momentum (buf may be NULL when momentum is 0), L2 weight decay. */

@@ -44,4 +44,15 @@ td_status td__spec_bool(const build_ctx *b, const char *key, int def, int *out);
 /* Every key of the spec must be in the NULL-terminated list. */
 td_status td__spec_keys(const build_ctx *b, const char *const *allowed);
 
+/* A layer given an input of the wrong shape: "<file>: <where>: <type> needs
+ * <need> input, got <shape>". */
+td_status td__build_shape_error(const build_ctx *b, const char *need, int in_ndim,
+                                const int64_t *in);
+
+/* The builders of layers_build_llama.c. */
+td_status td__build_attention(build_ctx *b, td_layer *l, int variant, int in_ndim,
+                              const int64_t *in);
+td_status td__build_rmsnorm(build_ctx *b, td_layer *l, int variant, int in_ndim, const int64_t *in);
+td_status td__build_swiglu(build_ctx *b, td_layer *l, int variant, int in_ndim, const int64_t *in);
+
 #endif

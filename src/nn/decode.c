@@ -37,7 +37,7 @@
 #define DUMMY_SCORE (-1e30)
 
 /* The attention workspace views, as att_plan (layers.c) carves them. */
-enum { ATT_P = 1, ATT_S = 2, ATT_YH = 3 };
+enum { ATT_QKV = 0, ATT_P = 1, ATT_S = 2, ATT_YH = 3 };
 
 struct td_decoder {
     td_decoder_impl custom; /* custom.pass NULL: the decoder of m */
@@ -51,8 +51,8 @@ struct td_decoder {
     int64_t vfirst, vcount; /* the logits computed and read: [vfirst, vfirst + vcount) */
     td_buffer out;          /* a part's output rows after its last pass */
     int natt;
-    td_tensor **kv;     /* per attention layer in forward order: (T, 3c) q, k, v rows of the
-                           heads computed here (NULL: none) */
+    td_tensor **kv;     /* per attention layer in forward order: (T, (h + 2 kv) d) q, k, v
+                           rows of the heads computed here, rotated (NULL: none) */
     td_tensor *scores;  /* (heads, T + 1): a step's scores, the dummy first */
     td_tensor *probs;   /* (heads, T + 1): their softmax */
     td_buffer *targets; /* heads int32 zeros: every row's label is the dummy */
@@ -98,6 +98,35 @@ static td_status ln_decode(td_layer *l, const td_tensor *x, pass *p) {
     TD_CHECK(td__tensor_view(&mean, &l->ws[0], 0, 1, &n));
     TD_CHECK(td__tensor_view(&rstd, &l->ws[1], 0, 1, &n));
     return td__op_layernorm_fwd(l->eps, x, l->param[0], l->param[1], &y, &mean, &rstd);
+}
+
+static td_status rms_decode(td_layer *l, const td_tensor *x, pass *p) {
+    td_tensor y, rstd;
+    int64_t n = p->n;
+    TD_CHECK(first_rows(&l->out, n, &y));
+    TD_CHECK(td__tensor_view(&rstd, &l->ws[0], 0, 1, &n));
+    return td__op_rmsnorm_fwd(l->eps, x, l->param[0], &y, &rstd);
+}
+
+/* As in training (layers_llama.c): gu = x Wgu^T + b, h = silu(g) u, y = h Wd^T
+ * + b; a shard's y summed across the shards before the bias. */
+static td_status swiglu_decode(td_layer *l, const td_tensor *x, pass *p) {
+    td_tensor y, gu, h;
+    TD_CHECK(first_rows(&l->out, p->n, &y));
+    if (l->hidden == 0) {
+        TD_CHECK(td__zero(&y));
+    } else {
+        TD_CHECK(first_rows(&l->ws[0], p->n, &gu));
+        TD_CHECK(first_rows(&l->ws[1], p->n, &h));
+        TD_CHECK(td__op_matmul(&gu, x, 0, l->param[0], 1, 1.0, 0.0));
+        if (l->has_bias)
+            TD_CHECK(td__op_bias_add(&gu, l->param[1], p->n, 2 * l->hidden, 1));
+        TD_CHECK(td__op_swiglu_fwd(&gu, &h));
+        TD_CHECK(td__op_matmul(&y, &h, 0, l->param[2], 1, 1.0, 0.0));
+    }
+    if (l->split.kind == TD__SPLIT_GATED)
+        TD_CHECK(td__model_reduce(p->d->m, &y));
+    return l->has_bias ? td__op_bias_add(&y, l->param[3], p->n, y.shape[2], 1) : TD_OK;
 }
 
 /* The rows [first, first + count) of a linear head's weight and bias: the
@@ -181,8 +210,17 @@ static int64_t att_heads(const td_layer *l) {
     return l->split.kind == TD__SPLIT_HEADS ? l->split.count : l->heads;
 }
 
+static int64_t att_kv(const td_layer *l) {
+    return l->split.kind == TD__SPLIT_HEADS ? l->split.count : l->kv_heads;
+}
+
 static int64_t att_width(const td_layer *l) {
     return att_heads(l) * (l->in_shape[1] / l->heads);
+}
+
+/* A cache row: q, k and v of the heads here, (h + 2 kv) d. */
+static int64_t att_row(const td_layer *l) {
+    return (att_heads(l) + 2 * att_kv(l)) * (l->in_shape[1] / l->heads);
 }
 
 /* Prefill from position 0: causal attention over the n cached rows, fused
@@ -206,11 +244,12 @@ static td_status att_prefill(td_layer *l, const td_tensor *qkv, int64_t n, td_te
 }
 
 /* One query at position pos against the cache's keys [0, pos]: see the
- * file's head for the dummy score. yh (1, 1, c). */
+ * file's head for the dummy score. The g = h / kv query heads of a key and
+ * value head, side by side in q, are one (g, d) matrix. yh (1, 1, c). */
 static td_status att_step(td_decoder *dec, td_layer *l, const td_tensor *kv, int64_t pos,
                           td_tensor *yh) {
-    int64_t h = att_heads(l), c = att_width(l), d = l->in_shape[1] / l->heads, len = pos + 1,
-            w = len + 1;
+    int64_t h = att_heads(l), nkv = att_kv(l), g = h / nkv, d = l->in_shape[1] / l->heads,
+            row = att_row(l), len = pos + 1, w = len + 1;
     int64_t hw[2] = {h, w};
     td_tensor s, prob;
     double loss;
@@ -218,34 +257,45 @@ static td_status att_step(td_decoder *dec, td_layer *l, const td_tensor *kv, int
     TD_CHECK(td__tensor_view(&s, dec->scores, 0, 2, hw));
     TD_CHECK(td__tensor_view(&prob, dec->probs, 0, 2, hw));
     TD_CHECK(td_tensor_fill(&s, DUMMY_SCORE));
-    /* s_h[1..len] (1, len) = scale q_h (1, d) K_h^T */
-    TD_CHECK(td__op_gemm_batched(0, 1, 1, len, d, 1.0 / sqrt((double)d),
-                                 operand(kv, pos * 3 * c, 3 * c, d), operand(kv, c, 3 * c, d), 0.0,
-                                 operand(&s, 1, w, w), h));
+    /* s_h[1..len] (g, len) = scale q_{group} (g, d) K_j^T, per key head j */
+    TD_CHECK(td__op_gemm_batched(0, 1, g, len, d, 1.0 / sqrt((double)d),
+                                 operand(kv, pos * row, d, g * d), operand(kv, h * d, row, d), 0.0,
+                                 operand(&s, 1, w, g * w), nkv));
     TD_CHECK(td__op_xent(&s, dec->targets, &prob, 1.0, &loss, &hits));
-    /* yh_h (1, d) = p_h[1..len] V_h (len, d) */
-    return td__op_gemm_batched(0, 0, 1, d, len, 1.0, operand(&prob, 1, w, w),
-                               operand(kv, 2 * c, 3 * c, d), 0.0, operand(yh, 0, c, d), h);
+    /* yh_{group} (g, d) = p_{group}[1..len] V_j (len, d) */
+    return td__op_gemm_batched(0, 0, g, d, len, 1.0, operand(&prob, 1, w, g * w),
+                               operand(kv, (h + nkv) * d, row, d), 0.0, operand(yh, 0, d, g * d),
+                               nkv);
 }
 
-/* qkv rows go into the cache at their positions; the heads' output is then
- * projected as in training (a shard's projection is partial: summed before
- * the bias). */
+/* q, k, v rows go into the cache at their positions (rotated there, with
+ * rotary positions); the heads' output is then projected as in training (a
+ * shard's projection is partial: summed before the bias). A prefill expands
+ * grouped key and value heads into the layer's workspace first. */
 static td_status att_decode(td_layer *l, const td_tensor *x, pass *p) {
     td_decoder *dec = p->d;
     const td_tensor *cache = dec->kv[p->att++];
-    int64_t c = att_width(l), oc = l->out_shape[1], n = p->n;
-    int64_t rows[3] = {1, n, 3 * c}, yrows[3] = {1, n, c};
-    td_tensor qkv, yh, y;
+    int64_t h = att_heads(l), nkv = att_kv(l), c = att_width(l), d = l->in_shape[1] / l->heads,
+            row = att_row(l), oc = l->out_shape[1], n = p->n;
+    int64_t rows[3] = {1, n, row}, yrows[3] = {1, n, c}, qrows[3] = {1, n, 3 * c};
+    td_tensor raw, qkv, yh, y;
     TD_CHECK(first_rows(&l->out, n, &y));
     if (!cache) {
         TD_CHECK(td__zero(&y));
     } else {
-        TD_CHECK(td__tensor_view(&qkv, cache, (size_t)(p->pos * 3 * c), 3, rows));
+        TD_CHECK(td__tensor_view(&raw, cache, (size_t)(p->pos * row), 3, rows));
         TD_CHECK(td__tensor_view(&yh, &l->ws[ATT_YH], 0, 3, yrows));
-        /* qkv (n, 3c) = x Wqkv^T + bqkv */
-        TD_CHECK(td__op_matmul(&qkv, x, 0, l->param[0], 1, 1.0, 0.0));
-        TD_CHECK(td__op_bias_add(&qkv, l->param[1], n, 3 * c, 1));
+        /* raw (n, row) = x Wqkv^T + bqkv */
+        TD_CHECK(td__op_matmul(&raw, x, 0, l->param[0], 1, 1.0, 0.0));
+        if (l->has_bias)
+            TD_CHECK(td__op_bias_add(&raw, l->param[1], n, row, 1));
+        if (l->rope)
+            TD_CHECK(td__op_rope(l->rope, p->pos, 0, h + nkv, d, 0, &raw));
+        qkv = raw;
+        if (p->pos == 0 && nkv != h) {
+            TD_CHECK(td__tensor_view(&qkv, &l->ws[ATT_QKV], 0, 3, qrows));
+            TD_CHECK(td__op_kv_expand(h, nkv, d, &raw, &qkv));
+        }
         if (p->pos == 0)
             TD_CHECK(att_prefill(l, &qkv, n, &yh));
         else
@@ -254,7 +304,7 @@ static td_status att_decode(td_layer *l, const td_tensor *x, pass *p) {
     }
     if (l->split.kind == TD__SPLIT_HEADS)
         TD_CHECK(td__model_reduce(dec->m, &y));
-    return td__op_bias_add(&y, l->param[3], n, oc, 1);
+    return l->proj_bias ? td__op_bias_add(&y, l->param[3], n, oc, 1) : TD_OK;
 }
 
 /* The layers a decoder runs, by their table (anything else is refused). */
@@ -266,6 +316,7 @@ static const struct {
     {&td__linear_vt, linear_decode},   {&td__act_vt, act_decode},
     {&td__dropout_vt, copy_decode},    {&td__attention_vt, att_decode},
     {&td__sequential_vt, seq_decode},  {&td__residual_vt, res_decode},
+    {&td__rmsnorm_vt, rms_decode},     {&td__swiglu_vt, swiglu_decode},
 };
 
 static decode_fn decoder_of(const td_layer *l) {
@@ -340,7 +391,7 @@ static td_status check_model(td_decoder *d) {
 /* One cache per attention layer, in the order the passes meet them. */
 static td_status alloc_kv(td_decoder *d, const td_layer *l, int *k) {
     if (l->vt == &td__attention_vt) {
-        int64_t shape[2] = {d->ctx, 3 * att_width(l)};
+        int64_t shape[2] = {d->ctx, att_row(l)};
         if (shape[1] > 0)
             TD_CHECK(td_tensor_create(d->m->dev, d->m->dtype, 2, shape, &d->kv[*k]));
         ++*k;

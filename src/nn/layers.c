@@ -224,7 +224,13 @@ const td_layer_vt td__embedding_vt = {"embedding", linear_plan, embed_forward, e
 
 /* Causal self-attention --------------------------------------------------------------- */
 
-enum { ATT_QKV, ATT_P, ATT_S, ATT_YH, ATT_DQKV, ATT_DYH };
+/* ATT_QKV (n, t, 3c): q, k, v of every query head, what the attention
+ * kernels read; with fewer key/value heads, ATT_RAW (n, t, w) is the
+ * projection's output (q, then kv_heads keys and values, w = (h + 2 kv) d),
+ * expanded into ATT_QKV, and ATT_DRAW its gradient. Without them the
+ * projection writes ATT_QKV itself. Rotary positions rotate the
+ * projection's q and k in place. */
+enum { ATT_QKV, ATT_P, ATT_S, ATT_YH, ATT_DQKV, ATT_DYH, ATT_RAW, ATT_DRAW };
 
 int td__nn_generic_attention = 0;
 
@@ -234,14 +240,33 @@ static int att_fused(const td_device *dev) {
 }
 
 /* The heads a layer computes: all, or a shard's; the width of their q (as
- * of k, v and the heads' output) is h * d. */
+ * of k, v and the heads' output) is h * d. A shard splits only attention
+ * whose key/value heads are its query heads (shard.c). */
 static int64_t att_heads(const td_layer *l) {
     return l->split.kind == TD__SPLIT_HEADS ? l->split.count : l->heads;
 }
 
+static int64_t att_kv(const td_layer *l) {
+    return l->split.kind == TD__SPLIT_HEADS ? l->split.count : l->kv_heads;
+}
+
+static int att_grouped(const td_layer *l) {
+    return att_kv(l) != att_heads(l);
+}
+
+/* The projection's output and its gradient: (n, t, (h + 2 kv) d). */
+static td_tensor *att_raw(td_layer *l) {
+    return &l->ws[att_grouped(l) ? ATT_RAW : ATT_QKV];
+}
+
+static td_tensor *att_draw(td_layer *l) {
+    return &l->ws[att_grouped(l) ? ATT_DRAW : ATT_DQKV];
+}
+
 static td_status att_plan(td_layer *l, td_nn_plan *p, const td_tensor *x) {
-    int64_t t = l->in_shape[0], h = att_heads(l), c = h * (l->in_shape[1] / l->heads);
-    int64_t qkv[2] = {t, 3 * c}, tt[3] = {h, t, t}, tc[2] = {t, c};
+    int64_t t = l->in_shape[0], h = att_heads(l), d = l->in_shape[1] / l->heads, c = h * d;
+    int64_t qkv[2] = {t, 3 * c}, tt[3] = {h, t, t}, tc[2] = {t, c},
+            raw[2] = {t, (h + 2 * att_kv(l)) * d};
     TD_CHECK(plan_same(l, p));
     TD_CHECK(td__plan_tensor(p, &l->ws[ATT_QKV], 1, 2, qkv));
     TD_CHECK(td__plan_tensor(p, &l->ws[ATT_P], 1, 3, tt));
@@ -251,12 +276,30 @@ static td_status att_plan(td_layer *l, td_nn_plan *p, const td_tensor *x) {
         TD_CHECK(td__plan_tensor(p, &l->ws[ATT_S], 1, 3, tt));
     TD_CHECK(td__plan_tensor(p, &l->ws[ATT_YH], 1, 2, tc));
     TD_CHECK(td__plan_tensor(p, &l->ws[ATT_DQKV], 1, 2, qkv));
+    if (att_grouped(l)) {
+        TD_CHECK(td__plan_tensor(p, &l->ws[ATT_RAW], 1, 2, raw));
+        TD_CHECK(td__plan_tensor(p, &l->ws[ATT_DRAW], 1, 2, raw));
+    }
     return td__plan_tensor(p, &l->ws[ATT_DYH], 1, 2, tc);
 }
 
 static td_gemm_operand operand(const td_tensor *t, int64_t off, int64_t ld, int64_t stride) {
     td_gemm_operand o = {t, (size_t)off, ld, stride};
     return o;
+}
+
+/* raw (n, t, (h + 2 kv) d) = x Wqkv^T + bqkv, q and k rotated; then
+ * expanded to every query head's k and v in ATT_QKV. */
+static td_status att_project(td_layer *l, const td_tensor *x) {
+    int64_t n = x->shape[0], t = l->in_shape[0], h = att_heads(l), kv = att_kv(l),
+            d = l->in_shape[1] / l->heads;
+    td_tensor *raw = att_raw(l);
+    TD_CHECK(td__op_matmul(raw, x, 0, l->param[0], 1, 1.0, 0.0));
+    if (l->has_bias)
+        TD_CHECK(td__op_bias_add(raw, l->param[1], n * t, (h + 2 * kv) * d, 1));
+    if (l->rope)
+        TD_CHECK(td__op_rope(l->rope, 0, 0, h + kv, d, 0, raw));
+    return att_grouped(l) ? td__op_kv_expand(h, kv, d, raw, &l->ws[ATT_QKV]) : TD_OK;
 }
 
 /* In a shard the projection of its heads is a partial sum: summed across the
@@ -271,9 +314,8 @@ static td_status att_forward(td_layer *l, const td_tensor *x, td_nn_run *r) {
         TD_CHECK(td__zero(&l->out));
         goto reduce;
     }
-    /* qkv (n, t, 3c) = x Wqkv^T + bqkv: q, k, v side by side, heads inside each */
-    TD_CHECK(td__op_matmul(qkv, x, 0, l->param[0], 1, 1.0, 0.0));
-    TD_CHECK(td__op_bias_add(qkv, l->param[1], n * t, 3 * c, 1));
+    /* qkv (n, t, 3c): q, k, v side by side, heads inside each */
+    TD_CHECK(att_project(l, x));
     if (l->fused) {
         TD_CHECK(td__op_attention_fwd(h, 1.0 / sqrt((double)d), qkv, p, yh));
         goto project;
@@ -298,22 +340,33 @@ project:
 reduce:
     if (l->split.kind == TD__SPLIT_HEADS)
         TD_CHECK(td__model_reduce(r->model, &l->out));
-    return td__op_bias_add(&l->out, l->param[3], n * t, oc, 1);
+    return l->proj_bias ? td__op_bias_add(&l->out, l->param[3], n * t, oc, 1) : TD_OK;
 }
 
-/* The four parameter gradients, from dout, the heads' output yh and dqkv
- * (the workspaces the forward and backward left). */
+/* The parameter gradients, from dout, the heads' output yh and the
+ * projection's gradient draw (the workspaces the forward and backward left). */
 static td_status att_weights(td_layer *l, const td_tensor *x, td_nn_run *r) {
-    int64_t n = x->shape[0], t = l->in_shape[0], h = att_heads(l),
-            c = h * (l->in_shape[1] / l->heads), oc = l->out_shape[1];
+    int64_t n = x->shape[0], t = l->in_shape[0], h = att_heads(l), oc = l->out_shape[1],
+            w = (h + 2 * att_kv(l)) * (l->in_shape[1] / l->heads);
     double beta = r->acc ? 1.0 : 0.0;
-    /* dWo (oc, c) = dout^T yh; dWqkv (3c, in) = dqkv^T x */
-    TD_CHECK(td__op_bias_grad(l->grad[3], &l->dout, n * t, oc, 1, r->acc));
+    /* dWo (oc, c) = dout^T yh; dWqkv (w, in) = draw^T x */
+    if (l->proj_bias)
+        TD_CHECK(td__op_bias_grad(l->grad[3], &l->dout, n * t, oc, 1, r->acc));
     if (h == 0)
         return TD_OK;
     TD_CHECK(td__op_matmul(l->grad[2], &l->dout, 1, &l->ws[ATT_YH], 0, 1.0, beta));
-    TD_CHECK(td__op_matmul(l->grad[0], &l->ws[ATT_DQKV], 1, x, 0, 1.0, beta));
-    return td__op_bias_grad(l->grad[1], &l->ws[ATT_DQKV], n * t, 3 * c, 1, r->acc);
+    TD_CHECK(td__op_matmul(l->grad[0], att_draw(l), 1, x, 0, 1.0, beta));
+    return l->has_bias ? td__op_bias_grad(l->grad[1], att_draw(l), n * t, w, 1, r->acc) : TD_OK;
+}
+
+/* dqkv (every query head's) back to the projection's gradient: key and
+ * value heads summed over their query heads, q and k rotated back. */
+static td_status att_unproject(td_layer *l) {
+    int64_t h = att_heads(l), kv = att_kv(l), d = l->in_shape[1] / l->heads;
+    td_tensor *draw = att_draw(l);
+    if (att_grouped(l))
+        TD_CHECK(td__op_kv_reduce(h, kv, d, &l->ws[ATT_DQKV], draw));
+    return l->rope ? td__op_rope(l->rope, 0, 0, h + kv, d, 1, draw) : TD_OK;
 }
 
 static td_status att_backward(td_layer *l, const td_tensor *x, td_tensor *dx, td_nn_run *r) {
@@ -359,11 +412,12 @@ static td_status att_backward(td_layer *l, const td_tensor *x, td_tensor *dx, td
                                      operand(dqkv, base + c, 3 * c, d), h));
     }
 qkv_backward:
+    TD_CHECK(att_unproject(l));
     if (!r->defer)
         TD_CHECK(att_weights(l, x, r));
     if (!dx)
         return TD_OK;
-    TD_CHECK(td__op_matmul(dx, dqkv, 0, l->param[0], 0, 1.0, 0.0));
+    TD_CHECK(td__op_matmul(dx, att_draw(l), 0, l->param[0], 0, 1.0, 0.0));
     return l->split.kind == TD__SPLIT_HEADS ? td__model_reduce(r->model, dx) : TD_OK;
 }
 
@@ -510,6 +564,7 @@ void td__layer_destroy(td_layer *l) {
     for (int i = 0; i < l->nchildren; i++)
         td__layer_destroy(l->children[i]);
     free(l->children);
+    td_tensor_destroy(l->rope);
     free(l->path);
     free(l);
 }

@@ -29,8 +29,8 @@ static td_status get_gelu_kind(const build_ctx *b, td_act *act) {
     return td__spec_error(b, "approximate", "expected \"none\" or \"tanh\"");
 }
 
-static td_status shape_error(const build_ctx *b, const char *need, int in_ndim,
-                             const int64_t *in_shape) {
+td_status td__build_shape_error(const build_ctx *b, const char *need, int in_ndim,
+                                const int64_t *in_shape) {
     char s[64];
     return td__error(TD_ERR_PARSE, "%s: %s: %s needs %s input, got %s", b->file, b->where,
                      b->kind->type, need, td__shape_text(in_shape, in_ndim, s));
@@ -107,7 +107,7 @@ static td_status build_linear(build_ctx *b, td_layer *l, int variant, int in_ndi
     TD_CHECK(td__spec_bool(b, "bias", 1, &l->has_bias));
     TD_CHECK(td__spec_bool(b, "tied", 0, &tied));
     if (in_ndim < 1)
-        return shape_error(b, "at least one dimension of", in_ndim, in);
+        return td__build_shape_error(b, "at least one dimension of", in_ndim, in);
     l->vt = &td__linear_vt;
     if (tied) {
         TD_CHECK(build_tied(b, l, in[in_ndim - 1]));
@@ -181,7 +181,7 @@ static td_status build_layernorm(build_ctx *b, td_layer *l, int variant, int in_
     TD_CHECK(td__spec_keys(b, keys));
     TD_CHECK(td__spec_real(b, "eps", 1e-5, 0.0, 1.0, 0, &l->eps));
     if (in_ndim < 1)
-        return shape_error(b, "at least one dimension of", in_ndim, in);
+        return td__build_shape_error(b, "at least one dimension of", in_ndim, in);
     l->vt = &td__layernorm_vt;
     c = in[in_ndim - 1];
     TD_CHECK(td__model_add_param(m, l, "weight", 1, &c, &l->param[0]));
@@ -201,7 +201,7 @@ static td_status build_embedding(build_ctx *b, td_layer *l, int variant, int in_
     TD_CHECK(td__spec_int(b, "dim", 1, 0, 1, 1 << 20, &dim));
     TD_CHECK(td__spec_bool(b, "positions", 1, &l->positions));
     if (m->kind != TD_INPUT_TOKENS || in_ndim != 1 || m->param_serial != 0)
-        return shape_error(b, "the model's tokens as", in_ndim, in);
+        return td__build_shape_error(b, "the model's tokens as", in_ndim, in);
     if (m->classes > 0 && l->vocab != m->classes)
         return td__spec_error(b, "vocab", "differs from input.vocab");
     l->vt = &td__embedding_vt;
@@ -226,42 +226,6 @@ static td_status build_embedding(build_ctx *b, td_layer *l, int variant, int in_
     return TD_OK;
 }
 
-static td_status build_attention(build_ctx *b, td_layer *l, int variant, int in_ndim,
-                                 const int64_t *in) {
-    static const char *const keys[] = {"type", "heads", "causal", NULL};
-    td_model *m = b->m;
-    int causal, hd;
-    int64_t c, d, s[2];
-    double bound;
-    TD_CHECK(td__spec_keys(b, keys));
-    TD_CHECK(td__spec_int(b, "heads", 1, 0, 1, 4096, &l->heads));
-    TD_CHECK(td__spec_bool(b, "causal", 1, &causal));
-    if (!causal)
-        return td__spec_error(b, "causal", "only causal self-attention is implemented");
-    if (in_ndim != 2)
-        return shape_error(b, "(tokens, channels)", in_ndim, in);
-    c = in[1];
-    if (c % l->heads != 0)
-        return td__spec_error(b, "heads", "must divide the channels");
-    l->vt = &td__attention_vt;
-    /* A shard's heads: their rows of q, k and v (three blocks of qkv's
-     * rows) and their columns of the projection. */
-    d = c / l->heads;
-    hd = l->split.kind == TD__SPLIT_HEADS ? 0 : -1;
-    bound = 1.0 / sqrt((double)c);
-    s[0] = 3 * c;
-    s[1] = c;
-    TD_CHECK(td__model_add_slice(m, l, "qkv.weight", 2, s, hd, 3, l->split.first * d,
-                                 l->split.count * d, 0, bound, &l->param[0]));
-    TD_CHECK(td__model_add_slice(m, l, "qkv.bias", 1, s, hd, 3, l->split.first * d,
-                                 l->split.count * d, 0, bound, &l->param[1]));
-    s[0] = c;
-    TD_CHECK(td__model_add_slice(m, l, "proj.weight", 2, s, hd < 0 ? -1 : 1, 1, l->split.first * d,
-                                 l->split.count * d, 0, bound, &l->param[2]));
-    TD_CHECK(add_uniform_param(m, l, "proj.bias", 1, s, c, &l->param[3]));
-    return TD_OK;
-}
-
 /* A square window over (channels, height, width), for conv2d and the pools:
  * the input, "kernel", "stride" (default_stride, or the kernel when 0) and
  * "padding" into l->conv. */
@@ -269,7 +233,7 @@ static td_status read_window(build_ctx *b, td_layer *l, int64_t default_stride, 
                              const int64_t *in) {
     td_conv_desc *d = &l->conv;
     if (in_ndim != 3)
-        return shape_error(b, "(channels, height, width)", in_ndim, in);
+        return td__build_shape_error(b, "(channels, height, width)", in_ndim, in);
     d->c = in[0];
     d->h = in[1];
     d->w = in[2];
@@ -371,7 +335,9 @@ static const layer_kind layer_kinds[] = {
     {.type = "flatten", .build = build_flatten},
     {.type = "layernorm", .build = build_layernorm},
     {.type = "embedding", .build = build_embedding},
-    {.type = "attention", .build = build_attention},
+    {.type = "attention", .build = td__build_attention},
+    {.type = "rmsnorm", .build = td__build_rmsnorm},
+    {.type = "swiglu", .build = td__build_swiglu},
     {.type = "residual", .build = build_residual, .container = 1},
     {.type = "repeat", .build = NULL, .container = 1},
 };
@@ -449,8 +415,11 @@ td_status td__layer_build(td_model *m, const char *file, json_t *spec, const cha
     l->weights = m->serial_weights - l->weights;
     if (!b.kind->container) { /* a container's parameters are its children's */
         l->nparams = (int)(m->nparams - l->first_param);
-        for (int i = 0; i < l->nparams; i++)
-            l->grad[i] = m->grads[l->first_param + (size_t)i];
+        /* in slot order, skipping the slots of parameters a layer leaves out
+         * (an attention without q, k, v biases, a SwiGLU MLP without biases) */
+        for (int i = 0, k = 0; i < TD_LAYER_MAX_PARAMS && k < l->nparams; i++)
+            if (l->param[i])
+                l->grad[i] = m->grads[l->first_param + (size_t)k++];
         if (l->tied && l->param[0]) {
             /* the weight is the embedding's (a parameter of that layer), the bias its own */
             l->grad[1] = l->nparams ? l->grad[0] : NULL;

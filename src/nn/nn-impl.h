@@ -26,7 +26,7 @@
 #include "tensor/ops.h"
 
 #define TD_LAYER_MAX_PARAMS 4
-#define TD_LAYER_MAX_WS     6
+#define TD_LAYER_MAX_WS     8
 
 typedef struct td_layer td_layer;
 typedef struct td_nn_plan td_nn_plan;
@@ -38,6 +38,7 @@ typedef enum td__split_kind {
     TD__SPLIT_MID,      /* an activation or dropout inside a pair: those features */
     TD__SPLIT_IN,       /* the second linear: those input features; its output is partial */
     TD__SPLIT_HEADS,    /* attention: heads [first, first + count) of total */
+    TD__SPLIT_GATED,    /* a SwiGLU MLP: those hidden features; its output is partial */
 } td__split_kind;
 
 typedef struct td__split {
@@ -100,7 +101,15 @@ struct td_layer {
     td_conv_desc conv;
     td_pool_kind pool;
     int64_t heads, vocab;
-    int fused; /* attention: the backend's fused kernels, chosen at planning */
+    /* attention: key and value heads (heads, or fewer for grouped-query
+     * attention); whether the output projection has a bias (has_bias: q, k
+     * and v's); rotary positions' (2, T, head width / 2) cos and sin table
+     * (owned; NULL: none) */
+    int64_t kv_heads;
+    int proj_bias;
+    td_tensor *rope;
+    int64_t hidden; /* swiglu: the gate's features */
+    int fused;      /* attention: the backend's fused kernels, chosen at planning */
     int positions;
     /* linear: its weight is the embedding's table (param[0], grad[0] borrowed);
      * embedding: such a linear adds its gradient to the table's first */
@@ -223,6 +232,8 @@ td_status td__seq_child_weights(td_layer *l, int i, const td_tensor *x, td_nn_ru
 extern const td_layer_vt td__linear_vt, td__act_vt, td__dropout_vt, td__flatten_vt,
     td__layernorm_vt, td__embedding_vt, td__attention_vt, td__conv2d_vt, td__pool_vt,
     td__sequential_vt, td__residual_vt;
+/* The Llama family's (layers_llama.c). */
+extern const td_layer_vt td__rmsnorm_vt, td__swiglu_vt;
 
 /* Refuses (TD_ERR_PARSE naming the file and the JSON path) a layer list
  * that expands to more than TD_MODEL_MAX_LAYERS layers or nests residual

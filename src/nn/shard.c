@@ -5,14 +5,16 @@
  * The units are found on a dry build of the whole model: in every layer list
  * (the root, a residual's layers) a linear followed by an elementwise
  * activation, an optional dropout and another linear is a pair, scanned left
- * to right so that a linear ends at most one pair; every attention layer is
- * a unit. Layer uids follow the build order, which the JSON alone fixes, so
- * a table indexed by uid (td__split) tells the real build what each layer
- * holds: layers_build.c shapes and initialises the slices from it and the
- * layers (layers.c) sum their partial results through the model's reduce
- * hook. A slice is initialised from the whole parameter's stream, each
- * contiguous run of it with the counter offset of its place in the whole
- * tensor, so its values are the whole model's bit for bit. */
+ * to right so that a linear ends at most one pair; every SwiGLU MLP is a
+ * unit, and every attention layer but grouped-query ones, which stay whole
+ * (replicated, like layer norms and RMSNorms). Layer uids follow the build
+ * order, which the JSON alone fixes, so a table indexed by uid (td__split)
+ * tells the real build what each layer holds: layers_build*.c shape and
+ * initialise the slices from it and the layers (layers*.c) sum their
+ * partial results through the model's reduce hook. A slice is initialised
+ * from the whole parameter's stream, each contiguous run of it with the
+ * counter offset of its place in the whole tensor, so its values are the
+ * whole model's bit for bit. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -164,11 +166,20 @@ static void mark(finder *f, const td_layer *l, td__split_kind kind) {
 }
 
 static void find_units(finder *f, const td_layer *l) {
-    if (l->vt == &td__attention_vt) {
+    /* A SwiGLU MLP splits by hidden features: gate and up rows, down columns. */
+    if (l->vt == &td__swiglu_vt) {
+        mark(f, l, TD__SPLIT_GATED);
+        add_unit(f, TD_SPLIT_MLP, l, l->hidden, 1,
+                 l->weights - (l->has_bias ? (size_t)l->in_shape[l->in_ndim - 1] : 0));
+        return;
+    }
+    /* Grouped-query attention (fewer key/value heads than query heads) is
+     * not split yet: left whole, every shard computes all of it alike. */
+    if (l->vt == &td__attention_vt && l->kv_heads == l->heads) {
         mark(f, l, TD__SPLIT_HEADS);
         /* qkv weight and bias, the projection's weight: all but its bias */
         add_unit(f, TD_SPLIT_HEADS, l, l->heads, l->in_shape[1] / l->heads,
-                 l->weights - (size_t)l->in_shape[1]);
+                 l->weights - (l->proj_bias ? (size_t)l->in_shape[1] : 0));
         return;
     }
     if (l->vt == &td__residual_vt) {

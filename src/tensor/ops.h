@@ -113,6 +113,24 @@ td_status td__op_attention_fwd(int64_t heads, double scale, const td_tensor *qkv
                                td_tensor *y);
 td_status td__op_attention_bwd(int64_t heads, double scale, const td_tensor *qkv,
                                const td_tensor *p, const td_tensor *dy, td_tensor *dqkv);
+/* The Llama family's (ops_llama.c). RMSNorm over the last dim: y = x *
+ * rstd * w, rstd (rows) kept for the backward; dx may be NULL. */
+td_status td__op_rmsnorm_fwd(double eps, const td_tensor *x, const td_tensor *w, td_tensor *y,
+                             td_tensor *rstd);
+td_status td__op_rmsnorm_bwd(const td_tensor *x, const td_tensor *w, const td_tensor *rstd,
+                             const td_tensor *dy, td_tensor *dx, td_tensor *dw, int acc);
+/* h (.., f) = silu(g) u, each row of gu (.., 2f) being g then u. */
+td_status td__op_swiglu_fwd(const td_tensor *gu, td_tensor *h);
+td_status td__op_swiglu_bwd(const td_tensor *gu, const td_tensor *dh, td_tensor *dgu);
+/* Rotates `heads` heads of d columns from column col of x (b, t, width) in
+ * place, row (i, j) by position pos0 + j, from tab (2, positions, d/2); see
+ * td_kernels.rope. */
+td_status td__op_rope(const td_tensor *tab, int64_t pos0, int64_t col, int64_t heads, int64_t d,
+                      int inverse, td_tensor *x);
+/* raw (.., (h + 2 kv) d) <-> qkv (.., 3 h d); see td_kernels.kv_expand. */
+td_status td__op_kv_expand(int64_t h, int64_t kv, int64_t d, const td_tensor *raw, td_tensor *qkv);
+td_status td__op_kv_reduce(int64_t h, int64_t kv, int64_t d, const td_tensor *dqkv,
+                           td_tensor *draw);
 td_status td__op_sumsq(const td_tensor *x, double *out);
 td_status td__op_sgd(td_tensor *w, const td_tensor *g, td_tensor *buf, const td_opt_args *o);
 td_status td__op_adamw(td_tensor *w, const td_tensor *g, td_tensor *m, td_tensor *v,

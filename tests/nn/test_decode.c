@@ -1,7 +1,7 @@
 /* The KV-cache decoder against the ordinary full forward: the logits of
  * every position, by prefilling the whole sequence and by prefilling part
  * of it and stepping the rest, in f64 and f32, with the fused and the
- * composed attention; and the models it refuses. */
+ * composed attention, for a GPT and a Llama; and the models it refuses. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +23,24 @@ static const char *const small_gpt =
     "{\"type\": \"linear\", \"out\": 32}]}]},"
     "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 64}]}";
 
+/* A small Llama: RMSNorm, grouped-query attention (2 query heads per key
+ * and value head) with rotary positions and no biases, a SwiGLU MLP; then
+ * Qwen2's q, k, v biases on multi-query attention with Llama 3's scaling. */
+static const char *const small_llama =
+    "{\"input\": {\"tokens\": 16, \"vocab\": 64}, \"layers\": ["
+    "{\"type\": \"embedding\", \"vocab\": 64, \"dim\": 32, \"positions\": false},"
+    "{\"type\": \"repeat\", \"count\": 2, \"layers\": ["
+    "{\"type\": \"residual\", \"layers\": [{\"type\": \"rmsnorm\"}, "
+    "{\"type\": \"attention\", \"heads\": 4, \"kv_heads\": 2, \"rope_theta\": 10000, "
+    "\"qkv_bias\": false, \"proj_bias\": false}]},"
+    "{\"type\": \"residual\", \"layers\": [{\"type\": \"rmsnorm\"}, "
+    "{\"type\": \"swiglu\", \"hidden\": 48}]}]},"
+    "{\"type\": \"residual\", \"layers\": [{\"type\": \"rmsnorm\"}, "
+    "{\"type\": \"attention\", \"heads\": 4, \"kv_heads\": 1, \"rope_theta\": 500, "
+    "\"rope_scaling\": {\"type\": \"llama3\", \"factor\": 4, \"original_max_position_embeddings\": "
+    "64}, \"proj_bias\": false}]},"
+    "{\"type\": \"rmsnorm\"}, {\"type\": \"linear\", \"out\": 64, \"bias\": false}]}";
+
 enum { T = 16, V = 64 };
 
 /* Fails unless got (V) equals want (V) within tol relative to the row's size. */
@@ -38,15 +56,15 @@ static void expect_row(const double *got, const double *want, double tol, const 
                  worst, tol * scale);
 }
 
-static void decoder_matches_forward(const char *spec, td_dtype dtype, int generic, double tol) {
+static void decoder_matches_forward(const char *json, const char *spec, td_dtype dtype, int generic,
+                                    double tol) {
     td_device_list *list = td_test_open(spec);
     td_model *m = NULL;
     td_decoder *d = NULL;
     int32_t tok[T];
     double ref[T * V], got[V];
     td__nn_generic_attention = generic;
-    TD_ASSERT_OK(
-        td_model_load_string(small_gpt, "small_gpt", td_device_list_get(list, 0), dtype, 7, &m));
+    TD_ASSERT_OK(td_model_load_string(json, "small", td_device_list_get(list, 0), dtype, 7, &m));
     for (int i = 0; i < T; i++)
         tok[i] = (int32_t)((i * 37 + 11) % V);
     td_test_full_logits(m, tok, T, ref);
@@ -74,16 +92,24 @@ static void decoder_matches_forward(const char *spec, td_dtype dtype, int generi
 }
 
 static void f64_fused(void **state) {
-    decoder_matches_forward("cpu", TD_F64, 0, 1e-12);
+    decoder_matches_forward(small_gpt, "cpu", TD_F64, 0, 1e-12);
 }
 static void f64_composed(void **state) {
-    decoder_matches_forward("cpu", TD_F64, 1, 1e-12);
+    decoder_matches_forward(small_gpt, "cpu", TD_F64, 1, 1e-12);
 }
 static void f32_fused(void **state) {
-    decoder_matches_forward("cpu", TD_F32, 0, 1e-4);
+    decoder_matches_forward(small_gpt, "cpu", TD_F32, 0, 1e-4);
 }
 static void f32_composed(void **state) {
-    decoder_matches_forward("cpu", TD_F32, 1, 1e-4);
+    decoder_matches_forward(small_gpt, "cpu", TD_F32, 1, 1e-4);
+}
+
+/* The cache of grouped-query heads holds each key and value head once. */
+static void llama_matches_forward(void **state) {
+    decoder_matches_forward(small_llama, "cpu", TD_F64, 0, 1e-12);
+    decoder_matches_forward(small_llama, "cpu", TD_F64, 1, 1e-12);
+    decoder_matches_forward(small_llama, "cpu", TD_F32, 0, 1e-4);
+    decoder_matches_forward(small_llama, "cpu", TD_F32, 1, 1e-4);
 }
 
 /* The same on OpenCL (PoCL in CI), whose kernels the decoder reaches
@@ -95,9 +121,9 @@ static void opencl_matches_forward(void **state) {
         skip();
     }
     td_device_list_destroy(list);
-    decoder_matches_forward("opencl:0.0", TD_F32, 0, 1e-4);
+    decoder_matches_forward(small_gpt, "opencl:0.0", TD_F32, 0, 1e-4);
     if (td_device_supports_f64(td_device_list_get(list = td_test_open("opencl:0.0"), 0)))
-        decoder_matches_forward("opencl:0.0", TD_F64, 0, 1e-12);
+        decoder_matches_forward(small_gpt, "opencl:0.0", TD_F64, 0, 1e-12);
     td_device_list_destroy(list);
 }
 
@@ -164,6 +190,7 @@ int main(void) {
         cmocka_unit_test(f64_composed),
         cmocka_unit_test(f32_fused),
         cmocka_unit_test(f32_composed),
+        cmocka_unit_test(llama_matches_forward),
         cmocka_unit_test(opencl_matches_forward),
         cmocka_unit_test(training_between_steps_is_harmless),
         cmocka_unit_test(bad_input_is_refused),

@@ -25,6 +25,22 @@ static const char gpt_small[] =
     "    {\"type\": \"dropout\", \"p\": 0.25}, {\"type\": \"linear\", \"out\": 32}]}]},"
     "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 64}]}";
 
+/* Llama's layers: rotary attention (split by heads), grouped-query
+ * attention (whole), SwiGLU MLPs with and without biases (split by hidden
+ * features). */
+static const char llama_small[] =
+    "{\"input\": {\"tokens\": 16, \"vocab\": 64}, \"layers\": ["
+    "{\"type\": \"embedding\", \"vocab\": 64, \"dim\": 32, \"positions\": false},"
+    "{\"type\": \"residual\", \"layers\": [{\"type\": \"rmsnorm\"},"
+    "  {\"type\": \"attention\", \"heads\": 4, \"rope_theta\": 10000, \"qkv_bias\": false}]},"
+    "{\"type\": \"residual\", \"layers\": [{\"type\": \"rmsnorm\"},"
+    "  {\"type\": \"swiglu\", \"hidden\": 40, \"bias\": true}]},"
+    "{\"type\": \"residual\", \"layers\": [{\"type\": \"rmsnorm\"},"
+    "  {\"type\": \"attention\", \"heads\": 4, \"kv_heads\": 2, \"rope_theta\": 10000}]},"
+    "{\"type\": \"residual\", \"layers\": [{\"type\": \"rmsnorm\"},"
+    "  {\"type\": \"swiglu\", \"hidden\": 24}]},"
+    "{\"type\": \"rmsnorm\"}, {\"type\": \"linear\", \"out\": 64, \"bias\": false}]}";
+
 static const char mlp_dropout[] = "{\"input\": {\"shape\": [12]}, \"layers\": ["
                                   "{\"type\": \"linear\", \"out\": 24}, {\"type\": \"relu\"}, "
                                   "{\"type\": \"dropout\", \"p\": 0.3},"
@@ -87,6 +103,17 @@ static void units_are_found(void **state) {
     assert_int_equal(u[0].size, 24);
     n = units_of(cnn, u);
     assert_int_equal(n, 0);
+    /* rotary attention without q, k, v biases; SwiGLU (its down bias left
+     * out of the split weights); grouped-query attention stays whole */
+    assert_int_equal(units_of(llama_small, u), 3);
+    assert_int_equal(u[0].kind, TD_SPLIT_HEADS);
+    assert_int_equal(u[0].weights, 3 * 32 * 32 + 32 * 32);
+    assert_int_equal(u[1].kind, TD_SPLIT_MLP);
+    assert_int_equal(u[1].size, 40);
+    assert_string_equal(u[1].layer, "layers.2.1");
+    assert_int_equal(u[1].weights, 2 * 40 * 32 + 2 * 40 + 32 * 40);
+    assert_int_equal(u[2].size, 24);
+    assert_string_equal(u[2].layer, "layers.4.1");
     free(mnist);
 }
 
@@ -143,6 +170,8 @@ static void shard_slices_equal_the_whole_models(void **state) {
     check_init(gpt_small, TD_F32, 5); /* more shards than heads: one holds none */
     check_init(mnist, TD_F32, 3);
     check_init(mlp_dropout, TD_F64, 2);
+    check_init(llama_small, TD_F64, 3);
+    check_init(llama_small, TD_F32, 5); /* more shards than heads */
     free(mnist);
 }
 
@@ -215,11 +244,11 @@ static void full_shard_trains_as_the_whole_model(void **state) {
 
 /* A shard that holds nothing of any unit still runs (its partial sums are
  * zeros) and has empty slices. */
-static void empty_shard_runs(void **state) {
+static void empty_shard_of(const char *json) {
     td_device_list *list = td_test_open("cpu:0");
     td_device *dev = td_device_list_get(list, 0);
     td_split_info u[TD_SHARD_MAX_UNITS];
-    int n = units_of(gpt_small, u);
+    int n = units_of(json, u);
     td_shard_plan p;
     td_model *sh = NULL;
     td_optimizer *opt = NULL;
@@ -227,13 +256,12 @@ static void empty_shard_runs(void **state) {
     int32_t tokens[16], labels[16];
     td_batch b = {1, NULL, tokens, labels};
     td_step_result r;
-    (void)state;
     for (int i = 0; i < 16; i++)
         tokens[i] = labels[i] = i;
     memset(&p, 0, sizeof p);
     p.units = n;
     p.first[0] = 4; /* an empty range at the end */
-    TD_ASSERT_OK(td_model_load_shard(gpt_small, "m.json", dev, TD_F32, 5, &p, &sh));
+    TD_ASSERT_OK(td_model_load_shard(json, "m.json", dev, TD_F32, 5, &p, &sh));
     oc.kind = TD_OPT_ADAMW;
     oc.clip_norm = 1.0;
     TD_ASSERT_OK(td_optimizer_create(sh, &oc, &opt));
@@ -243,6 +271,13 @@ static void empty_shard_runs(void **state) {
     td_optimizer_destroy(opt);
     td_model_destroy(sh);
     td_device_list_destroy(list);
+}
+
+/* No heads of the first attention, no hidden features of the MLPs. */
+static void empty_shard_runs(void **state) {
+    (void)state;
+    empty_shard_of(gpt_small);
+    empty_shard_of(llama_small);
 }
 
 static void bad_plans_are_refused(void **state) {

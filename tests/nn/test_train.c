@@ -118,7 +118,20 @@ static const char *const small_gpt =
     "{\"type\": \"linear\", \"out\": 64}]}]},"
     "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 256}]}";
 
-static void gpt_loss_falls(void **state) {
+/* The same with llama_tiny's layers: RMSNorm, grouped-query attention with
+ * rotary positions (no position embedding), SwiGLU, no biases. */
+static const char *const small_llama =
+    "{\"input\": {\"tokens\": 32, \"vocab\": 256}, \"layers\": ["
+    "{\"type\": \"embedding\", \"vocab\": 256, \"dim\": 64, \"positions\": false},"
+    "{\"type\": \"repeat\", \"count\": 2, \"layers\": ["
+    "{\"type\": \"residual\", \"layers\": [{\"type\": \"rmsnorm\"}, "
+    "{\"type\": \"attention\", \"heads\": 4, \"kv_heads\": 2, \"rope_theta\": 10000, "
+    "\"qkv_bias\": false, \"proj_bias\": false}]},"
+    "{\"type\": \"residual\", \"layers\": [{\"type\": \"rmsnorm\"}, "
+    "{\"type\": \"swiglu\", \"hidden\": 172}]}]},"
+    "{\"type\": \"rmsnorm\"}, {\"type\": \"linear\", \"out\": 256, \"bias\": false}]}";
+
+static void token_model_loss_falls(const char *json) {
     td_device_list *list = td_test_open("cpu");
     td_model *m = NULL;
     td_optimizer *opt = NULL;
@@ -130,8 +143,7 @@ static void gpt_loss_falls(void **state) {
     const char *text = "the quick brown fox jumps over the lazy dog. ";
     size_t len = strlen(text);
     double norm;
-    TD_ASSERT_OK(
-        td_model_load_string(small_gpt, "small_gpt", td_device_list_get(list, 0), TD_F32, 5, &m));
+    TD_ASSERT_OK(td_model_load_string(json, "small", td_device_list_get(list, 0), TD_F32, 5, &m));
     cfg.kind = TD_OPT_ADAMW;
     cfg.lr = 3e-3;
     cfg.weight_decay = 0.01;
@@ -161,6 +173,14 @@ static void gpt_loss_falls(void **state) {
     td_device_list_destroy(list);
     free(tok);
     free(next);
+}
+
+static void gpt_loss_falls(void **state) {
+    token_model_loss_falls(small_gpt);
+}
+
+static void llama_loss_falls(void **state) {
+    token_model_loss_falls(small_llama);
 }
 
 /* Updating each layer from the backward's gradient hook, as soon as its
@@ -262,6 +282,7 @@ static void check_update_in_backward(const char *spec) {
 
 static void update_in_backward_matches_after(void **state) {
     check_update_in_backward(small_gpt);
+    check_update_in_backward(small_llama);
 }
 
 static void update_in_backward_waits_for_tied_table(void **state) {
@@ -303,6 +324,7 @@ int main(void) {
         cmocka_unit_test(mlp_f64_loss_falls),
         cmocka_unit_test(lenet_loss_falls),
         cmocka_unit_test(gpt_loss_falls),
+        cmocka_unit_test(llama_loss_falls),
         cmocka_unit_test(update_in_backward_matches_after),
         cmocka_unit_test(update_in_backward_waits_for_tied_table),
         cmocka_unit_test(update_in_backward_refused_with_clipping),

@@ -2,7 +2,8 @@
  * whole model's ordinary forward on one device: the logits of every
  * position, prefilled and stepped, under tensor (2 and 3 devices, a device
  * three times slower, a member that holds no head) and pipeline (2 and 3
- * stages, a slowed device, more devices than the cut uses); greedy
+ * stages, a slowed device, more devices than the cut uses), for a GPT and
+ * a Llama; greedy
  * generation gives the single strategy's tokens; and what is refused. */
 #include <math.h>
 #include <stdio.h>
@@ -18,9 +19,31 @@ enum { T = 16, V = 64 };
 /* Whether small_gpt's head is tied to its embedding, as GPT-2's is. */
 static int tied_head;
 
+/* Whether small_gpt is a Llama instead: RMSNorms, rotary attention split by
+ * heads, grouped-query attention (heads / 2 key/value heads, left whole)
+ * and SwiGLU MLPs split by hidden features. */
+static int llama;
+
 /* gpt_tiny's layers, smaller, with `heads` heads of 32 channels in all. */
 static const char *small_gpt(int heads) {
     static char json[1024];
+    if (llama) {
+        snprintf(json, sizeof json,
+                 "{\"input\": {\"tokens\": %d, \"vocab\": %d}, \"layers\": ["
+                 "{\"type\": \"embedding\", \"vocab\": %d, \"dim\": 32, \"positions\": false},"
+                 "{\"type\": \"residual\", \"layers\": [{\"type\": \"rmsnorm\"}, "
+                 "{\"type\": \"attention\", \"heads\": %d, \"rope_theta\": 10000}]},"
+                 "{\"type\": \"residual\", \"layers\": [{\"type\": \"rmsnorm\"}, "
+                 "{\"type\": \"swiglu\", \"hidden\": 40}]},"
+                 "{\"type\": \"residual\", \"layers\": [{\"type\": \"rmsnorm\"}, "
+                 "{\"type\": \"attention\", \"heads\": %d, \"kv_heads\": %d, "
+                 "\"rope_theta\": 10000, \"qkv_bias\": false, \"proj_bias\": false}]},"
+                 "{\"type\": \"residual\", \"layers\": [{\"type\": \"rmsnorm\"}, "
+                 "{\"type\": \"swiglu\", \"hidden\": 3, \"bias\": true}]},"
+                 "{\"type\": \"rmsnorm\"}, {\"type\": \"linear\", \"out\": %d, \"bias\": false}]}",
+                 T, V, V, heads, heads, heads / 2, V);
+        return json;
+    }
     snprintf(json, sizeof json,
              "{\"input\": {\"tokens\": %d, \"vocab\": %d}, \"layers\": ["
              "{\"type\": \"embedding\", \"vocab\": %d, \"dim\": 32, \"positions\": true},"
@@ -117,6 +140,18 @@ static void tied_head_f64(void **state) {
     split_matches_whole("pipeline", "cpu*2", 4, TD_F64, 1e-12);
     split_matches_whole("pipeline", "cpu*3", 4, TD_F64, 1e-12);
     tied_head = 0;
+}
+
+/* A Llama: the members' rotary heads and SwiGLU features, the grouped-query
+ * attention on every member (3 hidden features over 3 devices in the
+ * second MLP; on cpu*3 one member holds no head of the first attention). */
+static void llama_f64(void **state) {
+    llama = 1;
+    split_matches_whole("tensor", "cpu*2", 4, TD_F64, 1e-12);
+    split_matches_whole("tensor", "cpu*3", 2, TD_F64, 1e-12);
+    split_matches_whole("tensor", "cpu*2", 4, TD_F32, 1e-5);
+    split_matches_whole("pipeline", "cpu*3", 4, TD_F64, 1e-12);
+    llama = 0;
 }
 
 static void pipeline_two_stages_f64(void **state) {
@@ -229,6 +264,7 @@ int main(void) {
         cmocka_unit_test(three_to_one_speeds_f64),
         cmocka_unit_test(a_member_without_heads_f64),
         cmocka_unit_test(tied_head_f64),
+        cmocka_unit_test(llama_f64),
         cmocka_unit_test(pipeline_two_stages_f64),
         cmocka_unit_test(pipeline_two_stages_f32),
         cmocka_unit_test(pipeline_three_stages_f64),

@@ -1,8 +1,9 @@
 /* The `pipeline` strategy against one device training on the same batches:
- * an MLP, LeNet-5 and a small GPT with dropout, on 2 and 3 devices, one of
- * them three times slower, in f64 (1e-12) and f32 (1e-5); more devices than
- * layers; a model too big for one device's budget that trains when split;
- * checkpoints that move between strategies; bad micro-batch counts. */
+ * an MLP, LeNet-5, a small GPT with dropout and a small Llama, on 2 and 3
+ * devices, one of them three times slower, in f64 (1e-12) and f32 (1e-5);
+ * more devices than layers; a model too big for one device's budget that
+ * trains when split; checkpoints that move between strategies; bad
+ * micro-batch counts. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +32,20 @@ static const char *gpt_json =
     "    {\"type\": \"linear\", \"out\": 64}, {\"type\": \"gelu\"},"
     "    {\"type\": \"dropout\", \"p\": 0.1}, {\"type\": \"linear\", \"out\": 32}]}]},"
     "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 64}]}";
+
+/* llama_tiny's layers, smaller: RMSNorm, grouped-query attention with
+ * rotary positions, SwiGLU (its weight gradients deferred like a linear's
+ * on the stages that send their input gradient on first). */
+static const char *llama_json =
+    "{\"name\": \"pp_llama\", \"input\": {\"tokens\": 16, \"vocab\": 64}, \"layers\": ["
+    "{\"type\": \"embedding\", \"vocab\": 64, \"dim\": 32, \"positions\": false},"
+    "{\"type\": \"repeat\", \"count\": 2, \"layers\": ["
+    "  {\"type\": \"residual\", \"layers\": [{\"type\": \"rmsnorm\"},"
+    "    {\"type\": \"attention\", \"heads\": 4, \"kv_heads\": 2, \"rope_theta\": 10000,"
+    "     \"qkv_bias\": false, \"proj_bias\": false}]},"
+    "  {\"type\": \"residual\", \"layers\": [{\"type\": \"rmsnorm\"},"
+    "    {\"type\": \"swiglu\", \"hidden\": 48}]}]},"
+    "{\"type\": \"rmsnorm\"}, {\"type\": \"linear\", \"out\": 64, \"bias\": false}]}";
 
 /* The optimizer of a check: SGD with momentum, whose update is linear in
  * the gradients, so that the summation order's rounding stays there; or
@@ -216,6 +231,12 @@ static void gpt_with_dropout_on_three_devices(void **state) {
     (void)state;
     check_like_one_device(gpt_json, "cpu*3", TD_F64, 6, 3, TD_OPT_SGD, 1e-12);
     check_like_one_device(gpt_json, "cpu*2", TD_F32, 6, 2, TD_OPT_SGD, 1e-5);
+}
+
+static void llama_on_three_devices(void **state) {
+    (void)state;
+    check_like_one_device(llama_json, "cpu*3", TD_F64, 6, 3, TD_OPT_SGD, 1e-12);
+    check_like_one_device(llama_json, "cpu*2", TD_F32, 4, 2, TD_OPT_SGD, 1e-5);
 }
 
 /* Layers of the plan line of device `name` in plan text. */
@@ -418,6 +439,7 @@ int main(void) {
         cmocka_unit_test(mlp_on_two_and_three_devices),
         cmocka_unit_test(lenet_on_two_devices),
         cmocka_unit_test(gpt_with_dropout_on_three_devices),
+        cmocka_unit_test(llama_on_three_devices),
         cmocka_unit_test(a_slowed_device_gets_fewer_layers),
         cmocka_unit_test(stages_hold_what_their_memory_allows),
         cmocka_unit_test(more_micro_batches_than_a_channel_holds),

@@ -1,9 +1,10 @@
 /* The `tensor` strategy against one device training on the same batches:
- * the MNIST MLP and a small GPT with dropout inside its MLPs, on 2 and 3
- * devices and on two of which one is three times slower (which must get 3
- * of 4 heads), with batches of 1 and 4, AdamW clipping to a norm that binds,
- * in f64 (1e-12) and f32 (1e-5); more devices than heads; a model with
- * nothing to split refused; checkpoints that move to and from `single`. */
+ * the MNIST MLP, a small GPT with dropout inside its MLPs and a small Llama,
+ * on 2 and 3 devices and on two of which one is three times slower (which
+ * must get 3 of 4 heads), with batches of 1 and 4, AdamW clipping to a norm
+ * that binds, in f64 (1e-12) and f32 (1e-5); more devices than heads; a
+ * model with nothing to split refused; checkpoints that move to and from
+ * `single`. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,6 +42,25 @@ static const char *gpt2h_json =
     "  {\"type\": \"linear\", \"out\": 2}, {\"type\": \"relu\"}, {\"type\": \"linear\", \"out\": "
     "16}]},"
     "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 32}]}";
+
+/* Llama's layers: rotary attention with its key/value heads (split by
+ * heads), grouped-query attention (left whole, every member computing it
+ * alike), a SwiGLU MLP (split by hidden features), RMSNorms; and a GELU
+ * pair, split. */
+static const char *llama_json =
+    "{\"name\": \"tp_llama\", \"input\": {\"tokens\": 16, \"vocab\": 64}, \"layers\": ["
+    "{\"type\": \"embedding\", \"vocab\": 64, \"dim\": 32, \"positions\": false},"
+    "{\"type\": \"residual\", \"layers\": [{\"type\": \"rmsnorm\"},"
+    "  {\"type\": \"attention\", \"heads\": 4, \"rope_theta\": 10000, \"qkv_bias\": false,"
+    "   \"proj_bias\": false}]},"
+    "{\"type\": \"residual\", \"layers\": [{\"type\": \"rmsnorm\"},"
+    "  {\"type\": \"attention\", \"heads\": 4, \"kv_heads\": 2, \"rope_theta\": 10000}]},"
+    "{\"type\": \"residual\", \"layers\": [{\"type\": \"rmsnorm\"},"
+    "  {\"type\": \"swiglu\", \"hidden\": 48}]},"
+    "{\"type\": \"residual\", \"layers\": [{\"type\": \"rmsnorm\"},"
+    "  {\"type\": \"linear\", \"out\": 64}, {\"type\": \"gelu\"}, {\"type\": \"linear\", "
+    "\"out\": 32}]},"
+    "{\"type\": \"rmsnorm\"}, {\"type\": \"linear\", \"out\": 64, \"bias\": false}]}";
 
 static const char *cnn_json = "{\"input\": {\"shape\": [1, 8, 8]}, \"layers\": ["
                               "{\"type\": \"conv2d\", \"out\": 4, \"kernel\": 3},"
@@ -174,6 +194,14 @@ static void gpt_like_one_device(void **state) {
         check_like_one_device(gpt_json, "cpu*3", TD_F64, b, 1e-12, NULL);
         check_like_one_device(gpt_json, "cpu*3", TD_F32, b, 1e-5, NULL);
     }
+}
+
+static void llama_like_one_device(void **state) {
+    (void)state;
+    check_like_one_device(llama_json, "cpu*3", TD_F64, 4, 1e-12, NULL);
+    check_like_one_device(llama_json, "cpu*2", TD_F32, 1, 1e-5, NULL);
+    /* more members than heads: one holds no head, and fewer hidden features */
+    check_like_one_device(llama_json, "cpu*5", TD_F64, 1, 1e-12, ": 0 of 4 heads");
 }
 
 /* Three times slower: a quarter of every unit (6 of 8 heads on the fast
@@ -314,6 +342,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(mnist_mlp_like_one_device),
         cmocka_unit_test(gpt_like_one_device),
+        cmocka_unit_test(llama_like_one_device),
         cmocka_unit_test(a_slowed_device_gets_a_quarter),
         cmocka_unit_test(more_devices_than_heads),
         cmocka_unit_test(a_model_without_units_is_refused),

@@ -55,6 +55,11 @@ static td_tensor *mk(side *s, int slot, int ndim, const int64_t *shape, uint64_t
     return s->t[slot];
 }
 
+td_tensor *td_ops_tensor(td_ops_side *s, int slot, int ndim, const int64_t *shape, uint64_t seed,
+                         double lo, double hi) {
+    return mk(s, slot, ndim, shape, seed, lo, hi);
+}
+
 static td_tensor *mk2(side *s, int slot, int64_t a, int64_t b, uint64_t seed) {
     int64_t shape[2] = {a, b};
     return mk(s, slot, 2, shape, seed, -1, 1);

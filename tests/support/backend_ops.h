@@ -44,6 +44,9 @@ typedef struct td_ops_side {
 } td_ops_side;
 
 typedef void (*td_ops_build_fn)(td_ops_side *s, const void *p);
+/* Slot `slot` of s as a tensor of shape[0..ndim), uniform in [lo, hi) from seed. */
+td_tensor *td_ops_tensor(td_ops_side *s, int slot, int ndim, const int64_t *shape, uint64_t seed,
+                         double lo, double hi);
 typedef td_status (*td_ops_op_fn)(td_ops_side *s, const void *p);
 
 /* Builds both sides, runs the op on each device's thread and compares the
@@ -73,6 +76,11 @@ void td_ops_conv2d_matches(void **state);
 void td_ops_pool_matches(void **state);
 void td_ops_causal_softmax_matches(void **state);
 void td_ops_attention_matches(void **state);
+/* backend_ops_llama.c: RMSNorm, SwiGLU, rotary positions, grouped-query heads. */
+void td_ops_rmsnorm_matches(void **state);
+void td_ops_swiglu_matches(void **state);
+void td_ops_rope_matches(void **state);
+void td_ops_kv_heads_match(void **state);
 /* b->spec split in two ("{split=2}"), both halves computing at once beside cpu:0. */
 void td_ops_sub_devices_compute_at_once(void **state);
 
@@ -89,6 +97,8 @@ void td_ops_sub_devices_compute_at_once(void **state);
         TD_OPS_CASE(xent_matches_and_names_bad_labels), TD_OPS_CASE(layernorm_matches),            \
         TD_OPS_CASE(embed_matches_and_names_bad_tokens), TD_OPS_CASE(conv2d_matches),              \
         TD_OPS_CASE(pool_matches), TD_OPS_CASE(causal_softmax_matches),                            \
-        TD_OPS_CASE(attention_matches), TD_OPS_CASE(sub_devices_compute_at_once)
+        TD_OPS_CASE(attention_matches), TD_OPS_CASE(rmsnorm_matches), TD_OPS_CASE(swiglu_matches), \
+        TD_OPS_CASE(rope_matches), TD_OPS_CASE(kv_heads_match),                                    \
+        TD_OPS_CASE(sub_devices_compute_at_once)
 
 #endif

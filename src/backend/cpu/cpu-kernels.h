@@ -110,4 +110,22 @@ td_status td__cpu_causal_softmax_fwd(void *ctx, td_dtype dt, int64_t rows, int64
 td_status td__cpu_causal_softmax_bwd(void *ctx, td_dtype dt, int64_t rows, int64_t t, double scale,
                                      const void *p, const void *dp, void *ds);
 
+/* kern_llama.c: see td_kernels for each */
+td_status td__cpu_rmsnorm_fwd(void *ctx, td_dtype dt, int64_t rows, int64_t cols, double eps,
+                              const void *x, const void *w, void *y, void *rstd);
+td_status td__cpu_rmsnorm_bwd(void *ctx, td_dtype dt, int64_t rows, int64_t cols, const void *x,
+                              const void *w, const void *rstd, const void *dy, void *dx, void *dw,
+                              int acc);
+td_status td__cpu_swiglu_fwd(void *ctx, td_dtype dt, int64_t rows, int64_t f, const void *gu,
+                             void *h);
+td_status td__cpu_swiglu_bwd(void *ctx, td_dtype dt, int64_t rows, int64_t f, const void *gu,
+                             const void *dh, void *dgu);
+td_status td__cpu_rope(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t ld, int64_t col,
+                       int64_t heads, int64_t d, int64_t pos0, int64_t npos, const void *tab,
+                       int inverse, void *x);
+td_status td__cpu_kv_expand(void *ctx, td_dtype dt, int64_t rows, int64_t h, int64_t kv, int64_t d,
+                            const void *raw, void *qkv);
+td_status td__cpu_kv_reduce(void *ctx, td_dtype dt, int64_t rows, int64_t h, int64_t kv, int64_t d,
+                            const void *dqkv, void *draw);
+
 #endif

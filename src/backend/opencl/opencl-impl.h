@@ -40,7 +40,15 @@
     X(CONV_OUT, conv_out)                                                                          \
     X(CONV_DY_T, conv_dy_t)                                                                        \
     X(MAT_SCALE, mat_scale)                                                                        \
-    X(GEMM_PLAIN, gemm_plain)
+    X(GEMM_PLAIN, gemm_plain)                                                                      \
+    X(RMSNORM_FWD, rmsnorm_fwd)                                                                    \
+    X(RMSNORM_BWD_DX, rmsnorm_bwd_dx)                                                              \
+    X(RMSNORM_BWD_W, rmsnorm_bwd_w)                                                                \
+    X(SWIGLU_FWD, swiglu_fwd)                                                                      \
+    X(SWIGLU_BWD, swiglu_bwd)                                                                      \
+    X(ROPE, rope)                                                                                  \
+    X(KV_EXPAND, kv_expand)                                                                        \
+    X(KV_REDUCE, kv_reduce)
 
 typedef enum td_ocl_kernel_id {
 #define TD_OCL_ENUM(id, name) TD_OCL_K_##id,
@@ -184,6 +192,23 @@ td_status td__ocl_attention_fwd(void *ctx, td_dtype dt, int64_t b, int64_t t, in
 td_status td__ocl_attention_bwd(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t c, int64_t h,
                                 double scale, const void *qkv, const void *p, const void *dy,
                                 void *dqkv);
+/* In kernels_llama.c: see td_kernels for each. */
+td_status td__ocl_rmsnorm_fwd(void *ctx, td_dtype dt, int64_t rows, int64_t cols, double eps,
+                              const void *x, const void *w, void *y, void *rstd);
+td_status td__ocl_rmsnorm_bwd(void *ctx, td_dtype dt, int64_t rows, int64_t cols, const void *x,
+                              const void *w, const void *rstd, const void *dy, void *dx, void *dw,
+                              int acc);
+td_status td__ocl_swiglu_fwd(void *ctx, td_dtype dt, int64_t rows, int64_t f, const void *gu,
+                             void *h);
+td_status td__ocl_swiglu_bwd(void *ctx, td_dtype dt, int64_t rows, int64_t f, const void *gu,
+                             const void *dh, void *dgu);
+td_status td__ocl_rope(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t ld, int64_t col,
+                       int64_t heads, int64_t d, int64_t pos0, int64_t npos, const void *tab,
+                       int inverse, void *x);
+td_status td__ocl_kv_expand(void *ctx, td_dtype dt, int64_t rows, int64_t h, int64_t kv, int64_t d,
+                            const void *raw, void *qkv);
+td_status td__ocl_kv_reduce(void *ctx, td_dtype dt, int64_t rows, int64_t h, int64_t kv, int64_t d,
+                            const void *dqkv, void *draw);
 
 extern const char td__ocl_source[];
 extern const td_kernels td__opencl_kernels;
