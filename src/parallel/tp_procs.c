@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "parallel/tensor-impl.h"
+#include "parallel/tp-impl.h"
 
 #define MAX_AGREED 8
 

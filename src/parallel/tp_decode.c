@@ -19,7 +19,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "parallel/strategy-impl.h"
-#include "parallel/tensor-impl.h"
+#include "parallel/tp-impl.h"
 #include "tensor/view.h"
 
 typedef struct dmember {

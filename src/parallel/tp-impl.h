@@ -1,0 +1,93 @@
+/* The inside of the `tensor` strategy (tensor parallelism, "tp"):
+ * tp_strategy.c runs its steps, tp_plan.c measures the members and cuts
+ * the slices, tp_procs.c spans MPI processes, tp_decode.c generates with the
+ * same slices; placement.c writes and reads its checkpoints. */
+#ifndef TD_PARALLEL_TP_IMPL_H
+#define TD_PARALLEL_TP_IMPL_H
+
+#include "parallel/strategy-impl.h"
+#include "tandem/checkpoint.h"
+#include "tandem/comm.h"
+#include "tandem/generate.h"
+#include "tandem/nn.h"
+#include "tandem/parallel.h"
+
+/* Under mpirun (tp_procs.c): this process's members as a group of their
+ * own, and for each member k a group of member k of every process. */
+typedef struct td__tp_procs {
+    td_group *local; /* NULL in one process */
+    td_group *across[TD_DP_MAX_MEMBERS];
+    int n, process, nprocs;
+} td__tp_procs;
+
+/* Makes the groups when span reaches other processes (every one must hold
+ * as many members); else leaves *pp with nprocs 1 and nothing made. */
+td_status td__tp_procs_open(td_group *span, td__tp_procs *pp);
+void td__tp_procs_close(td__tp_procs *pp);
+/* v[0..n) (n <= 8) reduced by op over member k of every process. */
+td_status td__tp_procs_agree(td__tp_procs *pp, int k, double *v, size_t n, td_reduce_op op);
+/* Member k's gradients in m summed over the processes. */
+td_status td__tp_procs_sum_grads(td__tp_procs *pp, int k, td_model *m);
+/* This process's rows of the global batch; *first: the first one's index. */
+td_batch td__tp_procs_rows(const td__tp_procs *pp, const td_batch *all, const td_model_info *info,
+                           int64_t *first);
+
+/* The tensor strategy's decoder (td_strategy_decoder_create; tp_decode.c). */
+td_status td__tensor_decoder(td_group *g, const char *checkpoint, td_dtype dtype, td_decoder **out);
+
+/* Per member and step, gathered: compute, communication and update seconds,
+ * loss sum, correct, count. */
+#define TP_STAT_WORDS 6
+
+typedef struct tp_member {
+    td_group *group;
+    td_device *dev;
+    int rank;
+    td_model *m;
+    td_optimizer *opt;
+    td_shard_plan plan;
+    td_buffer *stats_send, *stats_all; /* (TP_STAT_WORDS), (size, TP_STAT_WORDS) f64 */
+    td_buffer *scalar;                 /* (1) f64: the gradients' squared norm, summed */
+    double alone_s;                    /* calibration: a whole-model step on one sample */
+    double shard_s;                    /* calibration: its first shard's step, less waiting */
+    uint64_t mem_free;                 /* calibration: its device's free memory, bytes */
+    double comm_s, compute_s, update_s;
+    td_status early_st; /* the first failure of an update in the backward */
+    td_step_result res;
+} tp_member;
+
+typedef struct tensor_par {
+    td_strategy *s;
+    td_group *g; /* this process's members */
+    td__tp_procs procs;
+    int size;
+    td_model_info info;
+    int64_t lps; /* labels per sample */
+    td_split_info units[TD_SHARD_MAX_UNITS];
+    int nunits;
+    double share[TD_DP_MAX_MEMBERS];
+    tp_member mb[TD_DP_MAX_MEMBERS];
+} tensor_par;
+
+/* tp_strategy.c ------------------------------------------------------------------ */
+
+/* Member k's shard of the model (its plan's slices), optimizer and buffers. */
+td_status td__tp_make_member(tensor_par *p, int k);
+/* What td__tp_make_member made; the member keeps its place. */
+void td__tp_drop_member(tp_member *m);
+/* Every member's v summed into v; on the member's thread, all together. */
+td_status td__tp_sum_scalar(tp_member *m, double *v);
+
+/* tp_plan.c ---------------------------------------------------------------------- */
+
+/* Times every member alone, agrees the timings across processes and cuts
+ * the slices (p->share, each member's plan) by speed and memory. */
+td_status td__tp_plan(tensor_par *p);
+/* Where the members' speeds differ, times their shards and, where that
+ * calls for other shares, builds the members again with them. */
+td_status td__tp_rebalance(tensor_par *p);
+/* The table's split and adopt_split. */
+void td__tp_split(void *impl, char *buf, size_t n);
+td_status td__tp_adopt_split(void *impl, const char *text, int *adopted);
+
+#endif
