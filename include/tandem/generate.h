@@ -39,6 +39,9 @@ typedef struct td_decoder td_decoder;
  * part or shard, a layer that is not position-wise (flatten, conv2d, pool),
  * an output other than (T, vocabulary). The caller destroys *out. */
 TD_API td_status td_decoder_create(td_model *m, td_decoder **out);
+/* Hands d its model: td_decoder_destroy then destroys the model too, so a
+ * caller that built a model only to decode it can hand out d alone. */
+TD_API void td_decoder_take_model(td_decoder *d);
 /* NULL-safe. */
 TD_API void td_decoder_destroy(td_decoder *d);
 

@@ -41,7 +41,8 @@ enum { ATT_QKV = 0, ATT_P = 1, ATT_S = 2, ATT_YH = 3 };
 
 struct td_decoder {
     td_decoder_impl custom; /* custom.pass NULL: the decoder of m */
-    td_model *m;            /* borrowed */
+    td_model *m;            /* borrowed, unless owns_model */
+    int owns_model;         /* td_decoder_take_model */
     int64_t ctx;            /* positions: the model's T */
     int64_t vocab;          /* logits per position */
     int64_t token_limit;    /* the embedding's vocabulary */
@@ -501,7 +502,14 @@ void td_decoder_destroy(td_decoder *d) {
     td_tensor_destroy(d->probs);
     td_buffer_free(d->targets);
     free(d->host);
+    if (d->owns_model)
+        td_model_destroy(d->m);
     free(d);
+}
+
+void td_decoder_take_model(td_decoder *d) {
+    if (d && !d->custom.pass)
+        d->owns_model = 1;
 }
 
 int64_t td_decoder_context(const td_decoder *d) {

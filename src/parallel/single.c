@@ -140,53 +140,26 @@ static td_status single_create(td_strategy *s) {
     return TD_OK;
 }
 
-/* Generation: the whole model on the first device, which the decoder owns. */
-
-typedef struct single_dec {
-    td_model *m;
-    td_decoder *d;
-} single_dec;
-
-static td_status single_pass(void *impl, const int32_t *tokens, int64_t pos, int64_t n,
-                             double *logits) {
-    single_dec *s = impl;
-    return pos == 0 ? td_decoder_prefill(s->d, tokens, n, logits)
-                    : td_decoder_step(s->d, tokens[0], logits);
-}
-
-static void single_dec_destroy(void *impl) {
-    single_dec *s = impl;
-    if (!s)
-        return;
-    td_decoder_destroy(s->d);
-    td_model_destroy(s->m);
-    free(s);
-}
-
+/* Generation: the nn decoder of the whole model on the first device, which
+ * owns the model. */
 static td_status single_decoder(td_group *g, const char *checkpoint, td_dtype dtype,
                                 td_decoder **out) {
     td_device *dev = td_group_device(g, 0);
-    single_dec *s = td__calloc(sizeof *s, "a decoder");
-    td_decoder_impl impl = {single_pass, single_dec_destroy, s, 0, 0, 0};
+    td_model *m = NULL;
     char *json = NULL;
     td_dtype saved;
     td_status st;
-    if (!s)
-        return TD_ERR_OUT_OF_MEMORY;
     TD_TRY(td__tensor_check_dtype(dev, dtype));
     TD_TRY(td_checkpoint_read_meta(checkpoint, &json, &saved, NULL));
-    TD_TRY(td_model_load_string(json, checkpoint, dev, dtype, 0, &s->m));
-    TD_TRY(td_checkpoint_load_weights(checkpoint, s->m));
-    TD_TRY(td_decoder_create(s->m, &s->d));
-    impl.context = td_decoder_context(s->d);
-    impl.vocab = td_decoder_vocab(s->d);
-    impl.token_limit = td_decoder_token_limit(s->d);
-    TD_TRY(td_decoder_create_custom(&impl, out));
+    TD_TRY(td_model_load_string(json, checkpoint, dev, dtype, 0, &m));
+    TD_TRY(td_checkpoint_load_weights(checkpoint, m));
+    TD_TRY(td_decoder_create(m, out));
+    td_decoder_take_model(*out);
     free(json);
     return TD_OK;
 fail:
     free(json);
-    single_dec_destroy(s);
+    td_model_destroy(m);
     return st;
 }
 
