@@ -74,6 +74,8 @@ void td_cli_train_usage(FILE *out) {
             "  --devices SPEC      devices (default cpu): 'cpu*2', 'cpu:0,cpu:1{slowdown=3}'\n"
             "  --strategy S        how the devices share the work (default single):\n");
     print_strategies(out);
+    fprintf(out, "                      or a mesh of them, outermost axis first:\n"
+                 "                        data:2,tensor:2 (two replicas, each split in two)\n");
     fprintf(out,
             "  --strategy-option K=V  one of the strategy's own options; the flags below\n"
             "                      are their spellings:\n"
@@ -162,11 +164,10 @@ enum {
     OPT_HELP,
 };
 
+/* A strategy's name, or a mesh of them ("data:2,tensor:2"). */
 static int known_strategy(const char *name) {
-    for (const char *const *n = td_strategy_names(); *n; n++)
-        if (!strcmp(*n, name))
-            return 1;
-    return 0;
+    td_strategy_about a;
+    return td_strategy_about_get(name, &a) == TD_OK;
 }
 
 /* "single, data, pipeline or tensor" into buf. */
@@ -417,8 +418,11 @@ static int parse_choice(FILE *err, int c, const char *arg, td_cli_train_args *a)
     default:
         if (!known_strategy(arg)) {
             char list[128];
-            fprintf(err, "tandem train: --strategy is %s, not '%s'\n",
-                    strategy_list(list, sizeof list), arg);
+            if (strchr(arg, ':')) /* a mesh: the library says what is wrong with it */
+                fprintf(err, "tandem train: --strategy: %s\n", td_last_error());
+            else
+                fprintf(err, "tandem train: --strategy is %s, not '%s'\n",
+                        strategy_list(list, sizeof list), arg);
             return 0;
         }
         cfg->strategy = arg;

@@ -256,6 +256,53 @@ fail:
     return st;
 }
 
+/* Writes the holder's slice of `whole` (host) into t. */
+static td_status put_slice(const td_param_slice *sl, size_t es, const void *whole, td_tensor *t) {
+    size_t nb = td_tensor_nbytes(t);
+    void *part = td__aligned_alloc(nb + 1, "a slice");
+    td_status st;
+    if (!part)
+        return TD_ERR_OUT_OF_MEMORY;
+    td_param_slice_scatter(sl, es, whole, part);
+    st = td_tensor_write(t, part, nb);
+    free(part);
+    return st;
+}
+
+td_status td__placement_copy(const td__holding *from, int nf, const td__holding *to, int nt,
+                             int64_t steps) {
+    size_t es = td_dtype_size(td_model_dtype(to[0].m)), total = 0;
+    char **names = NULL;
+    td_status st = TD_OK;
+    TD_CHECK(whole_names(to, nt, &names, &total));
+    for (size_t j = 0; j < total && st == TD_OK; j++) {
+        td_param_slice whole_sl;
+        void *whole;
+        whole_shape(to, nt, names[j], &whole_sl);
+        if (!(whole = td__aligned_alloc(numel_of(&whole_sl) * es + 1, "a whole tensor"))) {
+            st = TD_ERR_OUT_OF_MEMORY;
+            break;
+        }
+        st = gather(from, nf, names[j], es, whole);
+        for (int k = 0; k < nt && st == TD_OK; k++) {
+            size_t i = find_item(&to[k], names[j]);
+            td_param_slice sl;
+            if (i == (size_t)-1)
+                continue;
+            item_slice(&to[k], i, &sl);
+            st = put_slice(&sl, es, whole, item_tensor(&to[k], i));
+        }
+        free(whole);
+    }
+    for (size_t j = 0; j < total; j++)
+        free(names[j]);
+    free(names);
+    for (int k = 0; k < nt && st == TD_OK; k++)
+        if (to[k].opt)
+            td_optimizer_set_steps(to[k].opt, steps);
+    return st;
+}
+
 int td__placement_covers(const td__holding *h, int n, const int *alive, char *lost, size_t size) {
     char name[NAME_MAX_LEN];
     for (int k = 0; k < n; k++)

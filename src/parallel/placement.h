@@ -30,6 +30,11 @@ td_status td__placement_save(const td__holding *h, int n, const char *path,
  * its slice of every tensor it holds, and its optimizer's step count;
  * *state (may be NULL) gets the run state. */
 td_status td__placement_load(const td__holding *h, int n, const char *path, td_train_state *state);
+/* Copies what from[0..nf) hold into to[0..nt) (another placement of the
+ * same model: a strategy carrying on over survivors), tensor by tensor
+ * through host memory, and sets to's optimizers' step counts to steps. */
+td_status td__placement_copy(const td__holding *from, int nf, const td__holding *to, int nt,
+                             int64_t steps);
 /* 1 when the holdings h[k] with alive[k] (indexed as h) hold all of every parameter that
  * the holdings together hold; else 0, and `lost` (n bytes) names the first
  * parameter they do not cover. */

@@ -94,6 +94,14 @@ void td__shares_from_speed(const double *alone_s, int n, double *share);
  * first (ties to the lower rank); a range may be empty. */
 void td__cut_by_shares(int64_t size, const double *share, int n, int64_t *first, int64_t *count);
 
+/* Meshes (mesh.c): `name` ("data:2,tensor:2", or a plain strategy name) as
+ * the strategy that runs it (*strategy), the options the mesh sets for it
+ * ("replicas=2" into options, "" when none) and the devices its axes
+ * multiply to (*devices; 0 for a plain name). A composition not built is
+ * TD_ERR_UNSUPPORTED naming it. */
+td_status td__mesh_resolve(const char *name, const char **strategy, char *options, size_t n,
+                           int *devices);
+
 /* Options (strategy_options.c) ---------------------------------------------------- */
 
 /* TD_ERR_INVALID_ARG naming the first key of options ("k=v,k=v") that is

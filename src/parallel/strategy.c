@@ -49,17 +49,28 @@ static const char *known(char *buf, size_t n) {
     return buf;
 }
 
-td_status td_strategy_about_get(const char *name, td_strategy_about *out) {
-    const td_strategy_ops *ops;
+/* The table of `name`, a strategy or a mesh (mesh.c), with the options the
+ * mesh adds (extra) and the devices it names (*devices; 0: any number). */
+static td_status resolve(const char *name, const td_strategy_ops **ops, char *extra, size_t n,
+                         int *devices) {
+    const char *base;
     char list[128];
-    int i = 0;
-    if (!out)
-        return td__error(TD_ERR_INVALID_ARG, "td_strategy_about_get: out is NULL");
-    memset(out, 0, sizeof *out);
-    if (!(ops = find(name ? name : "single")))
+    TD_CHECK(td__mesh_resolve(name ? name : "single", &base, extra, n, devices));
+    if (!(*ops = find(base)))
         return td__error_setting(TD_ERR_INVALID_ARG, "strategy",
                                  "unknown strategy '%s' (known: %s)", name,
                                  known(list, sizeof list));
+    return TD_OK;
+}
+
+td_status td_strategy_about_get(const char *name, td_strategy_about *out) {
+    const td_strategy_ops *ops;
+    char extra[64];
+    int i = 0, devices;
+    if (!out)
+        return td__error(TD_ERR_INVALID_ARG, "td_strategy_about_get: out is NULL");
+    memset(out, 0, sizeof *out);
+    TD_CHECK(resolve(name, &ops, extra, sizeof extra, &devices));
     out->name = ops->name;
     out->summary = ops->summary;
     out->min_members = ops->min_members > 0 ? ops->min_members : 1;
@@ -76,9 +87,11 @@ td_status td_strategy_about_get(const char *name, td_strategy_about *out) {
 }
 
 td_status td_strategy_check_options(const char *name, const char *options) {
-    td_strategy_about a;
-    TD_CHECK(td_strategy_about_get(name, &a));
-    return td__strategy_check_options(find(a.name), options);
+    const td_strategy_ops *ops;
+    char extra[64];
+    int devices;
+    TD_CHECK(resolve(name, &ops, extra, sizeof extra, &devices));
+    return td__strategy_check_options(ops, options);
 }
 
 void td_strategy_report_make(const td_strategy *s, const td_run_figures *f,
@@ -130,23 +143,31 @@ static td_strategy *alloc_strategy(const td_strategy_ops *ops, td_group *g, cons
 td_status td_strategy_create(td_group *g, const char *model_json, const char *model_name,
                              const td_strategy_config *cfg, td_strategy **out) {
     const td_strategy_ops *ops;
+    td_strategy_config c;
     td_strategy *s;
     td_status st;
-    char list[128];
+    char extra[64], options[512];
+    int devices;
     if (!out)
         return td__error(TD_ERR_INVALID_ARG, "td_strategy_create: out is NULL");
     *out = NULL;
     if (!g || !model_json || !cfg)
         return td__error(TD_ERR_INVALID_ARG, "td_strategy_create: group, model or config is NULL");
-    if (!(ops = find(cfg->name ? cfg->name : "single")))
-        return td__error(TD_ERR_INVALID_ARG, "unknown strategy '%s' (known: %s)", cfg->name,
-                         known(list, sizeof list));
+    TD_CHECK(resolve(cfg->name, &ops, extra, sizeof extra, &devices));
     if (td_group_size(g) < 1)
         return td__error(TD_ERR_INVALID_ARG, "%s: the group has no device", ops->name);
+    if (devices && td_group_size(g) != devices)
+        return td__error_setting(TD_ERR_INVALID_ARG, "devices",
+                                 "the mesh %s names %d devices; the group has %d", cfg->name,
+                                 devices, td_group_size(g));
     TD_CHECK(td__strategy_check_options(ops, cfg->options));
     if (td_group_size(g) < ops->min_members)
         return check_member_count(ops, g);
-    if (!(s = alloc_strategy(ops, g, model_json, model_name, cfg)))
+    c = *cfg;
+    snprintf(options, sizeof options, "%s%s%s", cfg->options ? cfg->options : "",
+             cfg->options && cfg->options[0] && extra[0] ? "," : "", extra);
+    c.options = options;
+    if (!(s = alloc_strategy(ops, g, model_json, model_name, &c)))
         return TD_ERR_OUT_OF_MEMORY;
     if ((st = ops->create(s)) != TD_OK) {
         td_strategy_destroy(s);
@@ -366,16 +387,20 @@ static const char *generating(char *buf, size_t n) {
 td_status td_strategy_decoder_create(td_group *g, const char *strategy, const char *checkpoint,
                                      td_dtype dtype, td_decoder **out) {
     const td_strategy_ops *ops;
-    char list[128];
+    char list[128], extra[64];
+    int devices;
     if (!out)
         return td__error(TD_ERR_INVALID_ARG, "td_strategy_decoder_create: out is NULL");
     *out = NULL;
     if (!g || !checkpoint)
         return td__error(TD_ERR_INVALID_ARG,
                          "td_strategy_decoder_create: group or checkpoint is NULL");
-    if (!(ops = find(strategy ? strategy : "single")))
-        return td__error(TD_ERR_INVALID_ARG, "unknown strategy '%s' (known: %s)", strategy,
-                         known(list, sizeof list));
+    TD_CHECK(resolve(strategy, &ops, extra, sizeof extra, &devices));
+    if (extra[0])
+        return td__error_setting(TD_ERR_UNSUPPORTED, "strategy",
+                                 "%s: generation runs on one axis (tensor or pipeline), not a "
+                                 "mesh",
+                                 strategy);
     if (!ops->decoder)
         return td__error(TD_ERR_UNSUPPORTED, "%s: does not generate (these do: %s)", ops->name,
                          generating(list, sizeof list));

@@ -267,20 +267,27 @@ static td_status parse_shares(const char *text, double *share, int *n) {
     return TD_OK;
 }
 
-td_status td__tp_adopt_split(void *impl, const char *text, int *adopted) {
-    tensor_par *p = impl;
-    double share[TD_DP_MAX_MEMBERS];
-    int n;
-    TD_CHECK(parse_shares(text, share, &n));
-    *adopted = n == p->size;
-    if (!*adopted || !memcmp(share, p->share, sizeof(double) * (size_t)p->size))
-        return TD_OK;
+td_status td__tp_use_shares(tensor_par *p, const double *share) {
+    if (!memcmp(share, p->share, sizeof(double) * (size_t)p->size) && p->mb[0].m)
+        return TD_OK; /* these slices are built */
     memcpy(p->share, share, sizeof(double) * (size_t)p->size);
     make_plans(p);
     for (int k = 0; k < p->size; k++) {
         td__tp_drop_member(&p->mb[k]);
         TD_CHECK(td__tp_make_member(p, k));
     }
+    return TD_OK;
+}
+
+/* Every replica's members take the recorded shares. */
+td_status td__tp_adopt_split(void *impl, const char *text, int *adopted) {
+    tensor_par *p = impl;
+    double share[TD_DP_MAX_MEMBERS];
+    int n, replicas = p->mesh ? td__tp_mesh_replicas(p->mesh) : 1;
+    TD_CHECK(parse_shares(text, share, &n));
+    *adopted = n == p->size;
+    for (int r = 0; r < replicas && *adopted; r++)
+        TD_CHECK(td__tp_use_shares(r ? td__tp_mesh_replica(p->mesh, r) : p, share));
     return TD_OK;
 }
 

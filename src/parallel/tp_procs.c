@@ -116,8 +116,13 @@ td_status td__tp_procs_sum_grads(td__tp_procs *pp, int k, td_model *m) {
 
 td_batch td__tp_procs_rows(const td__tp_procs *pp, const td_batch *all, const td_model_info *info,
                            int64_t *first) {
-    td_batch b = *all;
     int64_t lo = all->n * pp->process / pp->nprocs, hi = all->n * (pp->process + 1) / pp->nprocs;
+    *first = lo;
+    return td__tp_rows(all, info, lo, hi);
+}
+
+td_batch td__tp_rows(const td_batch *all, const td_model_info *info, int64_t lo, int64_t hi) {
+    td_batch b = *all;
     int64_t feats = 1, lps = info->kind == TD_INPUT_TOKENS ? info->in_shape[0] : 1;
     for (int i = 0; i < info->in_ndim; i++)
         feats *= info->in_shape[i];
@@ -127,6 +132,5 @@ td_batch td__tp_procs_rows(const td__tp_procs *pp, const td_batch *all, const td
     if (b.tokens)
         b.tokens += lo * feats;
     b.labels += lo * lps;
-    *first = lo;
     return b;
 }

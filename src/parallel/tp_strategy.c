@@ -84,21 +84,11 @@ static void update_early(void *arg, size_t first, size_t count) {
     m->update_s += (double)(td_clock_ns() - t0) * 1e-9;
 }
 
-/* A training step's call: the batch (this process's rows of it), its first
- * sample's place in the global batch, the dropout step and the loss scale. */
-typedef struct step_call {
-    tensor_par *p;
-    const td_batch *batch;
-    int64_t first;
-    uint64_t step;
-    double grad_scale;
-} step_call;
-
 /* Forward and backward; with `early`, each layer's update as soon as its
  * gradients are final, between the layers' compute: the members' updates
  * then do not all stream their optimizer state at once, which on CPU
  * devices sharing one memory bus slows every one of them. */
-static td_status backward(const step_call *c, tp_member *m, int early) {
+static td_status backward(const tp_step_call *c, tp_member *m, int early) {
     uint64_t t0 = td_clock_ns();
     td_status st;
     m->comm_s = m->compute_s = m->update_s = 0;
@@ -126,12 +116,12 @@ static td_status update(td_group *g, tp_member *m) {
  * layer's own gradients: no clipping (the whole gradient's norm), and no
  * other processes (their gradients summed first). */
 static int can_update_early(const tensor_par *p) {
-    return p->s->cfg.opt.clip_norm <= 0 && p->procs.nprocs == 1;
+    return p->s->cfg.opt.clip_norm <= 0 && p->procs.nprocs == 1 && !p->mesh;
 }
 
 /* A step within one process: forward, backward and the update. */
 static td_status step_job(td_group *g, td_device *dev, int rank, int size, void *arg) {
-    step_call *c = arg;
+    tp_step_call *c = arg;
     tp_member *m = &c->p->mb[rank];
     (void)dev;
     (void)size;
@@ -139,18 +129,18 @@ static td_status step_job(td_group *g, td_device *dev, int rank, int size, void 
     return update(g, m);
 }
 
-/* Across processes, first forward and backward, */
-static td_status backward_job(td_group *g, td_device *dev, int rank, int size, void *arg) {
-    step_call *c = arg;
+/* Across processes (or replicas), first forward and backward, */
+td_status td__tp_backward_job(td_group *g, td_device *dev, int rank, int size, void *arg) {
+    tp_step_call *c = arg;
     (void)g;
     (void)dev;
     (void)size;
     return backward(c, &c->p->mb[rank], 0);
 }
 
-/* then, the gradients summed over the processes, the update. */
-static td_status update_job(td_group *g, td_device *dev, int rank, int size, void *arg) {
-    step_call *c = arg;
+/* then, the gradients summed over the processes (or replicas), the update. */
+td_status td__tp_update_job(td_group *g, td_device *dev, int rank, int size, void *arg) {
+    tp_step_call *c = arg;
     (void)dev;
     (void)size;
     return update(g, &c->p->mb[rank]);
@@ -203,17 +193,17 @@ static void fill_stats(tensor_par *p, const double *all, int64_t n, double step_
 /* Across processes: this process's rows, then every member's gradients
  * summed with its peers in the other processes, then the update; the
  * step's numbers summed over the processes. */
-static td_status step_across(step_call *c, const td_batch *batch) {
+static td_status step_across(tp_step_call *c, const td_batch *batch) {
     tensor_par *p = c->p;
     td_batch rows = td__tp_procs_rows(&p->procs, batch, &p->info, &c->first);
     c->batch = &rows;
-    TD_CHECK(td_group_run(p->g, backward_job, c));
+    TD_CHECK(td_group_run(p->g, td__tp_backward_job, c));
     for (int k = 0; k < p->size; k++) {
         uint64_t t0 = td_clock_ns();
         TD_CHECK(td__tp_procs_sum_grads(&p->procs, k, p->mb[k].m));
         p->mb[k].comm_s += (double)(td_clock_ns() - t0) * 1e-9;
     }
-    return td_group_run(p->g, update_job, c);
+    return td_group_run(p->g, td__tp_update_job, c);
 }
 
 static td_status tp_step(void *impl, const td_batch *batch, uint64_t step, td_step_result *res,
@@ -221,7 +211,9 @@ static td_status tp_step(void *impl, const td_batch *batch, uint64_t step, td_st
     tensor_par *p = impl;
     double all[TD_DP_MAX_MEMBERS * TP_STAT_WORDS];
     uint64_t t0 = td_clock_ns();
-    step_call c = {p, batch, 0, step, 1.0 / (double)(batch->n * p->lps)};
+    tp_step_call c = {p, batch, 0, step, 1.0 / (double)(batch->n * p->lps)};
+    if (p->mesh)
+        return td__tp_mesh_step(p, batch, step, res, stats);
     TD_CHECK(p->procs.nprocs > 1 ? step_across(&c, batch) : td_group_run(p->g, step_job, &c));
     TD_CHECK(td_buffer_read(p->mb[0].stats_all, 0, all,
                             sizeof(double) * TP_STAT_WORDS * (size_t)p->size));
@@ -243,15 +235,22 @@ static td_status tp_evaluate(void *impl, const td_batch *batches, size_t n,
 
 /* Checkpoints (placement.c) and the rest ----------------------------------------- */
 
-/* Every member's shard and optimizer, in rank order. */
-static void holdings_of(const tensor_par *p, td__holding *h) {
+/* Every member's shard and optimizer, in rank order; first (the rank of
+ * member 0) numbers them in the strategy's group. */
+static void holdings_of(const tensor_par *p, td__holding *h, int first) {
     for (int k = 0; k < p->size; k++)
-        h[k] = (td__holding){p->mb[k].m, p->mb[k].opt, k};
+        h[k] = (td__holding){p->mb[k].m, p->mb[k].opt, first + k};
 }
 
+/* The replicas' holdings, in the group's order. */
 static void tp_holdings(void *impl, td__holding *h, int *n) {
-    holdings_of(impl, h);
-    *n = ((tensor_par *)impl)->size;
+    tensor_par *p = impl;
+    int replicas = p->mesh ? td__tp_mesh_replicas(p->mesh) : 1;
+    *n = 0;
+    for (int r = 0; r < replicas && *n + p->size <= TD_DP_MAX_MEMBERS; r++) {
+        holdings_of(r ? td__tp_mesh_replica(p->mesh, r) : p, h + *n, *n);
+        *n += p->size;
+    }
 }
 
 static td_status tp_save(void *impl, const char *path, const td_train_state *state) {
@@ -259,15 +258,15 @@ static td_status tp_save(void *impl, const char *path, const td_train_state *sta
     td__holding h[TD_DP_MAX_MEMBERS];
     if (p->procs.process != 0) /* every process holds the same model: one writes */
         return TD_OK;
-    holdings_of(p, h);
+    holdings_of(p, h, 0); /* every replica holds the same */
     return td__placement_save(h, p->size, path, state);
 }
 
 static td_status tp_load(void *impl, const char *path, td_train_state *state) {
-    tensor_par *p = impl;
     td__holding h[TD_DP_MAX_MEMBERS];
-    holdings_of(p, h);
-    return td__placement_load(h, p->size, path, state);
+    int n;
+    tp_holdings(impl, h, &n);
+    return td__placement_load(h, n, path, state);
 }
 
 static double tp_lr(void *impl) {
@@ -282,12 +281,11 @@ static void tp_model_info(void *impl, td_model_info *out) {
     *out = ((tensor_par *)impl)->info;
 }
 
-static const char *tp_plan_text(void *impl, char *buf, size_t n) {
-    tensor_par *p = impl;
+/* A line per member of replica p (a later replica: cut as the first). */
+static size_t plan_lines(const tensor_par *p, int later, char *buf, size_t n) {
     size_t used = 0;
-    buf[0] = '\0';
     for (int k = 0; k < p->size && used < n; k++) {
-        tp_member *m = &p->mb[k];
+        const tp_member *m = &p->mb[k];
         int64_t heads = 0, all_heads = 0, feats = 0, all_feats = 0;
         int natt = 0, nmlp = 0;
         for (int u = 0; u < p->nunits; u++) {
@@ -301,15 +299,38 @@ static const char *tp_plan_text(void *impl, char *buf, size_t n) {
                 nmlp++;
             }
         }
+        char why[96];
+        if (later)
+            snprintf(why, sizeof why, "as the first replica's member %d", k);
+        else
+            snprintf(why, sizeof why, "by measured speed (%.2f ms a whole-model step alone)",
+                     m->alone_s * 1e3);
         used += (size_t)snprintf(
             buf + used, n - used,
             "%s: %lld of %lld heads in %d attention layer%s, %lld of %lld hidden features in %d "
-            "MLP%s; %.0f%% by measured speed (%.2f ms a whole-model step alone), %.2f MB of "
-            "weights\n",
+            "MLP%s; %.0f%% %s, %.2f MB of weights\n",
             td_device_name(m->dev), (long long)heads, (long long)all_heads, natt,
             natt == 1 ? "" : "s", (long long)feats, (long long)all_feats, nmlp,
-            nmlp == 1 ? "" : "s", 100 * p->share[k], m->alone_s * 1e3,
+            nmlp == 1 ? "" : "s", 100 * p->share[k], why,
             (double)td_model_num_weights(m->m) * (double)td_dtype_size(p->s->cfg.dtype) / 1e6);
+    }
+    return used;
+}
+
+static const char *tp_plan_text(void *impl, char *buf, size_t n) {
+    tensor_par *p = impl;
+    int replicas = p->mesh ? td__tp_mesh_replicas(p->mesh) : 1;
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int r = 0; r < replicas && used < n; r++) {
+        if (replicas > 1)
+            used += (size_t)snprintf(buf + used, n - used,
+                                     "replica %d of %d, rows %d/%d of each "
+                                     "batch:\n",
+                                     r + 1, replicas, r + 1, replicas);
+        if (used < n)
+            used +=
+                plan_lines(r ? td__tp_mesh_replica(p->mesh, r) : p, r > 0, buf + used, n - used);
     }
     return buf;
 }
@@ -325,8 +346,7 @@ void td__tp_drop_member(tp_member *m) {
     m->stats_send = m->stats_all = NULL;
 }
 
-static void tp_destroy(void *impl) {
-    tensor_par *p = impl;
+void td__tp_free(tensor_par *p) {
     if (!p)
         return;
     for (int k = 0; k < p->size; k++) {
@@ -335,6 +355,13 @@ static void tp_destroy(void *impl) {
     }
     td__tp_procs_close(&p->procs);
     free(p);
+}
+
+static void tp_destroy(void *impl) {
+    tensor_par *p = impl;
+    if (p)
+        td__tp_mesh_close(p->mesh);
+    td__tp_free(p);
 }
 
 static td_status check_group(tensor_par *p) {
@@ -362,14 +389,14 @@ td_status td__tp_make_member(tensor_par *p, int k) {
     return TD_OK;
 }
 
-static td_status tp_create(td_strategy *s) {
+td_status td__tp_build(td_strategy *s, td_group *g, const double *share, tensor_par **out) {
     tensor_par *p = td__calloc(sizeof *p, "the tensor strategy");
+    *out = p;
     if (!p)
         return TD_ERR_OUT_OF_MEMORY;
-    s->impl = p;
     p->s = s;
-    TD_CHECK(td__tp_procs_open(s->group, &p->procs));
-    p->g = p->procs.local ? p->procs.local : s->group;
+    TD_CHECK(td__tp_procs_open(g, &p->procs));
+    p->g = p->procs.local ? p->procs.local : g;
     p->size = td_group_size(p->g);
     TD_CHECK(check_group(p));
     TD_CHECK(td_model_describe(s->json, s->model_name, &p->info, NULL, 0));
@@ -388,10 +415,70 @@ static td_status tp_create(td_strategy *s) {
         p->mb[k].rank = k;
         TD_CHECK(td_buffer_alloc(p->mb[k].dev, sizeof(double), &p->mb[k].scalar));
     }
+    if (share)
+        return td__tp_use_shares(p, share);
     TD_CHECK(td__tp_plan(p));
     for (int k = 0; k < p->size; k++)
         TD_CHECK(td__tp_make_member(p, k));
     return td__tp_rebalance(p);
+}
+
+static td_status tp_create(td_strategy *s) {
+    int64_t replicas = 1;
+    tensor_par *p = NULL;
+    td_status st;
+    TD_CHECK(td__option_count(s, "replicas", 1, &replicas));
+    st =
+        replicas > 1 ? td__tp_mesh_open(s, (int)replicas, &p) : td__tp_build(s, s->group, NULL, &p);
+    s->impl = p;
+    return st;
+}
+
+static td_status tp_survivors(void *impl, td_group **out) {
+    tensor_par *p = impl;
+    return p->mesh ? td__tp_mesh_survivors(p->mesh, p->s->group, out)
+                   : td_group_shrink(p->s->group, NULL, 0, out);
+}
+
+/* Whether the device of rank `member` in s's group is among the survivors. */
+static int survived(const td_strategy *s, const td_group *survivors, int member) {
+    td_device *dev = td_group_device(s->group, member);
+    return dev && td_group_rank_of(survivors, dev) >= 0;
+}
+
+/* The survivors' holdings still cover every slice (under a mesh, the other
+ * replica's; or the lost member held none): they carry on as one tensor
+ * strategy over all of them, its slices planned anew, from what the
+ * survivors that counted the most optimizer steps hold (a loss in a step's
+ * last exchange may come after some updates). */
+static td_status tp_carry_on(td_strategy *s, td_group *survivors, int64_t steps_before,
+                             td_strategy *next, int *step_taken, const char **why) {
+    td__holding h[TD_DP_MAX_MEMBERS], from[TD_DP_MAX_MEMBERS], to[TD_DP_MAX_MEMBERS];
+    int alive[TD_DP_MAX_MEMBERS], n, nf = 0, nt;
+    int64_t most = -1;
+    char lost[200];
+    tp_holdings(s->impl, h, &n);
+    for (int k = 0; k < n; k++)
+        if (survived(s, survivors, h[k].member))
+            most = td_optimizer_steps(h[k].opt) > most ? td_optimizer_steps(h[k].opt) : most;
+    for (int k = 0; k < n; k++) {
+        alive[k] = survived(s, survivors, h[k].member) && td_optimizer_steps(h[k].opt) == most;
+        if (alive[k])
+            from[nf++] = h[k];
+    }
+    if (!td__placement_covers(h, n, alive, lost, sizeof lost)) {
+        snprintf(s->why, sizeof s->why,
+                 "the devices that took the step's update do not hold all of %s", lost);
+        *why = s->why;
+        return td__error(TD_ERR_UNSUPPORTED, "tensor: %s", s->why);
+    }
+    next->options[0] = '\0'; /* no replicas: the survivors split the model anew */
+    next->cfg.options = next->options;
+    TD_CHECK(tp_create(next));
+    tp_holdings(next->impl, to, &nt);
+    TD_CHECK(td__placement_copy(from, nf, to, nt, most));
+    *step_taken = most > steps_before;
+    return TD_OK;
 }
 
 static void tp_report(const td_run_figures *f, td_strategy_report *out) {
@@ -403,8 +490,16 @@ static void tp_report(const td_run_figures *f, td_strategy_report *out) {
              "input gradients, waiting for the others included");
 }
 
+static const td_strategy_option tp_options[] = {
+    {"replicas", "R",
+     "data-parallel replicas of the split model within this process, each on size / R "
+     "consecutive devices (the mesh data:R,tensor:N)"},
+    {NULL, NULL, NULL},
+};
+
 const td_strategy_ops td__strategy_tensor = {
     .name = "tensor",
+    .options = tp_options,
     .summary = "each layer's heads and hidden features split across the devices: batch size 1",
     .report = tp_report,
     .create = tp_create,
@@ -420,5 +515,7 @@ const td_strategy_ops td__strategy_tensor = {
     .split = td__tp_split,
     .adopt_split = td__tp_adopt_split,
     .holdings = tp_holdings,
+    .survivors = tp_survivors,
+    .carry_on = tp_carry_on,
     .decoder = td__tensor_decoder,
 };

@@ -1,0 +1,232 @@
+/* data × tensor within one process (the mesh data:R,tensor:N, mesh.c): R
+ * replicas of the tensor strategy, each over N consecutive members of the
+ * group, all cut alike (the first replica's measured plan), so that member
+ * k of every replica holds the same slices. A step gives replica r rows
+ * [n r / R, n (r + 1) / R) of the batch; the replicas run forward and
+ * backward at once (a thread each: a group's run blocks its caller), then
+ * member k's gradients are summed over a group of member k of every
+ * replica, and the replicas take the update at once, every one on the
+ * same gradients: the weights stay equal, and one device's up to the order
+ * of the sums. Processes under mpirun are the same idea across processes
+ * (tp_procs.c); the two do not combine yet. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "parallel/tp-impl.h"
+
+struct tp_mesh {
+    int replicas, n;
+    tensor_par *rep[TD_DP_MAX_MEMBERS];  /* rep[0] is the strategy's own */
+    td_group *rgroup[TD_DP_MAX_MEMBERS]; /* replica r's members */
+    td_group *across[TD_DP_MAX_MEMBERS]; /* member k of every replica */
+};
+
+int td__tp_mesh_replicas(const tp_mesh *x) {
+    return x ? x->replicas : 1;
+}
+
+tensor_par *td__tp_mesh_replica(const tp_mesh *x, int r) {
+    return x->rep[r];
+}
+
+void td__tp_mesh_close(tp_mesh *x) {
+    if (!x)
+        return;
+    for (int r = 1; r < x->replicas; r++)
+        td__tp_free(x->rep[r]);
+    for (int k = 0; k < x->n; k++)
+        td_group_destroy(x->across[k]);
+    for (int r = 0; r < x->replicas; r++)
+        td_group_destroy(x->rgroup[r]);
+    free(x);
+}
+
+/* The replica groups and the groups across them, each g less the members
+ * it leaves out: they share g's timeouts and its injected faults, whose
+ * counts go on whichever group a device's collective runs in. */
+static td_status make_groups(tp_mesh *x, td_group *g) {
+    int out[TD_DP_MAX_MEMBERS], size = x->replicas * x->n, n;
+    for (int r = 0; r < x->replicas; r++) {
+        n = 0;
+        for (int rank = 0; rank < size; rank++)
+            if (rank / x->n != r)
+                out[n++] = rank;
+        TD_CHECK(td_group_shrink(g, out, (size_t)n, &x->rgroup[r]));
+    }
+    for (int k = 0; k < x->n; k++) {
+        n = 0;
+        for (int rank = 0; rank < size; rank++)
+            if (rank % x->n != k)
+                out[n++] = rank;
+        TD_CHECK(td_group_shrink(g, out, (size_t)n, &x->across[k]));
+    }
+    return TD_OK;
+}
+
+td_status td__tp_mesh_open(td_strategy *s, int replicas, tensor_par **out) {
+    td_group *g = s->group;
+    int size = td_group_size(g);
+    tp_mesh *x;
+    td_status st;
+    *out = NULL;
+    if (td_group_local_size(g) != size)
+        return td__error_setting(TD_ERR_UNSUPPORTED, "strategy",
+                                 "tensor: replicas within a process and processes do not combine "
+                                 "yet (under mpirun each process is a replica already)");
+    if (size % replicas != 0 || replicas > TD_DP_MAX_MEMBERS)
+        return td__error_setting(TD_ERR_INVALID_ARG, "strategy",
+                                 "tensor: %d replicas do not divide the group's %d devices",
+                                 replicas, size);
+    if (!(x = td__calloc(sizeof *x, "a data x tensor mesh")))
+        return TD_ERR_OUT_OF_MEMORY;
+    x->replicas = replicas;
+    x->n = size / replicas;
+    if ((st = make_groups(x, g)) != TD_OK)
+        goto fail;
+    st = td__tp_build(s, x->rgroup[0], NULL, &x->rep[0]);
+    for (int r = 1; r < replicas && st == TD_OK; r++)
+        st = td__tp_build(s, x->rgroup[r], x->rep[0]->share, &x->rep[r]);
+    if (x->rep[0])
+        x->rep[0]->mesh = x;
+    *out = x->rep[0];
+    if (st == TD_OK || x->rep[0])
+        return st; /* the strategy's destroy takes the mesh with its first replica */
+fail:
+    td__tp_mesh_close(x);
+    return st;
+}
+
+td_status td__tp_mesh_survivors(const tp_mesh *x, td_group *g, td_group **out) {
+    int gone[TD_DP_MAX_MEMBERS], n = 0;
+    for (int r = 0; r < x->replicas; r++)
+        for (int k = 0; k < x->n; k++)
+            if (td_group_member_failed(g, r * x->n + k) ||
+                td_group_member_failed(x->rgroup[r], k) || td_group_member_failed(x->across[k], r))
+                gone[n++] = r * x->n + k;
+    return td_group_shrink(g, gone, (size_t)n, out);
+}
+
+/* Running a job on every replica at once --------------------------------------------- */
+
+typedef struct replica_run {
+    td_group *g;
+    td_group_fn fn;
+    void *arg;
+    td_status st;
+    char msg[512];
+} replica_run;
+
+static void *run_replica(void *arg) {
+    replica_run *r = arg;
+    r->st = td_group_run(r->g, r->fn, r->arg);
+    if (r->st != TD_OK)
+        snprintf(r->msg, sizeof r->msg, "%s", td_last_error());
+    return NULL;
+}
+
+/* fn on replica r with calls[r], every replica at once; the first failure. */
+static td_status run_replicas(tp_mesh *x, td_group_fn fn, tp_step_call *calls) {
+    replica_run runs[TD_DP_MAX_MEMBERS];
+    pthread_t threads[TD_DP_MAX_MEMBERS];
+    int started[TD_DP_MAX_MEMBERS] = {0};
+    for (int r = 0; r < x->replicas; r++)
+        runs[r] = (replica_run){x->rgroup[r], fn, &calls[r], TD_OK, ""};
+    for (int r = 1; r < x->replicas; r++)
+        started[r] = pthread_create(&threads[r], NULL, run_replica, &runs[r]) == 0;
+    run_replica(&runs[0]);
+    for (int r = 1; r < x->replicas; r++) {
+        if (started[r])
+            pthread_join(threads[r], NULL);
+        else
+            run_replica(&runs[r]); /* no thread: after the others, which do not wait for it */
+    }
+    for (int r = 0; r < x->replicas; r++)
+        if (runs[r].st != TD_OK)
+            return td__error(runs[r].st, "%s", runs[r].msg);
+    return TD_OK;
+}
+
+/* Summing member k's gradients over the replicas: on the group across them,
+ * whose rank r is replica r's member k. */
+typedef struct across_call {
+    tp_mesh *x;
+    int k;
+} across_call;
+
+static td_status sum_across_job(td_group *g, td_device *dev, int rank, int size, void *arg) {
+    across_call *c = arg;
+    tp_member *m = &c->x->rep[rank]->mb[c->k];
+    uint64_t t0 = td_clock_ns();
+    (void)dev;
+    (void)size;
+    for (size_t i = 0; i < td_model_param_count(m->m); i++)
+        TD_CHECK(td_allreduce_tensor(g, td_model_grad(m->m, i), TD_REDUCE_SUM));
+    m->comm_s += (double)(td_clock_ns() - t0) * 1e-9;
+    return TD_OK;
+}
+
+/* The step's numbers: each replica's member 0 row holds its rows' loss and
+ * counts (every member of a replica computes the same); timings member by
+ * member, replica after replica. */
+static td_status gather_results(tp_mesh *x, const td_batch *batch, double step_s,
+                                td_step_result *res, td_step_stats *stats) {
+    double all[TD_DP_MAX_MEMBERS * TP_STAT_WORDS], speed = 0;
+    memset(res, 0, sizeof *res);
+    if (stats) {
+        memset(stats, 0, sizeof *stats);
+        stats->members = x->replicas * x->n;
+        stats->step_s = step_s;
+    }
+    for (int r = 0; r < x->replicas; r++) {
+        tensor_par *p = x->rep[r];
+        TD_CHECK(td_buffer_read(p->mb[0].stats_all, 0, all,
+                                sizeof(double) * TP_STAT_WORDS * (size_t)p->size));
+        res->loss_sum += all[3];
+        res->correct += (int64_t)all[4];
+        res->count += (int64_t)all[5];
+        for (int k = 0; stats && k < p->size; k++) {
+            td_member_stats *m = &stats->m[r * x->n + k];
+            const double *v = all + (size_t)k * TP_STAT_WORDS;
+            m->samples = batch->n * (r + 1) / x->replicas - batch->n * r / x->replicas;
+            m->share = p->share[k] / x->replicas;
+            m->compute_s = v[0];
+            m->comm_s = v[1];
+            m->update_s = v[2];
+            m->wait_s = fmax(0, step_s - v[0] - v[1] - v[2]);
+            speed += p->mb[k].alone_s > 0 ? 1.0 / p->mb[k].alone_s : 0;
+        }
+    }
+    if (stats) /* calibration timed one sample of the whole model */
+        stats->ideal_s = speed > 0 ? (double)batch->n / speed : 0;
+    return TD_OK;
+}
+
+td_status td__tp_mesh_step(tensor_par *p, const td_batch *batch, uint64_t step, td_step_result *res,
+                           td_step_stats *stats) {
+    tp_mesh *x = p->mesh;
+    tp_step_call calls[TD_DP_MAX_MEMBERS];
+    td_batch rows[TD_DP_MAX_MEMBERS];
+    uint64_t t0 = td_clock_ns();
+    if (batch->n < x->replicas)
+        return td__error_setting(TD_ERR_INVALID_ARG, "batch",
+                                 "tensor: a batch of %lld samples for %d replicas: give each at "
+                                 "least one",
+                                 (long long)batch->n, x->replicas);
+    for (int r = 0; r < x->replicas; r++) {
+        int64_t lo = batch->n * r / x->replicas, hi = batch->n * (r + 1) / x->replicas;
+        rows[r] = td__tp_rows(batch, &p->info, lo, hi);
+        calls[r] = (tp_step_call){x->rep[r], &rows[r], lo, step, 1.0 / (double)(batch->n * p->lps)};
+    }
+    TD_CHECK(run_replicas(x, td__tp_backward_job, calls));
+    for (int k = 0; k < x->n; k++) {
+        across_call c = {x, k};
+        TD_CHECK(td_group_run(x->across[k], sum_across_job, &c));
+    }
+    TD_CHECK(run_replicas(x, td__tp_update_job, calls));
+    return gather_results(x, batch, (double)(td_clock_ns() - t0) * 1e-9, res, stats);
+}
