@@ -277,6 +277,17 @@ static void safetensors_mistakes_are_named(void **state) {
     }
     expect_open_error(td_test_tmp("f16.safetensors"), &o, &mi, TD_ERR_DTYPE, "dtype F16", NULL);
     {
+        /* A dtype the format lacks (strings): the message names what a data
+         * file may hold, integers included, not only F32 and F64. */
+        td_test_st_entry e[] = {{"x", "STR", "[4,2]", x, sizeof x},
+                                {"y", "I64", "[4]", y, sizeof y}};
+        td_test_write_safetensors(td_test_tmp("str.safetensors"), e, 2);
+    }
+    expect_open_error(td_test_tmp("str.safetensors"), &o, &mi, TD_ERR_CORRUPT,
+                      "tensor \"x\": dtype \"STR\"; tandem reads F32, F64, BOOL and integer "
+                      "(U8 to I64) tensors",
+                      NULL);
+    {
         /* (4, 2) samples of 2 values, a model reading 3. */
         td_model_info three = model(TD_INPUT_FEATURES, 3, 2);
         td_test_st_entry e[] = {{"x", "F32", "[4,2]", x, sizeof x},
