@@ -105,8 +105,13 @@ TD_API td_status td_decoder_create_custom(const td_decoder_impl *impl, td_decode
 
 /* The generator ----------------------------------------------------------------- */
 
+/* The most tokens one td_generate call makes: past the context generation
+ * goes on by sliding the window, so without a bound a mistyped count runs
+ * until the process is killed. */
+#define TD_GENERATE_MAX_TOKENS ((int64_t)1000000)
+
 typedef struct td_generate_config {
-    int64_t tokens;      /* tokens to generate, >= 0 */
+    int64_t tokens;      /* tokens to generate, in [0, TD_GENERATE_MAX_TOKENS] */
     double temperature;  /* logits are divided by it; 0: greedy (arg-max, ties to the lower id) */
     int64_t top_k;       /* sample among the k likeliest; 0: all */
     double top_p;        /* then among the fewest likeliest whose probability reaches p; 1: all */
@@ -136,8 +141,9 @@ typedef struct td_generate_stats {
  * are prefilled again at positions [0, T / 2), as the model saw windows of
  * text in training, and decoding goes on. The same seed and settings give
  * the same tokens every time, on any device of one dtype up to rounding.
- * Bad settings (temperature < 0 or not finite, top_k < 0, top_p outside
- * (0, 1], a limit over the vocabulary) are TD_ERR_INVALID_ARG naming them.
+ * Bad settings (tokens outside [0, TD_GENERATE_MAX_TOKENS], temperature < 0
+ * or not finite, top_k < 0, top_p outside (0, 1], a limit over the
+ * vocabulary) are TD_ERR_INVALID_ARG naming them.
  * *stats (may be NULL) is filled on return, also after a failure. */
 TD_API td_status td_generate(td_decoder *d, const int32_t *prompt, int64_t n,
                              const td_generate_config *cfg, td_token_fn fn, void *arg,

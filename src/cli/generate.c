@@ -31,7 +31,8 @@ static void usage(FILE *out) {
                  "                      byte a token)\n"
                  "  --prompt TEXT       the text to continue\n"
                  "  --prompt-file F     the text to continue, from a file\n"
-                 "  --tokens N          bytes (tokens) to generate (default 200)\n"
+                 "  --tokens N          bytes (tokens) to generate (default 200, at most\n"
+                 "                      1000000)\n"
                  "  --temperature T     divides the logits; 0 is greedy (default 1)\n"
                  "  --top-k K           sample among the K likeliest bytes (default 0: all)\n"
                  "  --top-p P           then among the fewest whose probability reaches P\n"
@@ -90,6 +91,13 @@ static int parse_int(const char *flag, const char *s, long long lo, long long *o
     v = strtoll(s, &end, 10);
     if (!*s || *end || errno || v < lo) {
         fprintf(stderr, "tandem generate: --%s wants an integer >= %lld, not '%s'\n", flag, lo, s);
+        return 0;
+    }
+    if (!strcmp(flag, "tokens") && v > TD_GENERATE_MAX_TOKENS) {
+        fprintf(stderr,
+                "tandem generate: --tokens wants at most %lld, not '%s' (past the model's "
+                "context the window slides and generation goes on; run again for more)\n",
+                (long long)TD_GENERATE_MAX_TOKENS, s);
         return 0;
     }
     *out = v;

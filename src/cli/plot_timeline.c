@@ -6,8 +6,9 @@
  * ("cpu:0", "cpu:0 comm", "trainer") and ordered by its thread_sort_index,
  * process by process; with several processes (mpirun) its name says the
  * rank. Complete events ("ph":"X", ts and dur in microseconds) are the
- * spans; other phases are skipped, and so is anything that is not an
- * event. Time runs from the first span's start. */
+ * spans, and one whose ts is not a number or whose dur is not one of 0 or
+ * more is an error naming it; other phases are skipped, and so is anything
+ * that is not an event. Time runs from the first span's start. */
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -105,17 +106,40 @@ static int read_meta(timeline *tl, json_t *e) {
     return 0;
 }
 
-/* A complete event: a span, t0 and t1 in microseconds of the trace's clock
- * (moved to ms from the first span later). */
-static int read_span(timeline *tl, json_t *e) {
-    json_t *ts = json_object_get(e, "ts"), *dur = json_object_get(e, "dur");
+/* A number member of a complete event that must hold microseconds (at least
+ * lo); 0, or 1 after saying what is wrong with it, naming the event. */
+static int micros_of(timeline *tl, json_t *e, size_t index, const char *key, double lo,
+                     double *out) {
+    json_t *j = json_object_get(e, key);
+    const char *name = json_string_value(json_object_get(e, "name"));
+    char *text;
+    if (json_is_number(j) && isfinite(json_number_value(j)) && json_number_value(j) >= lo) {
+        *out = json_number_value(j);
+        return 0;
+    }
+    text = j ? json_dumps(j, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+    fprintf(stderr,
+            "tandem plot: %s: event %zu (\"%.60s\", a complete event): \"%s\" %s%.60s%s; it "
+            "wants a number of microseconds%s\n",
+            tl->path, index, name ? name : "unnamed", key, j ? "is " : "is missing",
+            text ? text : "", j && !json_is_number(j) ? ", not a number" : "",
+            lo == 0 ? ", 0 or more" : "");
+    free(text);
+    return 1;
+}
+
+/* A complete event (number `index` of the list): a span, t0 and t1 in
+ * microseconds of the trace's clock (moved to ms from the first span
+ * later). A start that is not a number, or a duration that is not one of 0
+ * or more, is an error: drawn, or skipped, it would misstate the run. */
+static int read_span(timeline *tl, json_t *e, size_t index) {
     json_t *step = json_object_get(json_object_get(e, "args"), "step");
     td_plot_span s = {0};
+    double dur;
     row *r;
-    if (!json_is_number(ts) || !isfinite(json_number_value(ts)))
-        return 0;
-    s.t0 = json_number_value(ts);
-    s.t1 = s.t0 + (json_is_number(dur) && json_number_value(dur) > 0 ? json_number_value(dur) : 0);
+    if (micros_of(tl, e, index, "ts", -INFINITY, &s.t0) || micros_of(tl, e, index, "dur", 0, &dur))
+        return 1;
+    s.t1 = s.t0 + dur;
     s.cat = td_cli_plot_cat(json_string_value(json_object_get(e, "cat")));
     s.name = json_string_value(json_object_get(e, "name"));
     if (json_is_integer(step) && json_integer_value(step) > 0) {
@@ -238,7 +262,7 @@ int td_cli_plot_trace(const char *path, json_t *root, const char *out_path) {
         if (!strcmp(ph, "M"))
             rc = read_meta(&tl, e);
         else if (!strcmp(ph, "X"))
-            rc = read_span(&tl, e);
+            rc = read_span(&tl, e, i);
         if (rc)
             break;
     }

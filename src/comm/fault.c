@@ -11,7 +11,12 @@
  * gave up), stuck (the same, but its host thread never comes back, as with a
  * GPU hung for good) or error (it fails at once and tells its peers).
  * "cpu:1@allreduce:5" makes cpu:1 stop at its 5th all-reduce. An item that
- * could never fire (a device not in the group, a count of 0) is refused.
+ * could never fire (a device not in the group, a count of 0) is refused. One
+ * that did not fire by the time the group (and those shrunk from it) is
+ * destroyed is named in a warning with what its device ran instead: which
+ * collectives a run makes is the strategy's business (ZeRO-1 runs no
+ * all-reduce, pipeline decoding no collective), so a test that counted on it
+ * would otherwise pass for the wrong reason.
  *
  * A group shrunk from a group with faults (td_group_shrink: the data
  * strategy's group of the members not parked, the survivors of a loss)
@@ -28,12 +33,16 @@
 #include "comm/process.h"
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/log.h"
 
 struct td__fault_plan {
     atomic_int refs;
     char text[256];
     int nitems;
+    int process; /* this process's rank (td__group_process) */
     td__fault items[TD_COMM_MAX_FAULT];
+    char item_text[TD_COMM_MAX_FAULT][128];
+    int item_slot[TD_COMM_MAX_FAULT]; /* its device's counters, -1: another process's */
     atomic_int fired[TD_COMM_MAX_FAULT];
     size_t ndevs;
     td_device **devs;                       /* the first group's local devices */
@@ -181,6 +190,11 @@ td_status td__fault_parse(td_group *g, const char *text, td_device *const *devs,
             return st;
         }
         atomic_init(&p->fired[p->nitems], 0);
+        snprintf(p->item_text[p->nitems], sizeof p->item_text[0], "%s", item);
+        p->item_slot[p->nitems] = -1;
+        for (size_t i = 0; i < n; i++)
+            if (!strcmp(p->items[p->nitems].device, td_device_name(devs[i])))
+                p->item_slot[p->nitems] = (int)i;
         p->nitems++;
     }
     g->faults = p;
@@ -188,6 +202,8 @@ td_status td__fault_parse(td_group *g, const char *text, td_device *const *devs,
 }
 
 void td__fault_attach(td_group *g) {
+    if (g->faults)
+        g->faults->process = td__group_process(g);
     for (int k = 0; k < g->nlocal; k++) {
         td__member *m = &g->members[k];
         m->fault_slot = -1;
@@ -204,9 +220,33 @@ void td__fault_share(td_group *from, td_group *to) {
     td__fault_attach(to);
 }
 
+/* Warns of each item of this process's devices that never fired, with what
+ * its device ran instead. The devices may be gone by now (a shrunk group
+ * can outlive the list its first group owned): only counters are read. */
+static void report_unfired(const td__fault_plan *p) {
+    for (int i = 0; i < p->nitems; i++) {
+        const td__fault *f = &p->items[i];
+        int d = p->item_slot[i], kinds, all;
+        if (atomic_load(&p->fired[i]) || d < 0 || (f->process >= 0 && f->process != p->process))
+            continue;
+        all = atomic_load(&p->calls[d][TD_COLL_KINDS]);
+        kinds = f->kind < 0 ? all : atomic_load(&p->calls[d][f->kind]);
+        if (f->kind < 0)
+            TD_LOG_WARN("TANDEM_FAULT item '%s' never fired: %s ran %d collectives in all",
+                        p->item_text[i], f->device, all);
+        else
+            TD_LOG_WARN("TANDEM_FAULT item '%s' never fired: %s ran %d %s of its %d "
+                        "collectives%s",
+                        p->item_text[i], f->device, kinds, td_collective_name(f->kind), all,
+                        kinds ? "" : " (this run makes none of that kind)");
+    }
+}
+
 void td__fault_release(td_group *g) {
-    if (g->faults && atomic_fetch_sub(&g->faults->refs, 1) == 1)
+    if (g->faults && atomic_fetch_sub(&g->faults->refs, 1) == 1) {
+        report_unfired(g->faults);
         plan_free(g->faults);
+    }
     g->faults = NULL;
 }
 

@@ -48,3 +48,16 @@ fail:
     fclose(f);
     return st;
 }
+
+td_status td__read_json_file(const char *path, size_t max_bytes, size_t flags, json_t **out) {
+    uint8_t *bytes = NULL;
+    size_t n = 0;
+    json_error_t e;
+    *out = NULL;
+    TD_CHECK(td__read_file(path, max_bytes, &bytes, &n));
+    *out = json_loadb((const char *)bytes, n, flags, &e);
+    free(bytes);
+    if (!*out)
+        return td__error(TD_ERR_PARSE, "%s:%d:%d: %s", path, e.line, e.column, e.text);
+    return TD_OK;
+}

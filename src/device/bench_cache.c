@@ -210,6 +210,22 @@ static void trim(json_t *entries) {
     }
 }
 
+/* The mode open(path, O_CREAT, 0666) would give, as any file the user
+ * makes: mkstemp's 0600 with the umask's permissions added back. The umask is
+ * read from /proc (umask() sets it while reading it, for every thread);
+ * without /proc the file stays 0600. */
+static mode_t new_file_mode(void) {
+    char line[128];
+    unsigned mask = 077;
+    FILE *f = fopen("/proc/self/status", "r");
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "Umask: %o", &mask) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return (mode_t)(0666 & ~mask);
+}
+
 td_status td__bench_cache_save(const char *path, json_t *entries) {
     char tmp[4096];
     json_t *root = NULL;
@@ -230,7 +246,7 @@ td_status td__bench_cache_save(const char *path, json_t *entries) {
         st = td__error(TD_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
         goto fail;
     }
-    (void)fchmod(fd, 0644);
+    (void)fchmod(fd, new_file_mode());
     if (!(f = fdopen(fd, "w"))) {
         st = td__error(TD_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
         close(fd);

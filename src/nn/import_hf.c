@@ -15,9 +15,13 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/file.h"
 #include "core/text.h"
 #include "nn/import-impl.h"
 #include "nn/safetensors-impl.h"
+
+/* A config.json larger than this is no GPT-2's. */
+#define CONFIG_MAX_BYTES ((size_t)16 << 20)
 
 typedef struct hf_src {
     char cfg_path[4096], st_path[4096];
@@ -149,11 +153,8 @@ static td_status read_config(hf_src *s, td__gpt2_out *o) {
     static const char *const fields[] = {"n_positions", "vocab_size", "n_layer",           "n_head",
                                          "n_embd",      "n_inner",    "layer_norm_epsilon"};
     td_gpt2_info *g = &o->info;
-    json_error_t e;
     json_t *eps;
-    if (!(s->cfg = json_load_file(s->cfg_path, 0, &e)))
-        return td__error(e.line < 0 ? TD_ERR_IO : TD_ERR_PARSE, "%s:%d: %s", s->cfg_path, e.line,
-                         e.text);
+    TD_CHECK(td__read_json_file(s->cfg_path, CONFIG_MAX_BYTES, 0, &s->cfg));
     if (!json_is_object(s->cfg))
         return td__error(TD_ERR_PARSE, "%s: expected a JSON object", s->cfg_path);
     TD_CHECK(check_architecture(s));

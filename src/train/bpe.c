@@ -15,12 +15,14 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/file.h"
 #include "tandem/tokenizer.h"
 
-#define MAX_ID        ((json_int_t)1 << 24)
-#define MERGES_MAX    ((long)256 << 20)
-#define NO_CODEPOINT  0xFFFFFFFFu
-#define BYTE_CHAR_MAX 324 /* GPT-2's byte characters are below U+0144 */
+#define MAX_ID          ((json_int_t)1 << 24)
+#define MERGES_MAX      ((long)256 << 20)
+#define VOCAB_MAX_BYTES ((size_t)256 << 20)
+#define NO_CODEPOINT    0xFFFFFFFFu
+#define BYTE_CHAR_MAX   324 /* GPT-2's byte characters are below U+0144 */
 
 /* Token text (UTF-8) to id, open addressing. */
 typedef struct str_slot {
@@ -211,7 +213,6 @@ static td_status add_special(td_bpe *t, const char *tok, int32_t id) {
 }
 
 static td_status read_vocab(td_bpe *t, const char *file) {
-    json_error_t e;
     const char *tok;
     json_t *v;
     json_int_t max = -1;
@@ -219,8 +220,7 @@ static td_status read_vocab(td_bpe *t, const char *file) {
         t->from_char[i] = -1;
     for (int i = 0; i < 256; i++)
         t->from_char[byte_char(i)] = (int16_t)i;
-    if (!(t->vocab_json = json_load_file(file, 0, &e)))
-        return td__error(e.line < 0 ? TD_ERR_IO : TD_ERR_PARSE, "%s:%d: %s", file, e.line, e.text);
+    TD_CHECK(td__read_json_file(file, VOCAB_MAX_BYTES, 0, &t->vocab_json));
     if (!json_is_object(t->vocab_json) || json_object_size(t->vocab_json) == 0)
         return td__error(TD_ERR_PARSE, "%s: expected an object from token to id", file);
     json_object_foreach(t->vocab_json, tok, v) {

@@ -6,8 +6,8 @@
  * LF or CRLF; a cell may be double-quoted, with "" for a quote inside, and
  * then may hold commas and line breaks. Spaces around an unquoted cell are
  * dropped. Blank lines at the end are ignored, elsewhere refused. Anything
- * else (a ragged record, a stray quote, a cell that is not a number, a NaN
- * or infinite feature) is an error naming the line and the column, since a
+ * else (a ragged record, a stray quote, a cell that is not a number or holds
+ * a NUL byte, a NaN or infinite feature) is an error naming the line and the column, since a
  * table read wrongly trains without complaint on nonsense. */
 #include <math.h>
 #include <stdio.h>
@@ -138,6 +138,10 @@ static td_status read_field(csv_reader *r, int col, int *last) {
     if (r->len + 1 >= r->cap)
         TD_CHECK(grow_cell(r));
     r->cell[r->len] = '\0';
+    /* The cell is parsed as a C string: a NUL inside would end it early, so
+     * "2\0abc" would read as 2 and the rest be lost without a word. */
+    if (memchr(r->cell, '\0', r->len))
+        return cell_error(r, col, "a NUL byte inside the cell (is this a text file?)");
     return end_field(r, col, last);
 }
 

@@ -151,6 +151,39 @@ static td_status open_own_split(const char *path, data_format f, const td_data_o
     }
 }
 
+/* Whether the start of path reads as text: no control byte but tab, LF, CR
+ * and form feed in its first 4 KiB (UTF-8's bytes above 0x7F pass). An llm.c
+ * token file's magic alone (C8 A5 34 01) fails this. */
+static int looks_like_text(const char *path) {
+    unsigned char head[4096];
+    size_t n;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return 0;
+    n = fread(head, 1, sizeof head, f);
+    fclose(f);
+    for (size_t i = 0; i < n; i++)
+        if (head[i] < 0x20 && head[i] != '\t' && head[i] != '\n' && head[i] != '\r' &&
+            head[i] != '\f')
+            return 0;
+    return n > 0;
+}
+
+/* td_import_llmc_tokens(path) failed with st. The format is chosen by the
+ * name alone, so a text corpus named .bin fails as a broken token file:
+ * when it reads as text, the message says how to train on it as text. */
+static td_status llmc_failed(const char *path, td_status st) {
+    char msg[1024];
+    size_t base = strlen(path) - 4; /* without ".bin" */
+    if (st != TD_ERR_CORRUPT || !looks_like_text(path))
+        return st;
+    snprintf(msg, sizeof msg, "%s", td_last_error());
+    return td__error(st,
+                     "%s; it looks like text, and tandem reads any .bin as llm.c tokens: rename "
+                     "it (to %.*s.txt, say) to train on it as a text corpus",
+                     msg, (int)base, path);
+}
+
 /* llm.c's token files (GPT-2 tokens as its dev/data scripts write them):
  * data X_train.bin with test data X_val.bin, or one file whose end is
  * held out, as a text file's is. */
@@ -171,11 +204,12 @@ static td_status open_llmc(const char *path, const td_data_options *o, const td_
                                  "%s: `data_path` is an llm.c token file, so `test_path` must be "
                                  "one too (.bin)",
                                  o->test_path);
-    TD_CHECK(td_import_llmc_tokens(path, &tok, &n));
+    if ((st = td_import_llmc_tokens(path, &tok, &n)) != TD_OK)
+        return llmc_failed(path, st);
     if (o->test_path) {
         if ((st = td_import_llmc_tokens(o->test_path, &held, &nheld)) != TD_OK) {
             free(tok);
-            return st;
+            return llmc_failed(o->test_path, st);
         }
         ntrain = n;
     } else {

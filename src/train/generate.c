@@ -35,8 +35,10 @@ static td_status check_config(const td_generate_config *cfg, int64_t vocab) {
                          (long long)cfg->top_k);
     if (!(cfg->top_p > 0 && cfg->top_p <= 1))
         return td__error(TD_ERR_INVALID_ARG, "generate: top_p %g is outside (0, 1]", cfg->top_p);
-    if (cfg->tokens < 0)
-        return td__error(TD_ERR_INVALID_ARG, "generate: %lld tokens", (long long)cfg->tokens);
+    if (cfg->tokens < 0 || cfg->tokens > TD_GENERATE_MAX_TOKENS)
+        return td__error_setting(TD_ERR_INVALID_ARG, "tokens",
+                                 "generate: %lld tokens is outside [0, %lld] (`tokens`)",
+                                 (long long)cfg->tokens, (long long)TD_GENERATE_MAX_TOKENS);
     if (cfg->token_limit < 0 || cfg->token_limit > vocab)
         return td__error(TD_ERR_INVALID_ARG,
                          "generate: token limit %lld is outside [0, %lld] (the vocabulary)",

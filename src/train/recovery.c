@@ -106,6 +106,29 @@ static td_status rewind_to_checkpoint(td__trainer *t, td_group *survivors, const
     return take_over(t, s, survivors);
 }
 
+/* The run cannot go back: no checkpoint was written yet. Says what to give
+ * only when something is missing; with both given, when the first comes. */
+static td_status no_checkpoint_yet(td__trainer *t, td_status lost, const char *why,
+                                   const char *what_went) {
+    const td_train_config *c = t->cfg;
+    if (!c->checkpoint)
+        return td__error_setting(lost, "checkpoint",
+                                 "%s (%s, and this run has no checkpoint to go back to: give "
+                                 "`checkpoint` with `checkpoint_every`)",
+                                 why, what_went);
+    if (c->checkpoint_every <= 0)
+        return td__error_setting(lost, "checkpoint_every",
+                                 "%s (%s, and this run saves %s only at its end, so there is no "
+                                 "checkpoint to go back to: give `checkpoint_every` too)",
+                                 why, what_went, c->checkpoint);
+    return td__error_setting(lost, "checkpoint_every",
+                             "%s (%s, and there is no checkpoint to go back to yet: the first is "
+                             "saved after step %lld (`checkpoint_every` %lld), and step %lld "
+                             "failed)",
+                             why, what_went, (long long)c->checkpoint_every,
+                             (long long)c->checkpoint_every, (long long)t->state.step + 1);
+}
+
 td_status td__train_carry_on(td__trainer *t, td_status lost, int64_t steps_before,
                              td__after_loss *after) {
     char why[1024], gone[256] = "";
@@ -143,10 +166,7 @@ td_status td__train_carry_on(td__trainer *t, td_status lost, int64_t steps_befor
     if (st == TD_ERR_UNSUPPORTED && what_went) {
         if (!t->saved) {
             td_group_destroy(survivors);
-            return td__error_setting(lost, "checkpoint",
-                                     "%s (%s, and this run has no checkpoint to go back to: give "
-                                     "`checkpoint` with `checkpoint_every`)",
-                                     why, what_went);
+            return no_checkpoint_yet(t, lost, why, what_went);
         }
         *after = TD__STEPS_REWOUND;
         return rewind_to_checkpoint(t, survivors, gone, why, what_went);

@@ -11,12 +11,10 @@
  * first process's (measured at the start) and the first process gathers
  * them into the file, so one file holds every device of the job. */
 #include <errno.h>
-#include <libgen.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "comm/process.h"
@@ -39,8 +37,6 @@ static atomic_int in_use;
 
 td_status td__train_trace_check(td__trainer *t) {
     const td_train_config *c = t->cfg;
-    char dir[4096];
-    struct stat sb;
     int rank;
     if (c->trace_first < 0 || c->trace_last < 0 ||
         (c->trace_last > 0 && c->trace_first > c->trace_last))
@@ -62,16 +58,7 @@ td_status td__train_trace_check(td__trainer *t) {
     td_comm_launch(&rank, NULL);
     if (rank > 0)
         return TD_OK;
-    if (stat(c->trace_path, &sb) == 0 && !S_ISREG(sb.st_mode))
-        return td__error_setting(
-            TD_ERR_IO, "trace_path",
-            "%s: not a regular file, so no trace can replace it (`trace_path`)", c->trace_path);
-    snprintf(dir, sizeof dir, "%s", c->trace_path);
-    if (access(dirname(dir), W_OK) != 0)
-        return td__error_setting(TD_ERR_IO, "trace_path",
-                                 "%s: cannot write the trace there: %s (`trace_path`)",
-                                 c->trace_path, strerror(errno));
-    return TD_OK;
+    return td__train_check_output(c->trace_path, "trace_path", "the trace", 0);
 }
 
 td_status td__train_trace_begin(td__trainer *t) {

@@ -104,6 +104,14 @@ td_status td__train_despite_lost(td__trainer *t, td_status (*op)(td__trainer *))
  * first process) and returns `run` when that failed, else the writing's
  * status; close (teardown) releases what is left. */
 td_status td__train_trace_check(td__trainer *t);
+
+/* Whether the run can write path as `what` ("the trace"), which `setting`
+ * names: TD_ERR_IO naming path and setting when something other than a
+ * regular file is there, its folder is missing, not a folder or not
+ * writable, or (unless `replaced`: a file saved by renaming a new one over
+ * it needs only its folder) the file is not writable. Creates nothing. */
+td_status td__train_check_output(const char *path, const char *setting, const char *what,
+                                 int replaced);
 td_status td__train_trace_begin(td__trainer *t);
 void td__train_trace_loading(td__trainer *t);
 void td__train_trace_loaded(td__trainer *t, const td_batch *b);

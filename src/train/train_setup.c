@@ -227,27 +227,69 @@ static int same_file(const char *a, const char *b) {
     return !strcmp(ra, rb);
 }
 
-/* The files the run writes: found wrong now, not at the first save. */
+td_status td__train_check_output(const char *path, const char *setting, const char *what,
+                                 int replaced) {
+    char buf[4096];
+    const char *dir;
+    struct stat sb;
+    if (stat(path, &sb) == 0) {
+        if (!S_ISREG(sb.st_mode))
+            return td__error_setting(TD_ERR_IO, setting,
+                                     "%s: not a regular file, so %s cannot replace it (`%s`)", path,
+                                     what, setting);
+        if (!replaced && access(path, W_OK) != 0)
+            return td__error_setting(TD_ERR_IO, setting, "%s: cannot write %s there: %s (`%s`)",
+                                     path, what, strerror(errno), setting);
+        return TD_OK;
+    }
+    snprintf(buf, sizeof buf, "%s", path);
+    dir = dirname(buf);
+    /* access() alone passes a regular file as the folder ("data.csv/m.jsonl"),
+     * and the output would then fail only when it is created. */
+    if (stat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode))
+        return td__error_setting(TD_ERR_IO, setting,
+                                 "%s: cannot write %s there: %s is not a folder (`%s`)", path, what,
+                                 dir, setting);
+    if (stat(dir, &sb) != 0 || access(dir, W_OK | X_OK) != 0)
+        return td__error_setting(TD_ERR_IO, setting, "%s: cannot write %s there: %s (`%s`)", path,
+                                 what, strerror(errno), setting);
+    return TD_OK;
+}
+
+/* The files the run writes: found wrong now, not at the first save, and
+ * all of them before any is created (open_metrics, td__train_trace_begin),
+ * so that a bad one leaves no empty other behind. Two settings naming one
+ * file would lose one output, or overwrite an input, without a word. */
 static td_status check_outputs(td__trainer *t) {
     const td_train_config *c = t->cfg;
-    char dir[4096];
-    struct stat sb;
-    if (c->metrics && c->checkpoint && same_file(c->metrics, c->checkpoint))
-        return BAD_SETTING(t, "metrics", "`metrics` and `checkpoint` both name %s", c->metrics);
-    if (c->metrics && c->resume && same_file(c->metrics, c->resume))
-        return BAD_SETTING(t, "metrics", "`metrics` and `resume` both name %s", c->metrics);
-    if (!c->checkpoint)
-        return TD_OK;
-    if (stat(c->checkpoint, &sb) == 0 && !S_ISREG(sb.st_mode))
-        return td__error_setting(TD_ERR_IO, "checkpoint",
-                                 "%s: not a regular file, so no checkpoint can replace it "
-                                 "(`checkpoint`)",
-                                 c->checkpoint);
-    snprintf(dir, sizeof dir, "%s", c->checkpoint);
-    if (access(dirname(dir), W_OK) != 0)
-        return td__error_setting(TD_ERR_IO, "checkpoint",
-                                 "%s: cannot write a checkpoint there: %s (`checkpoint`)",
-                                 c->checkpoint, strerror(errno));
+    /* Each output against every file named after it; the checkpoint may be
+     * the one resumed from, since it goes on being saved there. */
+    const struct {
+        const char *setting, *path;
+    } files[] = {
+        {"metrics", c->metrics},
+        {"trace_path", c->trace_path},
+        {"checkpoint", c->checkpoint},
+        {"resume", c->resume},
+        {"model_path", c->model_path},
+        {"data_path", c->data_path},
+        {"test_data_path", c->test_data_path},
+    };
+    const size_t outputs = 3, n = sizeof files / sizeof *files;
+    int rank;
+    for (size_t i = 0; i < outputs; i++)
+        for (size_t j = i + 1; j < n; j++)
+            if (files[i].path && files[j].path && !(i == 2 && j == 3) &&
+                same_file(files[i].path, files[j].path))
+                return BAD_SETTING(t, files[i].setting, "`%s` and `%s` both name %s",
+                                   files[i].setting, files[j].setting, files[i].path);
+    if (c->checkpoint)
+        TD_CHECK(td__train_check_output(c->checkpoint, "checkpoint", "a checkpoint", 1));
+    /* Under mpirun only the first process writes the metrics, perhaps on
+     * another machine (the group that says which is made later). */
+    td_comm_launch(&rank, NULL);
+    if (c->metrics && rank == 0)
+        TD_CHECK(td__train_check_output(c->metrics, "metrics", "the metrics", 0));
     return TD_OK;
 }
 

@@ -1,10 +1,12 @@
 /* `tandem bench devices` as a user runs it: its JSON parsed back with a
- * real parser, every figure positive and finite, a device slowed 3x ranked
- * below its twin, the GEMM figures against OpenBLAS timed here, the cache
- * written, read back, and not trusted when corrupt; errors; an OpenCL device
- * when there is one; and the data strategy's first shares from the cache.
- * Every run names its own cache file in this test's folder (the others run
- * with TANDEM_BENCH_CACHE=off). */
+ * real parser, every figure positive and finite, the ranking following the
+ * figures (injected through the cache, so that it does not depend on how
+ * busy the machine is: a slowed device's measured speed is for benches),
+ * the GEMM figures against OpenBLAS timed here, the cache written, read
+ * back, and not trusted when corrupt; errors; an OpenCL device when there
+ * is one; and the data strategy's first shares from the cache. Every run
+ * names its own cache file in this test's folder (the others run with
+ * TANDEM_BENCH_CACHE=off). */
 #include <cblas.h>
 #include <jansson.h>
 #include <math.h>
@@ -107,16 +109,29 @@ static void first_run(void) {
         first = run_json("--devices " PAIR " --json --quick");
 }
 
-/* cpu:0's f32 GFLOP/s over cpu:1's, whichever rank each has. */
-static double pair_ratio(const json_t *root) {
-    const json_t *d0 = device(root, 0), *d1 = device(root, 1);
-    double g0 = num(d0, "gemm_f32_gflops"), g1 = num(d1, "gemm_f32_gflops");
-    return strcmp(str(d0, "name"), "cpu:0") == 0 ? g0 / g1 : g1 / g0;
+/* The device of root named name, whichever rank it has. */
+static const json_t *named(const json_t *root, const char *name) {
+    const json_t *devs = json_object_get(root, "devices"), *d;
+    size_t i;
+    json_array_foreach(devs, i, d) {
+        if (!strcmp(str(d, "name"), name))
+            return d;
+    }
+    fail_msg("no device named %s", name);
+    return NULL;
 }
 
-static void json_has_every_field_and_ranks_the_slowed_device_second(void **state) {
+/* Ranks are by f32 GFLOP/s, fastest first: whatever was measured, the
+ * device ranked first has the larger figure. */
+static void check_ranked_by_f32(const json_t *root) {
+    const json_t *d0 = device(root, 0), *d1 = device(root, 1);
+    if (!(num(d0, "gemm_f32_gflops") >= num(d1, "gemm_f32_gflops")))
+        fail_msg("%s (%.1f GFLOP/s) is ranked above %s (%.1f)", str(d0, "name"),
+                 num(d0, "gemm_f32_gflops"), str(d1, "name"), num(d1, "gemm_f32_gflops"));
+}
+
+static void json_has_every_field_and_ranks_by_f32(void **state) {
     const json_t *peers, *c;
-    double ratio;
     first_run();
     assert_int_equal(json_array_size(json_object_get(first, "devices")), 2);
     check_cpu_device(device(first, 0), 1);
@@ -140,24 +155,81 @@ static void json_has_every_field_and_ranks_the_slowed_device_second(void **state
     assert_string_equal(str(c, "read"), "missing");
     assert_true(json_is_true(json_object_get(c, "written")));
     assert_int_equal(access(cache, R_OK), 0);
+    check_ranked_by_f32(first);
+    assert_true(num(named(first, "cpu:0"), "slowdown") == 1);
+    assert_true(num(named(first, "cpu:1"), "slowdown") == 3);
+    /* On a quiet machine about 3x; on a busy one anything (other work
+     * pinned to cpu:0's core made it 0.78x once). Shown, not asserted:
+     * bench/ holds the timing comparisons. */
+    print_message("f32 GFLOP/s: cpu:0 over cpu:1{slowdown=3}: %.2fx\n",
+                  num(named(first, "cpu:0"), "gemm_f32_gflops") /
+                      num(named(first, "cpu:1"), "gemm_f32_gflops"));
+}
 
-    /* 3x on a quiet machine. On a shared one, other work on either core
-     * moves it both ways, so up to two more tries measure again (and the
-     * last is what the cache holds and the later tests compare with). */
-    ratio = pair_ratio(first);
-    print_message("f32 GFLOP/s: cpu:0 over cpu:1{slowdown=3}: %.2fx\n", ratio);
-    for (int again = 0; again < 2 && !(ratio > 1.8 && ratio < 30); again++) {
-        json_decref(first);
-        first = run_json("--devices " PAIR " --json --quick --no-cache");
-        ratio = pair_ratio(first);
-        print_message("measured again: %.2fx\n", ratio);
+/* A cache at path holding PAIR's two devices with these f32 GFLOP/s and
+ * the copies between them, so that a run takes every figure from it. */
+static void inject(const char *path, double f32_fast, double f32_slowed) {
+    td_device_list *l = td_test_open("cpu:0,cpu:1{slowdown=3}");
+    char key[2][TD_BENCH_KEY_MAX], peer[TD_BENCH_PEER_KEY_MAX], *text;
+    json_t *entries = json_object();
+    const double f32[2] = {f32_fast, f32_slowed};
+    for (int i = 0; i < 2; i++) {
+        TD_ASSERT_OK(td_bench_device_key(td_device_list_get(l, (size_t)i), key[i], sizeof key[i]));
+        json_object_set_new(
+            entries, key[i],
+            json_pack("{s:s, s:s, s:b, s:I, s:f, s:I, s:f, s:I, s:f, s:f, s:f, s:f}", "device",
+                      i ? "cpu:1" : "cpu:0", "build", td_bench_build_id(), "quick", 1,
+                      "measured_unix", (json_int_t)1700000000, "gemm_f32_gflops", f32[i],
+                      "gemm_f32_n", (json_int_t)512, "gemm_f64_gflops", f32[i] / 2, "gemm_f64_n",
+                      (json_int_t)512, "mem_bw_gbs", 10.0, "h2d_gbs", 5.0, "d2h_gbs", 5.0,
+                      "launch_us", 2.0));
     }
-    if (!(ratio > 1.8 && ratio < 30))
-        fail_msg("cpu:0 / cpu:1{slowdown=3} f32 GFLOP/s = %.2f, not in (1.8, 30)", ratio);
-    assert_string_equal(str(device(first, 0), "name"), "cpu:0");
-    assert_string_equal(str(device(first, 1), "name"), "cpu:1");
-    assert_true(num(device(first, 0), "slowdown") == 1);
-    assert_true(num(device(first, 1), "slowdown") == 3);
+    for (int i = 0; i < 2; i++) {
+        td_bench_peer_key(key[i], key[1 - i], peer, sizeof peer);
+        json_object_set_new(entries, peer,
+                            json_pack("{s:s, s:s, s:s, s:b, s:I, s:I, s:f}", "src",
+                                      i ? "cpu:1" : "cpu:0", "dst", i ? "cpu:0" : "cpu:1", "build",
+                                      td_bench_build_id(), "quick", 1, "measured_unix",
+                                      (json_int_t)1700000000, "bytes", (json_int_t)1 << 20, "gbs",
+                                      4.0));
+    }
+    text = json_dumps(entries, 0);
+    TD_ASSERT_OK(td_bench_cache_write(path, text));
+    free(text);
+    json_decref(entries);
+    td_device_list_destroy(l);
+}
+
+/* The ranking comes from the figures, not from the names or the order
+ * given: with the slowed device's figure the lower it ranks second, with
+ * it the higher (a cache measured on a machine busy elsewhere) first. */
+static void the_ranking_follows_the_figures(void **state) {
+    char env[1200], *out, *err;
+    const char *path = td_test_tmp("injected/bench-devices.json");
+    static const struct {
+        double fast, slowed;
+        const char *first;
+    } cases[] = {{90.0, 30.0, "cpu:0"}, {40.0, 120.0, "cpu:1"}};
+    (void)state;
+    snprintf(env, sizeof env, "TANDEM_BENCH_CACHE='%s'", path);
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        json_t *root;
+        json_error_t jerr;
+        inject(path, cases[k].fast, cases[k].slowed);
+        assert_int_equal(run(env, "--devices " PAIR " --json --quick", &out, &err), 0);
+        if (!(root = json_loads(out, 0, &jerr)))
+            fail_msg("not JSON (%s): %s", jerr.text, out);
+        free(out);
+        free(err);
+        assert_true(from_cache(root, 0) && from_cache(root, 1));
+        assert_string_equal(str(device(root, 0), "name"), cases[k].first);
+        check_cpu_device(device(root, 0), 1);
+        check_cpu_device(device(root, 1), 2);
+        assert_true(num(named(root, "cpu:0"), "gemm_f32_gflops") == cases[k].fast);
+        assert_true(num(named(root, "cpu:1"), "gemm_f32_gflops") == cases[k].slowed);
+        assert_true(num(named(root, "cpu:1"), "slowdown") == 3);
+        json_decref(root);
+    }
 }
 
 static double now_s(void) {
@@ -263,17 +335,19 @@ static void a_second_run_reads_the_cache(void **state) {
     json_decref(again);
 }
 
-/* The text table, from the cache: ranked, the fp64 ratio beside the
- * vendor's, and where the figures came from. */
+/* The text table, from an injected cache: ranked by f32, the fp64 ratio
+ * beside the vendor's, and where the figures came from. */
 static void the_table_ranks_by_f32(void **state) {
     char env[1200], *out, *err, *one, *two;
-    first_run();
-    snprintf(env, sizeof env, "TANDEM_BENCH_CACHE='%s'", cache);
+    const char *path = td_test_tmp("table/bench-devices.json");
+    (void)state;
+    inject(path, 30.0, 90.0); /* the slowed device's figure the higher: it ranks first */
+    snprintf(env, sizeof env, "TANDEM_BENCH_CACHE='%s'", path);
     assert_int_equal(run(env, "--devices " PAIR " --quick", &out, &err), 0);
-    one = strstr(out, "   1 cpu:0");
-    two = strstr(out, "   2 cpu:1");
+    one = strstr(out, "   1 cpu:1");
+    two = strstr(out, "   2 cpu:0");
     if (!one || !two || two < one)
-        fail_msg("cpu:0 is not ranked first:\n%s", out);
+        fail_msg("cpu:1 (90 GFLOP/s) is not ranked above cpu:0 (30):\n%s", out);
     assert_non_null(strstr(out, "f32 GFLOP/s"));
     assert_non_null(strstr(out, "fp64:32"));
     assert_non_null(strstr(out, "1:2 ")); /* the vendor's fp64:fp32 for a CPU */
@@ -297,8 +371,8 @@ static void cached_figures_give_the_first_shares(void **state) {
     /* what the cache holds now (a quick read) */
     now = run_json("--devices " PAIR " --json --quick");
     assert_true(from_cache(now, 0) && from_cache(now, 1));
-    g0 = num(device(now, 0), "gemm_f32_gflops");
-    g1 = num(device(now, 1), "gemm_f32_gflops");
+    g0 = num(named(now, "cpu:0"), "gemm_f32_gflops");
+    g1 = num(named(now, "cpu:1"), "gemm_f32_gflops");
     want = g0 / (g0 + g1);
     json_decref(now);
 
@@ -456,7 +530,8 @@ static int teardown(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(json_has_every_field_and_ranks_the_slowed_device_second),
+        cmocka_unit_test(json_has_every_field_and_ranks_by_f32),
+        cmocka_unit_test(the_ranking_follows_the_figures),
         cmocka_unit_test(gemm_agrees_with_openblas_timed_here),
         cmocka_unit_test(a_second_run_reads_the_cache),
         cmocka_unit_test(the_table_ranks_by_f32),

@@ -156,6 +156,23 @@ static void bad_input_is_a_clear_error(void **state) {
     free(run(args, 2, "--tokens wants an integer >= 0"));
     snprintf(args, sizeof args, "generate --checkpoint '%s' --prompt x --tokens many", ckpt);
     free(run(args, 2, "--tokens wants an integer"));
+    {
+        /* A count no one waits for is refused, not run until killed (the
+         * timeout is there so that the test fails rather than hangs). */
+        char cmd[2048], *out = NULL, *err = NULL;
+        int rc;
+        snprintf(cmd, sizeof cmd,
+                 "timeout 60 '%s' generate --checkpoint '%s' --prompt x --tokens 1000000000000 "
+                 ">/dev/null",
+                 EXE, ckpt);
+        rc = td_test_run_command(cmd, &out, &err);
+        if (rc != 2 || !err ||
+            !strstr(err, "--tokens wants at most 1000000, not '1000000000000'") ||
+            !strstr(err, "the window slides"))
+            fail_msg("--tokens 1000000000000 exited %d: %s", rc, err ? err : "");
+        free(out);
+        free(err);
+    }
     snprintf(args, sizeof args, "generate --checkpoint '%s'", ckpt);
     free(run(args, 2, "one of --prompt and --prompt-file"));
     snprintf(args, sizeof args, "generate --checkpoint '%s' --prompt ''", ckpt);

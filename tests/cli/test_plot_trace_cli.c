@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "support/png.h"
 #include "support/support.h"
@@ -280,6 +281,35 @@ static void other_shapes_and_bad_traces(void **state) {
     td_test_write_file(td_test_tmp("bad.json"), "{\"traceEvents\":3}", 17);
     snprintf(args, sizeof args, "plot %s -o %s", td_test_tmp("bad.json"), td_test_tmp("b.svg"));
     expect(args, 1, "\"traceEvents\" is not a list of events");
+    /* A span that ends before it starts, or starts at a string: refused,
+     * naming the event, not drawn nor skipped without a word. */
+    {
+        static const struct {
+            const char *event, *says;
+        } bad[] = {
+            {"{\"name\":\"forward\",\"ph\":\"X\",\"pid\":0,\"tid\":1,\"ts\":1000,\"dur\":-5}",
+             "event 1 (\"forward\", a complete event): \"dur\" is -5; it wants a number of "
+             "microseconds, 0 or more"},
+            {"{\"name\":\"backward\",\"ph\":\"X\",\"pid\":0,\"tid\":1,\"ts\":\"1200\","
+             "\"dur\":5}",
+             "event 1 (\"backward\", a complete event): \"ts\" is \"1200\", not a number; it "
+             "wants a number of microseconds"},
+            {"{\"name\":\"step\",\"ph\":\"X\",\"pid\":0,\"tid\":1,\"ts\":1200}",
+             "event 1 (\"step\", a complete event): \"dur\" is missing"},
+        };
+        for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+            char text[1024];
+            int n = snprintf(text, sizeof text,
+                             "{\"traceEvents\":[{\"name\":\"ok\",\"ph\":\"X\",\"pid\":0,"
+                             "\"tid\":1,\"ts\":900,\"dur\":50},\n%s]}",
+                             bad[k].event);
+            td_test_write_file(td_test_tmp("neg.json"), text, (size_t)n);
+            snprintf(args, sizeof args, "plot %s -o %s", td_test_tmp("neg.json"),
+                     td_test_tmp("neg.svg"));
+            expect(args, 1, bad[k].says);
+            assert_int_equal(access(td_test_tmp("neg.svg"), F_OK), -1);
+        }
+    }
 }
 
 int main(void) {

@@ -2,6 +2,7 @@
  * (hang, found by the timeout), a member whose own code fails, the record
  * naming the member that never arrived, and shrinking to the survivors. */
 #include <stdatomic.h>
+#include <unistd.h>
 
 #include "comm/common.h"
 #include "core/error.h"
@@ -235,6 +236,61 @@ static void the_environment_variable_injects_faults(void **state) {
     td_group_destroy(g);
 }
 
+/* What td_group_destroy(g) writes to stderr, at the warning level. */
+static char *stderr_of_destroy(td_group *g) {
+    char path[] = "/tmp/td_faults_XXXXXX", *text;
+    int fd = mkstemp(path), saved;
+    assert_true(fd >= 0);
+    fflush(stderr);
+    saved = dup(2);
+    dup2(fd, 2);
+    td_log_set_level(TD_LOG_WARN);
+    td_group_destroy(g);
+    td_log_set_level(TD_LOG_ERROR);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(fd);
+    text = (char *)td_test_read_file(path, NULL);
+    unlink(path);
+    return text;
+}
+
+/* An item for a collective the group never runs (ZeRO-1 makes no
+ * all-reduce) would be ignored without a word and a test counting on it pass
+ * for the wrong reason: the group says it never fired, and what its device
+ * ran instead. Items that fired, or that are another process's, say nothing. */
+static void an_item_that_never_fired_is_named(void **state) {
+    td_group *g = make_group("cpu*2", "cpu:1@broadcast:1,cpu:0@any:9,p1/cpu:1@allreduce:1", 60000);
+    fault_args a;
+    char *said;
+    (void)state;
+    memset(&a, 0, sizeof a);
+    a.kind = TD_COLL_ALLREDUCE;
+    a.calls = 3;
+    a.fail_rank = -1;
+    TD_ASSERT_OK(td_group_run(g, fault_fn, &a));
+    said = stderr_of_destroy(g);
+    if (!strstr(said, "TANDEM_FAULT item 'cpu:1@broadcast:1' never fired: cpu:1 ran 0 broadcast "
+                      "of its 3 collectives (this run makes none of that kind)") ||
+        !strstr(said, "TANDEM_FAULT item 'cpu:0@any:9' never fired: cpu:0 ran 3 collectives in "
+                      "all") ||
+        strstr(said, "p1/"))
+        fail_msg("stderr: %s", said);
+    free(said);
+    /* Fired: nothing said. */
+    g = make_group("cpu*2", "cpu:1@allreduce:2:error", 60000);
+    memset(&a, 0, sizeof a);
+    a.kind = TD_COLL_ALLREDUCE;
+    a.calls = 3;
+    a.fail_rank = -1;
+    TD_ASSERT_STATUS(td_group_run(g, fault_fn, &a), TD_ERR_DEVICE_LOST);
+    said = stderr_of_destroy(g);
+    if (strstr(said, "never fired"))
+        fail_msg("stderr: %s", said);
+    free(said);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(loud_fault_in_each_collective_fails_every_member),
@@ -245,6 +301,7 @@ int main(void) {
         cmocka_unit_test(items_that_could_never_fire_are_refused),
         cmocka_unit_test(a_group_with_every_member_lost_names_them),
         cmocka_unit_test(a_lone_member_stuck_for_good_is_given_up),
+        cmocka_unit_test(an_item_that_never_fired_is_named),
     };
     td_log_set_level(TD_LOG_ERROR);
     return cmocka_run_group_tests(tests, NULL, NULL);

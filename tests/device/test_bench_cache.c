@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "support/support.h"
@@ -88,6 +89,24 @@ static void entries_written_are_read_back(void **state) {
     td_device_list_destroy(l);
 }
 
+/* The cache is written as any file the user makes: its mode follows the
+ * umask (it was 0644 whatever the umask said). */
+static void the_file_s_mode_follows_the_umask(void **state) {
+    static const mode_t masks[] = {077, 027, 022, 002};
+    const char *path = td_test_tmp("mode/cache.json");
+    (void)state;
+    for (size_t i = 0; i < sizeof masks / sizeof *masks; i++) {
+        mode_t old = umask(masks[i]);
+        struct stat sb;
+        TD_ASSERT_OK(td_bench_cache_write(path, "{}"));
+        umask(old);
+        assert_int_equal(stat(path, &sb), 0);
+        if ((sb.st_mode & 0777) != (0666 & ~masks[i]))
+            fail_msg("umask %03o: the cache is %03o, not %03o", (unsigned)masks[i],
+                     (unsigned)(sb.st_mode & 0777), (unsigned)(0666 & ~masks[i]));
+    }
+}
+
 static void implausible_entries_are_left_out(void **state) {
     const char *path = td_test_tmp("partly.json");
     char why[256], *text;
@@ -135,6 +154,7 @@ int main(void) {
         cmocka_unit_test(keys_name_the_build_and_the_options),
         cmocka_unit_test(entries_written_are_read_back),
         cmocka_unit_test(implausible_entries_are_left_out),
+        cmocka_unit_test(the_file_s_mode_follows_the_umask),
         cmocka_unit_test(a_write_of_no_object_is_refused),
     };
     return cmocka_run_group_tests(tests, td_test_tmpdir_setup, td_test_tmpdir_teardown);

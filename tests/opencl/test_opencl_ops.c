@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "support/support.h"
@@ -105,6 +106,26 @@ static void binaries_are_cached_by_source(void **state) {
         assert_int_equal(b.from_cache, 0);
         TD_ASSERT_OK(td_device_run(td_ops_device(1), build_on_device, &b));
         assert_int_equal(b.from_cache, 1);
+    }
+    {
+        /* A binary runs as kernels, and its sum is no MAC: a folder or a file
+         * that others can write is not read from (and the folder not
+         * written to); a file others could write is rebuilt and replaced. */
+        char cmd[300];
+        assert_int_equal(chmod(dir, 0777), 0);
+        TD_ASSERT_OK(td_device_run(td_ops_device(1), build_on_device, &b));
+        assert_int_equal(b.from_cache, 0);
+        assert_int_equal(chmod(dir, 0700), 0);
+        TD_ASSERT_OK(td_device_run(td_ops_device(1), build_on_device, &b));
+        assert_int_equal(b.from_cache, 1);
+        snprintf(cmd, sizeof cmd, "chmod 666 '%s'/*.bin", dir);
+        assert_int_equal(system(cmd), 0);
+        TD_ASSERT_OK(td_device_run(td_ops_device(1), build_on_device, &b));
+        assert_int_equal(b.from_cache, 0);
+        TD_ASSERT_OK(td_device_run(td_ops_device(1), build_on_device, &b));
+        assert_int_equal(b.from_cache, 1);
+        snprintf(cmd, sizeof cmd, "[ -z \"$(find '%s' -name '*.bin' -perm /022)\" ]", dir);
+        assert_int_equal(system(cmd), 0);
     }
     b.src = "__kernel void k(__global float *x) { x[0] = 2.5f; }\n"; /* another source */
     TD_ASSERT_OK(td_device_run(td_ops_device(1), build_on_device, &b));

@@ -328,6 +328,43 @@ static void with_zero_1_a_lost_device_sends_the_run_back_to_its_checkpoint(void 
     free(err);
 }
 
+/* A loss under ZeRO-1 before the first checkpoint ends the run: the
+ * message asks for --checkpoint and --checkpoint-every only when they are
+ * missing, and with both given says when the first checkpoint comes. */
+static void a_run_with_no_checkpoint_yet_says_what_is_missing(void **state) {
+    static const struct {
+        const char *args, *says, *not_says;
+    } cases[] = {
+        {"--checkpoint %s --checkpoint-every 100",
+         "no checkpoint to go back to yet: the first is saved after step 100 "
+         "(--checkpoint-every 100)",
+         "give --checkpoint"},
+        {"--checkpoint %s", "saves", "give --checkpoint with"},
+        {"", "give --checkpoint with --checkpoint-every", NULL},
+    };
+    (void)state;
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        char cmd[2048], args[600], *out = NULL, *err = NULL;
+        int rc;
+        snprintf(args, sizeof args, cases[k].args, td_test_tmp("never.safetensors"));
+        snprintf(cmd, sizeof cmd,
+                 "TANDEM_FAULT=cpu:1@any:40:error %s train --model %s/examples/mnist_mlp.json "
+                 "--data %s/data/mnist --steps 8 --quiet --devices 'cpu*2' --strategy data "
+                 "--zero %s",
+                 TD_TANDEM_EXE, TD_SOURCE_DIR, TD_SOURCE_DIR, args);
+        rc = td_test_run_command(cmd, &out, &err);
+        if (rc != 1 || !err || !strstr(err, cases[k].says) ||
+            (cases[k].not_says && strstr(err, cases[k].not_says)))
+            fail_msg("'%s' exited %d; stderr should say \"%s\"%s%s: %s", cmd, rc, cases[k].says,
+                     cases[k].not_says ? " and not " : "",
+                     cases[k].not_says ? cases[k].not_says : "", err ? err : "");
+        if (k == 1 && !strstr(err, "give --checkpoint-every too"))
+            fail_msg("--checkpoint alone: %s", err);
+        free(out);
+        free(err);
+    }
+}
+
 /* The number of times needle occurs in text. */
 static int occurrences(const char *text, const char *needle) {
     int n = 0;
@@ -434,6 +471,7 @@ int main(void) {
         cmocka_unit_test(training_goes_on_when_a_device_is_lost),
         cmocka_unit_test(a_run_that_cannot_go_on_ends_within_its_timeout),
         cmocka_unit_test(with_zero_1_a_lost_device_sends_the_run_back_to_its_checkpoint),
+        cmocka_unit_test(a_run_with_no_checkpoint_yet_says_what_is_missing),
         cmocka_unit_test(a_lost_device_holding_the_only_current_replica_sends_the_run_back),
         cmocka_unit_test(an_epoch_trained_again_after_a_loss_counts_once),
     };

@@ -144,12 +144,33 @@ static void refuses_bad_vocabularies_and_merges(void **state) {
     }
 }
 
+/* td_last_error() names path once, says `what`, and has no line number
+ * when there is no line (jansson's -1 for a file it could not open). */
+static void expect_named_once(const char *path, const char *what) {
+    const char *msg = td_last_error(), *at = strstr(msg, path);
+    if (!at || strstr(at + 1, path) || strstr(msg, ":-1") || !strstr(msg, what))
+        fail_msg("expected %s once, saying \"%s\", with no line -1: %s", path, what, msg);
+}
+
+static void a_vocabulary_that_cannot_be_read_is_named_once(void **state) {
+    td_bpe *t = NULL;
+    const char *broken = "{\"a\": 1,\n \"b\" 2}";
+    (void)state;
+    TD_ASSERT_STATUS(td_bpe_load(td_test_tmp("missing"), &t), TD_ERR_IO);
+    expect_named_once("missing/vocab.json", ": cannot open: No such file or directory");
+    td_test_write_file(td_test_tmp("vocab.json"), broken, strlen(broken));
+    TD_ASSERT_STATUS(td_bpe_load(td_test_tmpdir(), &t), TD_ERR_PARSE);
+    expect_named_once("vocab.json", "vocab.json:2:");
+    assert_null(t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(encodes_as_gpt2_tokenizer),
         cmocka_unit_test(any_bytes_round_trip),
         cmocka_unit_test(token_bytes_and_bad_ids),
         cmocka_unit_test(refuses_bad_vocabularies_and_merges),
+        cmocka_unit_test(a_vocabulary_that_cannot_be_read_is_named_once),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -86,11 +86,17 @@ static void bad_input_is_a_clear_error(void **state) {
            "--devices is empty");
     expect("train --model " TD_SOURCE_DIR "/examples --data " MNIST " --steps 1", 1, NULL,
            "not a regular file");
-    expect("train --model " MLP " --data " MNIST " --steps 1 --checkpoint " MNIST, 1, NULL,
-           "(--checkpoint)");
+    expect("train --model " MLP " --data " MNIST " --steps 1 --checkpoint " TD_SOURCE_DIR
+           "/examples",
+           1, NULL, "(--checkpoint)");
     expect("train --model " MLP " --data " MNIST " --steps 1 --checkpoint /tmp/x.st "
            "--metrics /tmp/../tmp/x.st",
            2, NULL, "--metrics and --checkpoint both name");
+    /* An output over an input would destroy it. */
+    expect("train --model " MLP " --data " MNIST " --steps 1 --checkpoint " MNIST, 2, NULL,
+           "--checkpoint and --data both name");
+    expect("train --model " MLP " --data " MNIST " --steps 1 --metrics " MLP, 2, NULL,
+           "--metrics and --model both name");
     expect("train --model " MLP " --data " MNIST " --steps 1 --batch 16777216", 2, NULL,
            "more than the 60000 training samples");
     expect("train --model " MLP " --data " MNIST " --steps 1 --extend restart", 2, NULL,

@@ -277,6 +277,17 @@ static void safetensors_mistakes_are_named(void **state) {
     }
     expect_open_error(td_test_tmp("f16.safetensors"), &o, &mi, TD_ERR_DTYPE, "dtype F16", NULL);
     {
+        /* A dtype the format lacks (strings): the message names what a data
+         * file may hold, integers included, not only F32 and F64. */
+        td_test_st_entry e[] = {{"x", "STR", "[4,2]", x, sizeof x},
+                                {"y", "I64", "[4]", y, sizeof y}};
+        td_test_write_safetensors(td_test_tmp("str.safetensors"), e, 2);
+    }
+    expect_open_error(td_test_tmp("str.safetensors"), &o, &mi, TD_ERR_CORRUPT,
+                      "tensor \"x\": dtype \"STR\"; tandem reads F32, F64, BOOL and integer "
+                      "(U8 to I64) tensors",
+                      NULL);
+    {
         /* (4, 2) samples of 2 values, a model reading 3. */
         td_model_info three = model(TD_INPUT_FEATURES, 3, 2);
         td_test_st_entry e[] = {{"x", "F32", "[4,2]", x, sizeof x},
@@ -454,6 +465,15 @@ static void expect_csv_error(const char *text, const char *needle1, const char *
     expect_open_error(td_test_tmp("bad.csv"), &o, &mi, TD_ERR_INVALID_ARG, needle1, needle2);
 }
 
+/* As expect_csv_error, for a table of n bytes that may hold NULs. */
+static void expect_csv_bytes_error(const char *text, size_t n, const char *needle1,
+                                   const char *needle2) {
+    td_model_info mi = model(TD_INPUT_FEATURES, 2, 3);
+    td_data_options o = {.split = 0.5};
+    td_test_write_file(td_test_tmp("nul.csv"), text, n);
+    expect_open_error(td_test_tmp("nul.csv"), &o, &mi, TD_ERR_INVALID_ARG, needle1, needle2);
+}
+
 static void csv_mistakes_name_the_line_and_column(void **state) {
     expect_csv_error("a,b,label\n1,2,0\n3,4\n5,6,1\n", "bad.csv: line 3 has 2 cells",
                      "the header has 3");
@@ -481,6 +501,22 @@ static void csv_mistakes_name_the_line_and_column(void **state) {
     expect_csv_error("", "empty; a CSV table starts with a header", NULL);
     expect_csv_error("a,b,label\n", "a header but no rows", NULL);
     expect_csv_error("label\n1\n", "only the label column", NULL);
+    /* A NUL inside a cell, in a feature, a label, a quoted cell or the header,
+     * is refused rather than ending the cell early ("2\0abc" read as 2). */
+    {
+        static const char feature[] = "a,b,label\n1,2\0abc,0\n3,4,1\n";
+        static const char label[] = "a,b,label\n1,2,1\0x\n3,4,1\n";
+        static const char quoted[] = "a,b,label\n1,2,0\n\"3\0\",4,1\n";
+        static const char header[] = "a,b\0c,label\n1,2,0\n";
+        expect_csv_bytes_error(feature, sizeof feature - 1, "nul.csv: line 2, column 2 (\"b\")",
+                               "a NUL byte inside the cell");
+        expect_csv_bytes_error(label, sizeof label - 1, "line 2, column 3 (\"label\")",
+                               "a NUL byte inside the cell");
+        expect_csv_bytes_error(quoted, sizeof quoted - 1, "line 3, column 1 (\"a\")",
+                               "a NUL byte inside the cell");
+        expect_csv_bytes_error(header, sizeof header - 1, "line 1, column 2",
+                               "a NUL byte inside the cell");
+    }
     /* A quoted cell may span lines: the next record's line is counted right. */
     expect_csv_error("\"a\nb\",c,label\n1,2,0\n1,2,x\n", "line 4, column 3", NULL);
 }

@@ -109,6 +109,33 @@ static void mistakes_are_named(void **state) {
     expect_error(path, &o, &mi, TD_ERR_INVALID_ARG, "a window of context 8");
     td_test_write_file(td_test_tmp("short.bin"), "abc", 3);
     expect_error(td_test_tmp("short.bin"), &o, &mi, TD_ERR_CORRUPT, "short.bin");
+    {
+        /* A text corpus named .bin: its message says how to train on it. */
+        static const char line[] = "First Citizen:\nBefore we proceed any further, hear me.\n";
+        char text[2048];
+        for (size_t i = 0; i < sizeof text; i++)
+            text[i] = line[i % (sizeof line - 1)];
+        td_test_write_file(td_test_tmp("corpus.bin"), text, sizeof text);
+        expect_error(td_test_tmp("corpus.bin"), &o, &mi, TD_ERR_CORRUPT,
+                     "not an llm.c token file; it looks like text, and tandem reads any .bin as "
+                     "llm.c tokens: rename it (to ");
+        td_test_assert_message_contains("corpus.txt, say) to train on it as a text corpus");
+        /* Bytes that are not text (a NUL, a bad magic) are not called text. */
+        text[100] = '\0';
+        td_test_write_file(td_test_tmp("corpus.bin"), text, sizeof text);
+        expect_error(td_test_tmp("corpus.bin"), &o, &mi, TD_ERR_CORRUPT, "not an llm.c token file");
+        assert_null(strstr(td_last_error(), "looks like text"));
+        write_tokens(path, tok, N, 1, N);
+        {
+            FILE *f = fopen(path, "r+b");
+            int32_t magic = 7;
+            assert_non_null(f);
+            assert_int_equal(fwrite(&magic, 4, 1, f), 1);
+            fclose(f);
+        }
+        expect_error(path, &o, &mi, TD_ERR_CORRUPT, "not an llm.c token file");
+        assert_null(strstr(td_last_error(), "looks like text"));
+    }
     write_tokens(path, tok, N, 1, N);
     o.test_path = td_test_tmp("v.csv");
     td_test_write_file(o.test_path, "a\n", 2);

@@ -221,6 +221,10 @@ static void bad_settings_are_refused(void **state) {
     TD_ASSERT_STATUS(td_generate(f.d, bad_prompt, 1, &cfg, NULL, NULL, NULL), TD_ERR_INVALID_ARG);
     TD_ASSERT_STATUS(td_generate_choose(nan_logits, 2, &cfg, 0, &t), TD_ERR_INVALID_ARG);
     td_test_assert_message_contains("logit of token 1");
+    cfg.tokens = TD_GENERATE_MAX_TOKENS + 1;
+    TD_ASSERT_STATUS(td_generate(f.d, prompt, 1, &cfg, NULL, NULL, NULL), TD_ERR_INVALID_ARG);
+    td_test_assert_message_contains("generate: 1000001 tokens is outside [0, 1000000] (`tokens`)");
+    assert_string_equal(td_last_error_setting(), "tokens");
     cfg.tokens = 0;
     TD_ASSERT_OK(td_generate(f.d, prompt, 1, &cfg, NULL, NULL, NULL));
     close_model(&f);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "support/support.h"
 
@@ -340,12 +341,53 @@ static void under_mpirun_one_file_holds_every_rank(void **state) {
 
 static void bad_trace_options_are_clear_errors(void **state) {
     run("--steps 1 --trace /nonexistent/folder/run.json", 1, "/nonexistent/folder/run.json");
-    run("--steps 1 --trace " MNIST, 1, "not a regular file");
+    run("--steps 1 --trace " TD_SOURCE_DIR "/examples", 1, "not a regular file");
     run("--steps 1 --trace x.json --trace-steps 5:2", 2, "--trace-steps wants FIRST:LAST");
     run("--steps 1 --trace x.json --trace-steps 0:2", 2, "--trace-steps wants FIRST:LAST");
     run("--steps 1 --trace x.json --trace-steps two", 2, "not 'two'");
     run("--steps 1 --trace x.json --trace-steps 2:3x", 2, "not '2:3x'");
     run("--steps 1 --trace-steps 2:3", 2, "there is no --trace");
+}
+
+/* --trace naming a file another setting names would lose one output (or
+ * overwrite an input) without a word: refused before anything is written. */
+static void a_trace_sharing_another_file_is_refused(void **state) {
+    char args[2048], ckpt[512], metrics[512];
+    snprintf(ckpt, sizeof ckpt, "%s", td_test_tmp("shared.st"));
+    snprintf(metrics, sizeof metrics, "%s", td_test_tmp("shared.jsonl"));
+    snprintf(args, sizeof args, "--steps 1 --checkpoint %s --trace %s/../%s/shared.st", ckpt,
+             td_test_tmpdir(), strrchr(td_test_tmpdir(), '/') + 1);
+    run(args, 2, "--trace and --checkpoint both name");
+    snprintf(args, sizeof args, "--steps 1 --metrics %s --trace %s", metrics, metrics);
+    run(args, 2, "--metrics and --trace both name");
+    snprintf(args, sizeof args, "--steps 1 --trace %s", MLP);
+    run(args, 2, "--trace and --model both name");
+    assert_int_equal(access(ckpt, F_OK), -1);
+    assert_int_equal(access(metrics, F_OK), -1);
+}
+
+/* Every output is checked before any is made: a trace that cannot be
+ * created (its "folder" a regular file) leaves no empty metrics file, and
+ * the other way round. */
+static void an_output_that_cannot_be_made_leaves_no_other_behind(void **state) {
+    char args[2048], file[512], metrics[512], trace_path[512], bad[600];
+    snprintf(file, sizeof file, "%s", td_test_tmp("plain"));
+    snprintf(metrics, sizeof metrics, "%s", td_test_tmp("left.jsonl"));
+    snprintf(trace_path, sizeof trace_path, "%s", td_test_tmp("left.json"));
+    td_test_write_file(file, "x", 1);
+    snprintf(bad, sizeof bad, "%s/run.json", file);
+    snprintf(args, sizeof args, "--steps 1 --metrics %s --trace %s", metrics, bad);
+    run(args, 1, "plain/run.json: cannot write the trace there");
+    run(args, 1, "plain is not a folder (--trace)");
+    assert_int_equal(access(metrics, F_OK), -1);
+    snprintf(bad, sizeof bad, "%s/m.jsonl", file);
+    snprintf(args, sizeof args, "--steps 1 --metrics %s --trace %s", bad, trace_path);
+    run(args, 1, "plain/m.jsonl: cannot write the metrics there");
+    assert_int_equal(access(trace_path, F_OK), -1);
+    snprintf(bad, sizeof bad, "%s/c.st", file);
+    snprintf(args, sizeof args, "--steps 1 --metrics %s --checkpoint %s", metrics, bad);
+    run(args, 1, "plain/c.st: cannot write a checkpoint there");
+    assert_int_equal(access(metrics, F_OK), -1);
 }
 
 int main(void) {
@@ -355,6 +397,8 @@ int main(void) {
         cmocka_unit_test(a_parked_device_shows_the_steps_it_sat_out),
         cmocka_unit_test(under_mpirun_one_file_holds_every_rank),
         cmocka_unit_test(bad_trace_options_are_clear_errors),
+        cmocka_unit_test(a_trace_sharing_another_file_is_refused),
+        cmocka_unit_test(an_output_that_cannot_be_made_leaves_no_other_behind),
     };
     return cmocka_run_group_tests(tests, td_test_tmpdir_setup, td_test_tmpdir_teardown);
 }

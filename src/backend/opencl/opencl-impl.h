@@ -109,7 +109,8 @@ td_status td__ocl_build(ocl_device *od, const char *src, const char *opts, cl_pr
 
 /* The program binary cache folder: $TD_OPENCL_CACHE, else
  * $XDG_CACHE_HOME/tandem/opencl, else ~/.cache/tandem/opencl; "" when
- * caching is off (TD_OPENCL_CACHE=off or no home). */
+ * caching is off (TD_OPENCL_CACHE=off or no home). A folder that is not this
+ * user's alone to write (program.c says why) is not used. */
 void td__ocl_cache_dir(char *buf, size_t n);
 
 /* Kernel `id` of the program for dt (built and kernels created on first

@@ -2,6 +2,8 @@
  * and precision, with the compiled binary cached on disk so that later runs
  * skip the (slow, on PoCL) compiler. */
 #include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +63,50 @@ typedef struct cache_header {
     uint64_t key, sum, size;
 } cache_header;
 
+/* mkdir -p; failures show up when the file is written. */
+static void make_dirs(const char *path) {
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        (void)mkdir(buf, 0700);
+        *p = '/';
+    }
+}
+
+/* Whether the cache folder dir can be trusted, made (mode 0700) when it is
+ * missing. A cached binary goes to the driver as it is and runs as the
+ * device's code (PoCL's is native code, run in this process), and the
+ * header's sum only catches a torn or damaged file: anyone who can write
+ * the folder can write a binary with a matching sum. A MAC would need a
+ * secret kept somewhere only this user can read, which is the same
+ * requirement, so instead the folder must be a real folder of this user's
+ * that no one else can write (as ssh asks of ~/.ssh); the files are checked
+ * the same way when read (cache_read). A shared folder (TD_OPENCL_CACHE=/tmp,
+ * say) is not used, and the run says so once. */
+static int cache_dir_trusted(const char *dir) {
+    static atomic_int warned;
+    char file[600];
+    struct stat sb;
+    snprintf(file, sizeof file, "%s/x", dir);
+    make_dirs(file);
+    if (lstat(dir, &sb) == 0 && S_ISDIR(sb.st_mode) && sb.st_uid == geteuid() &&
+        !(sb.st_mode & (S_IWGRP | S_IWOTH)))
+        return 1;
+    if (!atomic_exchange(&warned, 1))
+        TD_LOG_WARN("%s: %s, so the OpenCL binary cache is not used (a binary planted there "
+                    "would run as kernels); give TD_OPENCL_CACHE a folder only you can write "
+                    "(chmod 700), or off",
+                    dir,
+                    lstat(dir, &sb) != 0     ? strerror(errno)
+                    : !S_ISDIR(sb.st_mode)   ? "not a folder"
+                    : sb.st_uid != geteuid() ? "another user's folder"
+                                             : "a folder others can write");
+    return 0;
+}
+
 /* The cache file for (device, options, source), or "" when caching is off;
  * *key gets the hash it is named by. */
 static void cache_path(const ocl_device *od, const char *src, const char *opts, char *path,
@@ -71,7 +117,7 @@ static void cache_path(const ocl_device *od, const char *src, const char *opts, 
                                           CL_DRIVER_VERSION};
     td__ocl_cache_dir(dir, sizeof dir);
     path[0] = '\0';
-    if (!dir[0])
+    if (!dir[0] || !cache_dir_trusted(dir))
         return;
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
         info[0] = '\0';
@@ -89,27 +135,27 @@ static void cache_path(const ocl_device *od, const char *src, const char *opts, 
     snprintf(path, n, "%s/%016llx.bin", dir, (unsigned long long)h);
 }
 
-/* mkdir -p; failures show up when the file is written. */
-static void make_dirs(const char *path) {
-    char buf[512];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = '\0';
-        (void)mkdir(buf, 0700);
-        *p = '/';
-    }
-}
-
 /* The cached binary at path, malloc'ed, or NULL when absent or when its
  * header does not vouch for it (another key, a size or sum that differs). */
 static unsigned char *cache_read(const char *path, uint64_t key, size_t *size) {
-    FILE *f = fopen(path, "rb");
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     unsigned char *buf = NULL;
     cache_header h;
-    if (!f)
+    struct stat sb;
+    FILE *f;
+    if (fd < 0)
         return NULL;
+    /* This user's, and writable by no one else (see cache_dir_trusted). */
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_uid != geteuid() ||
+        (sb.st_mode & (S_IWGRP | S_IWOTH))) {
+        TD_LOG_INFO("%s: not a file only this user can write; rebuilding", path);
+        close(fd);
+        return NULL;
+    }
+    if (!(f = fdopen(fd, "rb"))) {
+        close(fd);
+        return NULL;
+    }
     if (fread(&h, sizeof h, 1, f) == 1 && !memcmp(h.magic, "TDOCLBIN", 8) && h.key == key &&
         h.size > 0 && h.size < ((uint64_t)1 << 32) && (buf = malloc((size_t)h.size)) &&
         fread(buf, 1, (size_t)h.size, f) == h.size && fgetc(f) == EOF &&
