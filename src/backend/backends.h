@@ -3,8 +3,8 @@
 
 #include "device/backend.h"
 
-/* Each backend's operations, defined in its own folder. The device layer
- * never names them: it reaches them through td__backends(). */
+/* Each backend's operations, defined in its own folder; the registry
+ * (registry.c) lists them. The device layer never names them. */
 extern const td_backend_ops td__cpu_backend;
 #ifdef TD_HAVE_CUDA
 extern const td_backend_ops td__cuda_backend;

@@ -88,11 +88,14 @@ td_status td__device_sink_add(td_device_sink *sink, const td_backend_ops *ops, c
  * src/backend/cuda/cuda.h). Valid while dev is open; safe from any thread. */
 void *td__device_backend_ctx(const td_device *dev, const td_backend_ops *ops);
 
-/* The backends built in, in listing order (cpu first), NULL-terminated, and
- * one line for each backend left out at configure time ("cuda: not built in
- * (why)"), NULL-terminated. Defined by the backends layer (src/backend/
- * backends.c): the device layer names no backend. */
-const td_backend_ops *const *td__backends(void);
-const char *const *td__backends_left_out(void);
+/* For the registry above the backends (src/backend/registry.c), which opens
+ * a spec's devices: a new device list whose devices open() adds through the
+ * sink (td__device_sink_add); their host threads start once all are open.
+ * On failure *out is NULL and nothing is left open. */
+td_status td__device_list_open(td_status (*open)(void *arg, td_device_sink *sink), void *arg,
+                               td_device_list **out);
+/* A line for the list's notes (td_device_list_notes): a backend with no
+ * device, say. */
+void td__device_list_note(td_device_sink *sink, const char *line);
 
 #endif

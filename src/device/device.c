@@ -1,7 +1,8 @@
-/* Devices: opening them from a spec and closing them, device lists, and
- * properties (info, capabilities, throttling). Backends plug in through
- * td_backend_ops. The host threads and their queues are in queue.c, memory
- * and copies in buffer.c. */
+/* Devices: opening and closing them, device lists, and properties (info,
+ * capabilities, throttling). Backends plug in through td_backend_ops; which
+ * backends there are, and which one a spec item names, is the registry's
+ * (src/backend/registry.c), above the backends. The host threads and their
+ * queues are in queue.c, memory and copies in buffer.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,39 +24,6 @@ struct td_device_list {
 struct td_device_sink {
     td_device_list *list;
 };
-
-/* Backends ----------------------------------------------------------------- */
-
-static const td_backend_ops *find_backend(const char *name) {
-    for (const td_backend_ops *const *b = td__backends(); *b; b++)
-        if (!strcmp((*b)->name, name))
-            return *b;
-    return NULL;
-}
-
-/* What `auto` opens when no TD_DEVICE_CAP_AUTO backend has a device: the
- * backend of this process's own cores. */
-static const td_backend_ops *fallback_backend(void) {
-    for (const td_backend_ops *const *b = td__backends(); *b; b++)
-        if ((*b)->caps & TD_DEVICE_CAP_HOST_CORES)
-            return *b;
-    return NULL;
-}
-
-/* "cpu: cpu:0, cpu:1; cuda: none (...)" for error messages. */
-static void describe_all(char *buf, size_t n) {
-    size_t used = 0;
-    const td_backend_ops *const *b;
-    const char *const *missing;
-    buf[0] = '\0';
-    for (b = td__backends(); *b && used + 1 < n; b++) {
-        char line[512];
-        (*b)->describe(line, sizeof line);
-        used += (size_t)snprintf(buf + used, n - used, "%s%s", used ? "; " : "", line);
-    }
-    for (missing = td__backends_left_out(); *missing && used + 1 < n; missing++)
-        used += (size_t)snprintf(buf + used, n - used, "; %s", *missing);
-}
 
 /* Opening and closing ------------------------------------------------------- */
 
@@ -194,106 +162,31 @@ void td_device_list_destroy(td_device_list *list) {
     free(list);
 }
 
-static td_status open_backend_item(const td_backend_ops *b, const td_spec_item *item,
-                                   td_device_sink *sink) {
-    td_status st = b->open(item, sink);
-    if (st == TD_ERR_NO_DEVICE) {
-        char here[1024];
-        describe_all(here, sizeof here);
-        td__error_prefix(st, "device spec item '%s': ", item->text);
-        /* Append the listing after the backend's own reason. */
-        {
-            char msg[2048];
-            snprintf(msg, sizeof msg, "%s. Devices here: %s", td_last_error(), here);
-            td__error_set(msg, td_last_error_setting());
-        }
-    }
-    return st;
-}
-
-static void add_note(td_device_list *list, const char *line) {
+void td__device_list_note(td_device_sink *sink, const char *line) {
+    td_device_list *list = sink->list;
     size_t used = strlen(list->notes);
     snprintf(list->notes + used, sizeof list->notes - used, "%s\n", line);
 }
 
-static td_status open_item(const td_spec_item *item, td_device_sink *sink) {
-    const td_backend_ops *b;
-    if (!strcmp(item->backend, "all") || !strcmp(item->backend, "auto")) {
-        int want_all = !strcmp(item->backend, "all");
-        int gpus = 0;
-        td_status st;
-        for (const td_backend_ops *const *each = td__backends(); *each; each++) {
-            const td_backend_ops *bk = *each;
-            td_spec_item every = *item;
-            int n;
-            if (!want_all && !(bk->caps & TD_DEVICE_CAP_AUTO))
-                continue; /* auto takes GPUs first; the CPU is the fallback below. */
-            n = bk->count();
-            if (n <= 0) {
-                char line[512];
-                bk->describe(line, sizeof line);
-                add_note(sink->list, line);
-                continue;
-            }
-            snprintf(every.backend, sizeof every.backend, "%s", bk->name);
-            every.index_kind = TD_SPEC_INDEX_ALL;
-            if ((st = bk->open(&every, sink)) != TD_OK)
-                return st;
-            gpus += !(bk->caps & TD_DEVICE_CAP_HOST_CORES);
-        }
-        if (!want_all && gpus == 0) {
-            const td_backend_ops *host = fallback_backend();
-            td_spec_item cpu = *item;
-            if (!host)
-                return td__error(TD_ERR_NO_DEVICE, "device spec item '%s': no CPU backend",
-                                 item->text);
-            snprintf(cpu.backend, sizeof cpu.backend, "%s", host->name);
-            return host->open(&cpu, sink);
-        }
-        return TD_OK;
-    }
-    b = find_backend(item->backend);
-    if (!b) {
-        char here[1024];
-        describe_all(here, sizeof here);
-        return td__error(TD_ERR_NO_DEVICE,
-                         "device spec item '%s': the %s backend is not built into this tandem. "
-                         "Devices here: %s",
-                         item->text, item->backend, here);
-    }
-    return open_backend_item(b, item, sink);
-}
-
-td_status td_devices_open(const char *spec, td_device_list **out) {
-    td_spec_item *items = NULL;
-    size_t n = 0;
-    td_device_list *list = NULL;
+td_status td__device_list_open(td_status (*open)(void *arg, td_device_sink *sink), void *arg,
+                               td_device_list **out) {
+    td_device_list *list;
     td_device_sink sink;
     td_status st;
-    if (!out)
-        return td__error(TD_ERR_INVALID_ARG, "td_devices_open: out is NULL");
     *out = NULL;
-    TD_TRY(td__spec_parse(spec, &items, &n));
-    list = td__calloc(sizeof *list, "a device list");
-    if (!list) {
-        st = TD_ERR_OUT_OF_MEMORY;
-        goto fail;
-    }
-    list->devs = td__calloc(sizeof *list->devs * MAX_DEVICES, "a device list");
-    if (!list->devs) {
+    if (!(list = td__calloc(sizeof *list, "a device list")))
+        return TD_ERR_OUT_OF_MEMORY;
+    if (!(list->devs = td__calloc(sizeof *list->devs * MAX_DEVICES, "a device list"))) {
         st = TD_ERR_OUT_OF_MEMORY;
         goto fail;
     }
     sink.list = list;
-    for (size_t i = 0; i < n; i++)
-        TD_TRY(open_item(&items[i], &sink));
+    TD_TRY(open(arg, &sink));
     for (size_t i = 0; i < list->count; i++)
         TD_TRY(device_start(list->devs[i]));
-    free(items);
     *out = list;
     return TD_OK;
 fail:
-    free(items);
     td_device_list_destroy(list);
     return st;
 }
