@@ -2,6 +2,7 @@
  * thread, waiting for them, leaving stuck ones behind), the member each host
  * thread runs as, and the group's error state: failing it, members stuck in
  * a collective, td_group_error. Creation and shrinking are in group.c. */
+#include <assert.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -117,6 +118,8 @@ static td_status member_task(td_device *dev, void *p) {
     td__member *m = t->m;
     td_group *g = m->g;
     td_status st, drained;
+    assert(m->dev == dev && m->rank >= 0 && m->rank < g->size);
+    assert(!current_member); /* a member runs one group's function at a time */
     current_member = m;
     st = rs->fn(g, dev, m->rank, g->size, rs->arg);
     /* Collectives started and not waited for still finish inside the run. */

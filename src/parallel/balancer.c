@@ -5,6 +5,7 @@
  * twice the samples. The split is the one that makes the devices finish
  * together (water filling); a device whose fixed cost alone exceeds the step
  * the others reach would only slow the group, and is parked. */
+#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -326,6 +327,7 @@ void td_balancer_split(td_balancer *b, int64_t total, int64_t *counts) {
         counts[best]++;
         given++;
     }
+    assert(given == total);
 }
 
 int td_balancer_parked(const td_balancer *b, int i) {

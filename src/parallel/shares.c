@@ -2,6 +2,7 @@
  * device at reading weights (what batch-1 decoding does), shares rounded so
  * that noise moves nothing between equal devices, and cutting a range by
  * them. Used by the tensor strategy's slices and by the decoders. */
+#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,6 +70,7 @@ void td__shares_from_speed(const double *alone_s, int n, double *share) {
 void td__cut_by_shares(int64_t size, const double *share, int n, int64_t *first, int64_t *count) {
     int64_t given = 0, at = 0;
     double frac[TD_DP_MAX_MEMBERS];
+    assert(n > 0 && n <= TD_DP_MAX_MEMBERS && size >= 0);
     for (int k = 0; k < n; k++) {
         double q = (double)size * share[k];
         count[k] = (int64_t)floor(q);
@@ -88,4 +90,5 @@ void td__cut_by_shares(int64_t size, const double *share, int n, int64_t *first,
         first[k] = at;
         at += count[k];
     }
+    assert(at == size); /* shares summing past 1 would overshoot */
 }

@@ -8,6 +8,7 @@
  * replicated layers, which every member computes whole, count. A
  * checkpoint records the shares exactly (td__tp_split), so that a resumed
  * run cuts the same slices (td__tp_adopt_split). */
+#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -148,6 +149,7 @@ static void make_plans(tensor_par *p) {
     for (int u = 0; u < p->nunits; u++) {
         int64_t first[TD_DP_MAX_MEMBERS], count[TD_DP_MAX_MEMBERS];
         td__cut_by_shares(p->units[u].size, p->share, p->size, first, count);
+        assert(first[p->size - 1] + count[p->size - 1] == p->units[u].size);
         for (int k = 0; k < p->size; k++) {
             p->mb[k].plan.units = p->nunits;
             p->mb[k].plan.first[u] = first[k];
