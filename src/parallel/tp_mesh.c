@@ -7,8 +7,9 @@
  * member k's gradients are summed over a group of member k of every
  * replica, and the replicas take the update at once, every one on the
  * same gradients: the weights stay equal, and one device's up to the order
- * of the sums. Processes under mpirun are the same idea across processes
- * (tp_procs.c); the two do not combine yet. */
+ * of the sums. Under mpirun the processes are the replicas (tp_procs.c):
+ * data:P,tensor:N over P processes of N devices each. */
+#include <assert.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -74,10 +75,7 @@ td_status td__tp_mesh_open(td_strategy *s, int replicas, tensor_par **out) {
     tp_mesh *x;
     td_status st;
     *out = NULL;
-    if (td_group_local_size(g) != size)
-        return td__error_setting(TD_ERR_UNSUPPORTED, "strategy",
-                                 "tensor: replicas within a process and processes do not combine "
-                                 "yet (under mpirun each process is a replica already)");
+    assert(td_group_local_size(g) == size); /* processes are replicas of their own */
     if (size % replicas != 0 || replicas > TD_DP_MAX_MEMBERS)
         return td__error_setting(TD_ERR_INVALID_ARG, "strategy",
                                  "tensor: %d replicas do not divide the group's %d devices",

@@ -428,6 +428,15 @@ static td_status tp_create(td_strategy *s) {
     tensor_par *p = NULL;
     td_status st;
     TD_CHECK(td__option_count(s, "replicas", 1, &replicas));
+    if (replicas > 1 && td_group_local_size(s->group) != td_group_size(s->group)) {
+        /* under mpirun each process is a replica (tp_procs.c): data:P,tensor:N */
+        if (replicas * td_group_local_size(s->group) != td_group_size(s->group))
+            return td__error_setting(TD_ERR_UNSUPPORTED, "strategy",
+                                     "tensor: %lld replicas over processes of %d devices each: "
+                                     "under mpirun each process is one replica",
+                                     (long long)replicas, td_group_local_size(s->group));
+        replicas = 1;
+    }
     st =
         replicas > 1 ? td__tp_mesh_open(s, (int)replicas, &p) : td__tp_build(s, s->group, NULL, &p);
     s->impl = p;

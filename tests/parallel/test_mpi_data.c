@@ -117,6 +117,14 @@ static void two_processes_split_every_layer_over_their_devices(void **state) {
             fail_msg("tensor in 2 processes of 2 devices differs from one device by %g (%s)", d,
                      runs[i].name);
     }
+    /* the same, spelled as the mesh: each process one replica */
+    free(train(2, "cpu*2", "--steps 12 --precision f64 --strategy data:2,tensor:2", "mesh.st"));
+    {
+        double d = checkpoint_diff("mesh.st", "one_f64_sgd.safetensors");
+        printf("data:2,tensor:2 in 2 processes of 2 devices: %.3g from one device\n", d);
+        if (d > 1e-12)
+            fail_msg("data:2,tensor:2 over 2 processes differs from one device by %g", d);
+    }
 }
 
 /* A device lost in process 1: that process's run fails, and it ends the
