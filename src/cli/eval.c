@@ -79,10 +79,8 @@ static td_status make_strategy(td_device_list *devs, const char *name, const cha
 }
 
 static int known_strategy(const char *name) {
-    for (const char *const *n = td_strategy_names(); *n; n++)
-        if (!strcmp(*n, name))
-            return 1;
-    return 0;
+    td_strategy_about a;
+    return td_strategy_about_get(name, &a) == TD_OK;
 }
 
 /* --holdout: a fraction strictly between 0 and 1. */
@@ -109,7 +107,7 @@ static int parse_count(const char *flag, const char *s, long long *out) {
 }
 
 int td_cli_eval(int argc, char **argv) {
-    const char *ckpt = NULL, *data = NULL, *devices = "cpu", *split = "test", *strategy = "single";
+    const char *ckpt = NULL, *data = NULL, *devices = "cpu", *split = "test", *strategy = NULL;
     td_group *group = NULL;
     td_strategy *strat = NULL;
     long long batch = 0, samples = 0;

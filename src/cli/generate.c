@@ -163,7 +163,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
     a->cfg.tokens = 200;
     a->cfg.token_limit = BYTE_TOKENS;
     a->devices = "cpu";
-    a->strategy = "single";
+    a->strategy = NULL; /* the strategy table's default */
     a->precision = -1;
     opterr = 0;
     optind = 1;
@@ -300,12 +300,14 @@ static json_t *device_names(td_group *g) {
 static void print_summary(const gen_args *a, td_group *g, td_dtype dtype, td_decoder *d,
                           const td_generate_stats *s) {
     double per = s->generated_tokens ? s->decode_ms / (double)s->generated_tokens : 0;
+    td_strategy_about about;
+    const char *strategy = td_strategy_about_get(a->strategy, &about) == TD_OK ? about.name : "";
     json_t *o = json_pack(
         "{s:I, s:I, s:I, s:f, s:f, s:f, s:o, s:s, s:s, s:I, s:f, s:I, s:f, s:I}", "prompt_tokens",
         (json_int_t)s->prompt_tokens, "generated_tokens", (json_int_t)s->generated_tokens, "slides",
         (json_int_t)s->slides, "prefill_ms", s->prefill_ms, "decode_ms_per_token", per,
         "tokens_per_s", s->decode_ms > 0 ? 1e3 * (double)s->generated_tokens / s->decode_ms : 0.0,
-        "devices", device_names(g), "strategy", a->strategy, "precision", td_dtype_name(dtype),
+        "devices", device_names(g), "strategy", strategy, "precision", td_dtype_name(dtype),
         "context", (json_int_t)td_decoder_context(d), "temperature", a->cfg.temperature, "top_k",
         (json_int_t)a->cfg.top_k, "top_p", a->cfg.top_p, "seed", (json_int_t)a->cfg.seed);
     char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
