@@ -6,6 +6,7 @@
 
 #include <pthread.h>
 
+#include "parallel/member_rows.h"
 #include "tandem/strategy.h"
 
 #define TD_PP_MAX_STAGES TD_DP_MAX_MEMBERS
@@ -60,9 +61,6 @@ td_status td__pipeline_decoder(td_group *g, const char *checkpoint, td_dtype dty
 /* The running pipeline, shared by pipeline.c (the strategy) and
  * pipeline_run.c (a step on the stages). ------------------------------- */
 
-/* Per member and step, gathered: compute, transfer, update and idle
- * seconds, loss sum, correct, count. */
-#define STAT_WORDS 7
 /* Micro-batches a step may be cut into. */
 #define MAX_MICRO 4096
 
@@ -90,11 +88,11 @@ typedef struct stage {
     td_optimizer *opt;
     td_buffer *recv; /* what this stage copies its neighbours' messages into */
     size_t recv_bytes;
-    td_buffer *stats_send, *stats_all; /* (STAT_WORDS), (size, STAT_WORDS) f64 */
-    size_t term_first;                 /* this stage's first term of the model's norm */
-    td_buffer *terms;                  /* (nterms) f64: the norm's terms, gathered */
+    td__rows rows;     /* the step's row of every stage, gathered */
+    size_t term_first; /* this stage's first term of the model's norm */
+    td_buffer *terms;  /* (nterms) f64: the norm's terms, gathered */
     double *terms_host;
-    double compute_s, comm_s, update_s, wait_s;
+    double compute_s, comm_s, update_s; /* idle: the rest of the step */
     td_step_result res;
     /* Micro-batches [w_next, b_done) went back to their input but still owe
      * their weight gradients (td_model_part_backward_weights). */

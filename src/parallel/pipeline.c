@@ -48,7 +48,7 @@ static stage *first_stage(pipeline *p) {
     return NULL;
 }
 
-static void fill_stats(pipeline *p, const double *all, int64_t n, double step_s,
+static void fill_stats(pipeline *p, const td__member_row *rows, int64_t n, double step_s,
                        td_step_stats *stats) {
     double cost = 0, speed = 0, idle = 0;
     int active = 0;
@@ -62,15 +62,11 @@ static void fill_stats(pipeline *p, const double *all, int64_t n, double step_s,
     }
     /* The plan timed a batch of the configured size. */
     stats->ideal_s = speed > 0 ? (double)n / (double)p->s->cfg.batch / speed : 0;
+    td__rows_to_stats(rows, p->size, step_s, stats->m);
     for (int k = 0; k < p->size; k++) {
         td_member_stats *m = &stats->m[k];
-        const double *v = all + (size_t)k * STAT_WORDS;
         m->samples = p->st[k].part ? n : 0;
         m->share = cost > 0 ? p->plan.seconds[k] / cost : 0;
-        m->compute_s = v[0];
-        m->comm_s = v[1];
-        m->update_s = v[2];
-        m->wait_s = fmax(0, step_s - v[0] - v[1] - v[2]);
         m->parked = !p->st[k].part;
         if (p->st[k].part) {
             idle += step_s > 0 ? m->wait_s / step_s : 0;
@@ -85,7 +81,7 @@ static td_status pp_step(void *impl, const td_batch *batch, uint64_t step, td_st
                          td_step_stats *stats) {
     pipeline *p = impl;
     int64_t lps = p->info.kind == TD_INPUT_TOKENS ? p->info.in_shape[0] : 1;
-    double all[TD_PP_MAX_STAGES * STAT_WORDS];
+    td__member_row rows[TD_PP_MAX_STAGES];
     uint64_t t0 = td_clock_ns();
     td_status st;
     td__pp_split(p, batch->n);
@@ -95,17 +91,16 @@ static td_status pp_step(void *impl, const td_batch *batch, uint64_t step, td_st
     p->step = step;
     p->grad_scale = 1.0 / (double)(batch->n * lps);
     TD_CHECK(td__pp_run(p));
-    st = td_buffer_read(p->st[0].stats_all, 0, all, sizeof(double) * STAT_WORDS * (size_t)p->size);
-    if (st != TD_OK)
+    if ((st = td__rows_read(&p->st[0].rows, rows)) != TD_OK)
         return st;
     memset(res, 0, sizeof *res);
-    for (int k = 0; k < p->size; k++) {
-        res->loss_sum += all[k * STAT_WORDS + 4];
-        res->correct += (int64_t)all[k * STAT_WORDS + 5];
-        res->count += (int64_t)all[k * STAT_WORDS + 6];
+    for (int k = 0; k < p->size; k++) { /* the last stage's numbers; the others give zeros */
+        res->loss_sum += rows[k].loss_sum;
+        res->correct += (int64_t)rows[k].correct;
+        res->count += (int64_t)rows[k].count;
     }
     if (stats)
-        fill_stats(p, all, batch->n, (double)(td_clock_ns() - t0) * 1e-9, stats);
+        fill_stats(p, rows, batch->n, (double)(td_clock_ns() - t0) * 1e-9, stats);
     return TD_OK;
 }
 
@@ -227,8 +222,7 @@ static void pp_destroy(void *impl) {
         td_optimizer_destroy(s->opt);
         td_model_destroy(s->part);
         td_buffer_free(s->recv);
-        td_buffer_free(s->stats_send);
-        td_buffer_free(s->stats_all);
+        td__rows_free(&s->rows);
         td_buffer_free(s->terms);
         free(s->terms_host);
         for (int i = 0; i < TD_PP_MAX_SLOTS; i++) {
@@ -297,9 +291,7 @@ static td_status make_stage(pipeline *p, int k) {
     st->group = p->g;
     st->dev = td_group_device(p->g, k);
     st->rank = k;
-    TD_CHECK(td_buffer_alloc(st->dev, sizeof(double) * STAT_WORDS, &st->stats_send));
-    TD_CHECK(
-        td_buffer_alloc(st->dev, sizeof(double) * STAT_WORDS * (size_t)p->size, &st->stats_all));
+    TD_CHECK(td__rows_alloc(st->dev, p->size, &st->rows));
     if (p->plan.end[k] == p->plan.first[k])
         return TD_OK;
     st->slots = p->plan.slots[k];

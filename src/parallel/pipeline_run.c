@@ -181,10 +181,9 @@ static td_status weights_while_waiting(stage *s, channel *c, int64_t j, int for_
 
 /* Takes message j of c (from member `from`) into the stage's receive buffer. */
 static td_status receive(pipeline *p, stage *s, channel *c, int64_t j, int from, size_t bytes) {
-    uint64_t t0, t1, tr;
+    uint64_t t1, tr;
     td_status st;
     TD_CHECK(weights_while_waiting(s, c, j, 0));
-    t0 = td_clock_ns();
     tr = td__trace_begin();
     st = chan_wait(p, c, j, 0, "the stage before or after", from);
     const td_buffer *src;
@@ -192,7 +191,6 @@ static td_status receive(pipeline *p, stage *s, channel *c, int64_t j, int from,
     trace_micro(tr, TD__TRACE_WAIT, "wait for neighbour", j);
     if (st == TD_OK)
         st = ensure_recv(s, bytes);
-    s->wait_s += (double)(t1 - t0) * 1e-9;
     if (st != TD_OK)
         return st;
     pthread_mutex_lock(&c->mu);
@@ -209,16 +207,14 @@ static td_status receive(pipeline *p, stage *s, channel *c, int64_t j, int from,
 /* Before a stage overwrites the buffer it posted for micro-batch j - slots
  * (the same slot), the neighbour must have taken it. */
 static td_status wait_taken(pipeline *p, stage *s, channel *c, int64_t j, int to) {
-    uint64_t t0, tr;
+    uint64_t tr;
     td_status st = TD_OK;
     if (j < s->slots)
         return TD_OK;
     TD_CHECK(weights_while_waiting(s, c, j - s->slots, 1));
-    t0 = td_clock_ns();
     tr = td__trace_begin();
     st = chan_wait(p, c, j - s->slots, 1, "the next stage", to);
     trace_micro(tr, TD__TRACE_WAIT, "wait for neighbour to take", j - s->slots);
-    s->wait_s += (double)(td_clock_ns() - t0) * 1e-9;
     return st;
 }
 
@@ -424,11 +420,9 @@ td_status td__pp_sum_over_stages(void *arg, const double *terms, size_t n, doubl
 }
 
 static td_status gather_stats(td_group *g, stage *s) {
-    double v[STAT_WORDS] = {s->compute_s,        s->comm_s,       s->update_s,
-                            s->wait_s,           s->res.loss_sum, (double)s->res.correct,
-                            (double)s->res.count};
-    TD_CHECK(td_buffer_write(s->stats_send, 0, v, sizeof v));
-    return td_allgather(g, s->stats_send, 0, s->stats_all, 0, STAT_WORDS, TD_F64);
+    td__member_row row = {s->compute_s,           s->comm_s,           s->update_s, s->res.loss_sum,
+                          (double)s->res.correct, (double)s->res.count};
+    return td__rows_gather(g, &s->rows, &row);
 }
 
 static td_status member_run(td_group *g, td_device *dev, int rank, int size, void *arg) {
@@ -436,7 +430,7 @@ static td_status member_run(td_group *g, td_device *dev, int rank, int size, voi
     stage *s = &p->st[rank];
     td_status st = TD_OK;
     (void)dev, (void)size;
-    s->compute_s = s->comm_s = s->update_s = s->wait_s = 0;
+    s->compute_s = s->comm_s = s->update_s = 0;
     memset(&s->res, 0, sizeof s->res);
     if (s->part)
         st = run_schedule(p, s, rank);

@@ -5,6 +5,7 @@
 #ifndef TD_PARALLEL_TP_IMPL_H
 #define TD_PARALLEL_TP_IMPL_H
 
+#include "parallel/member_rows.h"
 #include "parallel/strategy-impl.h"
 #include "tandem/checkpoint.h"
 #include "tandem/comm.h"
@@ -35,10 +36,6 @@ td_batch td__tp_procs_rows(const td__tp_procs *pp, const td_batch *all, const td
 /* The tensor strategy's decoder (td_strategy_decoder_create; tp_decode.c). */
 td_status td__tensor_decoder(td_group *g, const char *checkpoint, td_dtype dtype, td_decoder **out);
 
-/* Per member and step, gathered: compute, communication and update seconds,
- * loss sum, correct, count. */
-#define TP_STAT_WORDS 6
-
 typedef struct tp_member {
     td_group *group;
     td_device *dev;
@@ -46,11 +43,11 @@ typedef struct tp_member {
     td_model *m;
     td_optimizer *opt;
     td_shard_plan plan;
-    td_buffer *stats_send, *stats_all; /* (TP_STAT_WORDS), (size, TP_STAT_WORDS) f64 */
-    td_buffer *scalar;                 /* (1) f64: the gradients' squared norm, summed */
-    double alone_s;                    /* calibration: a whole-model step on one sample */
-    double shard_s;                    /* calibration: its first shard's step, less waiting */
-    uint64_t mem_free;                 /* calibration: its device's free memory, bytes */
+    td__rows rows;     /* the step's row of every member, gathered */
+    td_buffer *scalar; /* (1) f64: the gradients' squared norm, summed */
+    double alone_s;    /* calibration: a whole-model step on one sample */
+    double shard_s;    /* calibration: its first shard's step, less waiting */
+    uint64_t mem_free; /* calibration: its device's free memory, bytes */
     double comm_s, compute_s, update_s;
     td_status early_st; /* the first failure of an update in the backward */
     td_step_result res;

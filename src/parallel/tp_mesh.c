@@ -173,7 +173,8 @@ static td_status sum_across_job(td_group *g, td_device *dev, int rank, int size,
  * member, replica after replica. */
 static td_status gather_results(tp_mesh *x, const td_batch *batch, double step_s,
                                 td_step_result *res, td_step_stats *stats) {
-    double all[TD_DP_MAX_MEMBERS * TP_STAT_WORDS], speed = 0;
+    td__member_row rows[TD_DP_MAX_MEMBERS];
+    double speed = 0;
     memset(res, 0, sizeof *res);
     if (stats) {
         memset(stats, 0, sizeof *stats);
@@ -182,20 +183,16 @@ static td_status gather_results(tp_mesh *x, const td_batch *batch, double step_s
     }
     for (int r = 0; r < x->replicas; r++) {
         tensor_par *p = x->rep[r];
-        TD_CHECK(td_buffer_read(p->mb[0].stats_all, 0, all,
-                                sizeof(double) * TP_STAT_WORDS * (size_t)p->size));
-        res->loss_sum += all[3];
-        res->correct += (int64_t)all[4];
-        res->count += (int64_t)all[5];
+        TD_CHECK(td__rows_read(&p->mb[0].rows, rows));
+        res->loss_sum += rows[0].loss_sum;
+        res->correct += (int64_t)rows[0].correct;
+        res->count += (int64_t)rows[0].count;
+        if (stats)
+            td__rows_to_stats(rows, p->size, step_s, &stats->m[r * x->n]);
         for (int k = 0; stats && k < p->size; k++) {
             td_member_stats *m = &stats->m[r * x->n + k];
-            const double *v = all + (size_t)k * TP_STAT_WORDS;
             m->samples = batch->n * (r + 1) / x->replicas - batch->n * r / x->replicas;
             m->share = p->share[k] / x->replicas;
-            m->compute_s = v[0];
-            m->comm_s = v[1];
-            m->update_s = v[2];
-            m->wait_s = fmax(0, step_s - v[0] - v[1] - v[2]);
             speed += p->mb[k].alone_s > 0 ? 1.0 / p->mb[k].alone_s : 0;
         }
     }

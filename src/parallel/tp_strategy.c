@@ -61,16 +61,12 @@ static td_status sum_over_members(void *arg, const double *terms, size_t n, doub
     return td__tp_sum_scalar(arg, sumsq);
 }
 
-/* Calibration ------------------------------------------------------------------- */
-
 /* Steps ------------------------------------------------------------------------ */
 
 static td_status gather_stats(td_group *g, tp_member *m) {
-    double v[TP_STAT_WORDS] = {
-        m->compute_s,           m->comm_s,           m->update_s, m->res.loss_sum,
-        (double)m->res.correct, (double)m->res.count};
-    TD_CHECK(td_buffer_write(m->stats_send, 0, v, sizeof v));
-    return td_allgather(g, m->stats_send, 0, m->stats_all, 0, TP_STAT_WORDS, TD_F64);
+    td__member_row row = {m->compute_s,           m->comm_s,           m->update_s, m->res.loss_sum,
+                          (double)m->res.correct, (double)m->res.count};
+    return td__rows_gather(g, &m->rows, &row);
 }
 
 /* The gradient hook of a step whose update may run in the backward: updates
@@ -168,7 +164,7 @@ static td_status evaluate_job(td_group *g, td_device *dev, int rank, int size, v
     return TD_OK;
 }
 
-static void fill_stats(tensor_par *p, const double *all, int64_t n, double step_s,
+static void fill_stats(tensor_par *p, const td__member_row *rows, int64_t n, double step_s,
                        td_step_stats *stats) {
     double speed = 0;
     memset(stats, 0, sizeof *stats);
@@ -178,15 +174,10 @@ static void fill_stats(tensor_par *p, const double *all, int64_t n, double step_
         speed += p->mb[k].alone_s > 0 ? 1.0 / p->mb[k].alone_s : 0;
     /* calibration timed one sample of the whole model */
     stats->ideal_s = speed > 0 ? (double)n / speed : 0;
+    td__rows_to_stats(rows, p->size, step_s, stats->m);
     for (int k = 0; k < p->size; k++) {
-        td_member_stats *m = &stats->m[k];
-        const double *v = all + (size_t)k * TP_STAT_WORDS;
-        m->samples = n;
-        m->share = p->share[k];
-        m->compute_s = v[0];
-        m->comm_s = v[1];
-        m->update_s = v[2];
-        m->wait_s = fmax(0, step_s - v[0] - v[1] - v[2]);
+        stats->m[k].samples = n;
+        stats->m[k].share = p->share[k];
     }
 }
 
@@ -209,21 +200,20 @@ static td_status step_across(tp_step_call *c, const td_batch *batch) {
 static td_status tp_step(void *impl, const td_batch *batch, uint64_t step, td_step_result *res,
                          td_step_stats *stats) {
     tensor_par *p = impl;
-    double all[TD_DP_MAX_MEMBERS * TP_STAT_WORDS];
+    td__member_row rows[TD_DP_MAX_MEMBERS];
     uint64_t t0 = td_clock_ns();
     tp_step_call c = {p, batch, 0, step, 1.0 / (double)(batch->n * p->lps)};
     if (p->mesh)
         return td__tp_mesh_step(p, batch, step, res, stats);
     TD_CHECK(p->procs.nprocs > 1 ? step_across(&c, batch) : td_group_run(p->g, step_job, &c));
-    TD_CHECK(td_buffer_read(p->mb[0].stats_all, 0, all,
-                            sizeof(double) * TP_STAT_WORDS * (size_t)p->size));
+    TD_CHECK(td__rows_read(&p->mb[0].rows, rows));
     /* every member computed the same loss: member 0's; summed over processes */
-    TD_CHECK(td__tp_procs_agree(&p->procs, 0, all + 3, 3, TD_REDUCE_SUM));
-    res->loss_sum = all[3];
-    res->correct = (int64_t)all[4];
-    res->count = (int64_t)all[5];
+    TD_CHECK(td__tp_procs_agree(&p->procs, 0, &rows[0].loss_sum, 3, TD_REDUCE_SUM));
+    res->loss_sum = rows[0].loss_sum;
+    res->correct = (int64_t)rows[0].correct;
+    res->count = (int64_t)rows[0].count;
     if (stats)
-        fill_stats(p, all, batch->n, (double)(td_clock_ns() - t0) * 1e-9, stats);
+        fill_stats(p, rows, batch->n, (double)(td_clock_ns() - t0) * 1e-9, stats);
     return TD_OK;
 }
 
@@ -339,11 +329,9 @@ static const char *tp_plan_text(void *impl, char *buf, size_t n) {
 void td__tp_drop_member(tp_member *m) {
     td_optimizer_destroy(m->opt);
     td_model_destroy(m->m);
-    td_buffer_free(m->stats_send);
-    td_buffer_free(m->stats_all);
+    td__rows_free(&m->rows);
     m->opt = NULL;
     m->m = NULL;
-    m->stats_send = m->stats_all = NULL;
 }
 
 void td__tp_free(tensor_par *p) {
@@ -377,9 +365,7 @@ static td_status check_group(tensor_par *p) {
 td_status td__tp_make_member(tensor_par *p, int k) {
     td_strategy *s = p->s;
     tp_member *m = &p->mb[k];
-    TD_CHECK(td_buffer_alloc(m->dev, sizeof(double) * TP_STAT_WORDS, &m->stats_send));
-    TD_CHECK(
-        td_buffer_alloc(m->dev, sizeof(double) * TP_STAT_WORDS * (size_t)p->size, &m->stats_all));
+    TD_CHECK(td__rows_alloc(m->dev, p->size, &m->rows));
     TD_CHECK(td_model_load_shard(s->json, s->model_name, m->dev, s->cfg.dtype, s->cfg.seed,
                                  &m->plan, &m->m));
     td_model_set_reduce_hook(m->m, reduce_hook, m);
