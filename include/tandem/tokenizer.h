@@ -10,13 +10,10 @@
  * symbols are merged lowest merge rank first until no merge applies; each
  * symbol is then a token. Decoding maps tokens back to bytes.
  *
- * The split is written by hand: exact for ASCII and for whitespace (Unicode's
- * White_Space); letters (\p{L}) and numbers (\p{N}) outside ASCII are
- * recognised in Latin-1, Latin Extended, IPA, Greek, Cyrillic, Armenian,
- * Hebrew, Arabic, CJK ideographs, kana, Hangul and the fullwidth forms; other
- * scripts' letters count as "other" characters, so text in them may be split
- * differently from GPT-2 (the bytes always survive: decode(encode(t)) = t).
- * Bytes that are not valid UTF-8 count as "other" characters. */
+ * The split runs under PCRE2 with Unicode's classes (\p{L}, \p{N},
+ * White_Space for \s), as Python's regex and tokenizers' Oniguruma run it;
+ * bytes that are not valid UTF-8 match nothing and become pieces of their
+ * own (the bytes always survive: decode(encode(t)) = t). */
 #ifndef TANDEM_TOKENIZER_H
 #define TANDEM_TOKENIZER_H
 
@@ -49,6 +46,13 @@ TD_API int64_t td_bpe_vocab_size(const td_bpe *t);
  * *count is 0) and *count. */
 TD_API td_status td_bpe_encode(const td_bpe *t, const char *text, size_t n, int32_t **ids,
                                size_t *count);
+/* The same with the special tokens the tokenizer puts around a text (none
+ * for vocab.json + merges.txt). */
+TD_API td_status td_bpe_encode_special(const td_bpe *t, const char *text, size_t n, int32_t **ids,
+                                       size_t *count);
+/* The end-of-sequence token, after which generation stops; -1 when the
+ * tokenizer names none. */
+TD_API int32_t td_bpe_eos(const td_bpe *t);
 /* The bytes of token id (*n of them), borrowed while t lives; NULL when no
  * token has that id. */
 TD_API const char *td_bpe_token_bytes(const td_bpe *t, int32_t id, size_t *n);
