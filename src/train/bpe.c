@@ -177,7 +177,11 @@ static void sentencepiece_bytes(const char *tok, char *b, size_t *n) {
     *n = k;
 }
 
-static td_status token_bytes(td_bpe *t, const char *where, const char *tok, int32_t id) {
+/* Token id's bytes. With `raw_else`, a byte-level token that is not made of
+ * byte characters keeps its UTF-8 as its bytes: tokenizer.json's vocabulary
+ * may hold its added tokens ("<|im start|>", say), which are special. */
+static td_status token_bytes(td_bpe *t, const char *where, const char *tok, int32_t id,
+                             int raw_else) {
     char *b = td__calloc(strlen(tok) + 1, "a token");
     td_status st;
     if (!b)
@@ -185,8 +189,12 @@ static td_status token_bytes(td_bpe *t, const char *where, const char *tok, int3
     if (t->sentencepiece)
         sentencepiece_bytes(tok, b, &t->nbytes[id]);
     else if ((st = byte_level_bytes(t, where, tok, b, &t->nbytes[id])) != TD_OK) {
-        free(b);
-        return st;
+        if (!raw_else) {
+            free(b);
+            return st;
+        }
+        memcpy(b, tok, strlen(tok));
+        t->nbytes[id] = strlen(tok);
     }
     t->bytes[id] = b;
     return TD_OK;
@@ -258,7 +266,7 @@ td_status td__bpe_set_vocab(td_bpe *t, json_t *vocab, const char *where, int gpt
         if (t->bytes[id])
             return td__error(TD_ERR_PARSE, "%s: token \"%.64s\": id %d is another token's too",
                              where, tok, id);
-        TD_CHECK(token_bytes(t, where, tok, id));
+        TD_CHECK(token_bytes(t, where, tok, id, !gpt2_specials));
         str_put(t, tok, id);
         if (gpt2_specials && is_gpt2_special(tok))
             TD_CHECK(td__bpe_add_special(t, tok, id));
@@ -391,12 +399,37 @@ fail:
     return st;
 }
 
+td_status td_bpe_load_json(const char *tokenizer_json, const char *config_json, td_bpe **out) {
+    td_bpe *t;
+    td_status st;
+    if (!out)
+        return td__error(TD_ERR_INVALID_ARG, "td_bpe_load_json: out is NULL");
+    *out = NULL;
+    if (!tokenizer_json)
+        return td__error(TD_ERR_INVALID_ARG, "td_bpe_load_json: the path is NULL");
+    if (!(t = td__calloc(sizeof *t, "a tokenizer")))
+        return TD_ERR_OUT_OF_MEMORY;
+    TD_TRY(td__bpe_load_json(t, tokenizer_json, config_json));
+    *out = t;
+    return TD_OK;
+fail:
+    td_bpe_destroy(t);
+    return st;
+}
+
 td_status td_bpe_load(const char *dir, td_bpe **out) {
     char v[4096], m[4096];
+    FILE *f;
     if (!dir) {
         if (out)
             *out = NULL;
         return td__error(TD_ERR_INVALID_ARG, "td_bpe_load: dir is NULL");
+    }
+    snprintf(v, sizeof v, "%s/tokenizer.json", dir);
+    if ((f = fopen(v, "rb")) != NULL) {
+        fclose(f);
+        snprintf(m, sizeof m, "%s/tokenizer_config.json", dir);
+        return td_bpe_load_json(v, m, out);
     }
     snprintf(v, sizeof v, "%s/vocab.json", dir);
 
