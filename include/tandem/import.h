@@ -41,7 +41,8 @@ typedef struct td_gpt2_info {
 } td_gpt2_info;
 
 /* Converts the Hugging Face GPT-2 in folder dir (config.json,
- * model.safetensors; tensors F32, F64, F16 or BF16, names with or without
+ * model.safetensors or the shards model.safetensors.index.json names;
+ * tensors F32, F64, F16 or BF16, names with or without
  * the "transformer." prefix) into a tandem checkpoint at out (f32, written
  * atomically). With state NULL it holds the weights only (enough for
  * td_generate_load_model and tandem generate); else it is a training

@@ -141,7 +141,7 @@ static void report(const convert_args *a, const td_hf_info *g) {
     printf("%s: %s, %lld blocks, %lld heads", a->source, g->arch, (long long)g->layers,
            (long long)g->heads);
     if (g->kv_heads != g->heads)
-        printf(" on %lld key/value heads", (long long)g->kv_heads);
+        printf(" on %lld key/value head%s", (long long)g->kv_heads, g->kv_heads == 1 ? "" : "s");
     printf(", %lld channels, context %lld, vocabulary %lld, %zu weights%s%s -> %s\n",
            (long long)g->channels, (long long)g->context, (long long)g->vocab, g->weights,
            g->tied ? " (head tied to the embedding)" : "", a->weights_only ? ", weights only" : "",

@@ -16,22 +16,23 @@
 
 typedef struct td__hf_folder {
     char cfg_path[4096];
-    json_t *cfg; /* config.json's object */
+    json_t *cfg;             /* config.json's object */
+    char weights[4096 + 32]; /* model.safetensors or its index, for messages */
     size_t nfiles;
     td_safetensors **files; /* model.safetensors, or each shard once */
     char **paths;           /* per file: its path, for messages */
     char **used;            /* per file, per tensor: taken or known to be no parameter */
 } td__hf_folder;
 
-/* Opens dir's config.json (a JSON object) and its weights: model.safetensors,
- * or, when that is absent and model.safetensors.index.json exists, every
- * shard its "weight_map" names (each of which must hold the tensors the map
- * puts in it). Errors name the file and the field: TD_ERR_IO for a file that
- * cannot be opened (a missing shard among them), TD_ERR_PARSE for JSON,
- * TD_ERR_CORRUPT for a damaged safetensors file. Weights are only opened
- * when `weights` is nonzero, so a config can be checked first. f is the
- * caller's, zeroed here; td__hf_close() frees what it holds, even after a
- * failure. */
+/* td__hf_open_config opens dir's config.json (a JSON object); f is the
+ * caller's, zeroed there. td__hf_open_weights then opens the weights, so
+ * that the config is checked first: model.safetensors, or, when that is
+ * absent and model.safetensors.index.json exists, every shard its
+ * "weight_map" names (each of which must hold the tensors the map puts in
+ * it). Errors name the file and the field: TD_ERR_IO for a file that cannot
+ * be opened (a missing shard among them), TD_ERR_PARSE for JSON,
+ * TD_ERR_CORRUPT for a damaged safetensors file. td__hf_close() frees what
+ * f holds, even after a failure. */
 td_status td__hf_open_config(const char *dir, td__hf_folder *f);
 td_status td__hf_open_weights(const char *dir, td__hf_folder *f);
 void td__hf_close(td__hf_folder *f);

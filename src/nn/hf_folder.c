@@ -159,10 +159,12 @@ td_status td__hf_open_weights(const char *dir, td__hf_folder *f) {
     snprintf(index, sizeof index, "%s/model.safetensors.index.json", dir);
     if ((probe = fopen(one, "rb")) != NULL) {
         fclose(probe);
+        snprintf(f->weights, sizeof f->weights, "%s", one);
         return add_file(f, one);
     }
     if ((probe = fopen(index, "rb")) != NULL) {
         fclose(probe);
+        snprintf(f->weights, sizeof f->weights, "%s", index);
         return open_shards(dir, index, f);
     }
     return td__error(TD_ERR_IO, "%s: cannot open: %s (nor is there %s)", one, strerror(errno),
@@ -283,8 +285,7 @@ td_status td__hf_take(td__hf_folder *f, const char *name, int ndim, const int64_
     const char *dtype;
     element_fn at;
     if (!t)
-        return td__error(TD_ERR_SHAPE, "%s: tensor \"%s\" is missing (%s: %s)",
-                         f->nfiles == 1 ? f->paths[0] : "model.safetensors.index.json", name,
+        return td__error(TD_ERR_SHAPE, "%s: tensor \"%s\" is missing (%s: %s)", f->weights, name,
                          f->cfg_path, sizes);
     if (transposed)
         stored[0] = want[1], stored[1] = want[0];

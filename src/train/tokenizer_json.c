@@ -291,7 +291,7 @@ td_status td__bpe_load_json(td_bpe *t, const char *path, const char *config) {
                                           "(\xe2\x96\x81 for spaces)");
     model = json_object_get(doc, "model");
     snprintf(where, sizeof where, "%s: \"model\": \"vocab\"", path);
-    TD_CHECK(read_model_options(t, &r, model));
+    TD_CHECK(read_model_options(t, &r, model)); /* refuses what tandem lacks before the work */
     TD_CHECK(td__bpe_set_vocab(t, json_object_get(model, "vocab"), where, 0));
     TD_CHECK(read_model_options(t, &r, model)); /* byte fallback, now that byte_id is known */
     TD_CHECK(read_merges(t, &r, json_object_get(model, "merges")));

@@ -297,7 +297,9 @@ static void refuses_sizes_that_disagree_with_the_tensors(void **state) {
     fails(d, TD_ERR_SHAPE, "tensor \"model.layers.0.mlp.gate_proj.weight\" is (64, 48)",
           "intermediate_size = 96");
     d = copy("mistral", "deeper", "num_hidden_layers", json_integer(3), NULL);
-    fails(d, TD_ERR_SHAPE, "tensor \"model.layers.2.input_layernorm.weight\" is missing",
+    fails(d, TD_ERR_SHAPE,
+          "model.safetensors.index.json: tensor \"model.layers.2.input_layernorm.weight\" is "
+          "missing",
           "num_hidden_layers = 3");
     d = copy("llama", "shallower", "num_hidden_layers", json_integer(1), NULL);
     fails(d, TD_ERR_SHAPE, "tensor \"model.layers.1.", "is not part of the LlamaForCausalLM");
