@@ -115,14 +115,18 @@ static td_status byte_level_piece(const td_bpe *t, const char *p, size_t n, int3
     return TD_OK;
 }
 
-/* A SentencePiece stretch: "▁" before it (when the tokenizer prepends) and
+/* A SentencePiece stretch: "▁" before it (when the tokenizer prepends: to
+ * every stretch, or with Metaspace to the `first`, at the text's start, or
+ * to every one, unless it starts with a space) and
  * for each space; each character its token, or its bytes' <0xXX> tokens,
  * or the unknown token; merged. sym has room for 3 n + 3 symbols and buf
  * for 3 n + 4 bytes. */
-static td_status sentencepiece_piece(const td_bpe *t, const char *p, size_t n, int32_t *sym,
-                                     char *buf, id_list *out) {
+static td_status sentencepiece_piece(const td_bpe *t, const char *p, size_t n, int first,
+                                     int32_t *sym, char *buf, id_list *out) {
     size_t k = 0, ns = 0;
-    if (t->prepend)
+    /* Metaspace (prepend 2, 3) adds none before a text that has its space */
+    if ((t->prepend == 1 || (t->prepend == 2 && first) || t->prepend == 3) &&
+        !(t->prepend > 1 && n && p[0] == ' '))
         memcpy(buf, "\xe2\x96\x81", 3), k = 3;
     for (size_t i = 0; i < n; i++) {
         if (p[i] == ' ')
@@ -161,8 +165,10 @@ static td_status sentencepiece_piece(const td_bpe *t, const char *p, size_t n, i
     return TD_OK;
 }
 
-/* Encodes text[0..len) (no special tokens in it) onto out. */
-static td_status encode_plain(const td_bpe *t, const char *text, size_t len, id_list *out) {
+/* Encodes text[0..len) (no special tokens in it; `first`: at the start of
+ * the whole text) onto out. */
+static td_status encode_plain(const td_bpe *t, const char *text, size_t len, int first,
+                              id_list *out) {
     pcre2_match_data *md = NULL;
     int32_t *sym = NULL;
     char *buf = NULL;
@@ -176,7 +182,7 @@ static td_status encode_plain(const td_bpe *t, const char *text, size_t len, id_
         return TD_ERR_OUT_OF_MEMORY;
     }
     if (t->sentencepiece || !t->split) {
-        st = t->sentencepiece ? sentencepiece_piece(t, text, len, sym, buf, out)
+        st = t->sentencepiece ? sentencepiece_piece(t, text, len, first, sym, buf, out)
                               : byte_level_piece(t, text, len, sym, buf, out);
         goto done;
     }
@@ -239,7 +245,7 @@ static td_status encode(const td_bpe *t, const char *text, size_t n, int with_sp
     while (pos < n && st == TD_OK) {
         const td__bpe_special *s;
         size_t at = next_special(t, text, n, pos, &s);
-        if ((st = encode_plain(t, text + pos, at - pos, &out)) == TD_OK && s)
+        if ((st = encode_plain(t, text + pos, at - pos, pos == 0, &out)) == TD_OK && s)
             st = push(&out, s->id);
         pos = s ? at + s->len : n;
     }

@@ -106,7 +106,7 @@ static td_status read_pre(td_bpe *t, reader *r, json_t *p) {
         if (json_is_true(json_object_get(p, "split")))
             return unsupported(r, "pre_tokenizer", "Metaspace's split is not implemented");
         t->sentencepiece = 1;
-        t->prepend = !scheme || strcmp(scheme, "never") != 0;
+        t->prepend = !scheme || !strcmp(scheme, "always") ? 3 : !strcmp(scheme, "first") ? 2 : 0;
         return TD_OK;
     }
     return unsupported(r, "pre_tokenizer",
