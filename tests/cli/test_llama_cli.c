@@ -135,6 +135,24 @@ static void bad_folders_are_clear_errors(void **state) {
              td_test_tmp("x.safetensors"));
     free(run(args, 1, "nowhere/config.json"));
     free(run("tokenize --tokenizer '" FIXTURE "'", 2, "--tokenizer and --text are required"));
+    /* a merge of a token the vocabulary lacks */
+    {
+        json_error_t e;
+        json_t *doc = json_load_file(FIXTURE "/tokenizer.json", 0, &e);
+        char dir[600], path[700], *text;
+        assert_non_null(doc);
+        json_array_append_new(json_object_get(json_object_get(doc, "model"), "merges"),
+                              json_pack("[s,s]", "a", "nothing-like-this"));
+        snprintf(dir, sizeof dir, "%s", td_test_tmp("badmerge"));
+        assert_int_equal(mkdir(dir, 0755), 0);
+        snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+        text = json_dumps(doc, 0);
+        td_test_write_file(path, text, strlen(text));
+        free(text);
+        json_decref(doc);
+        snprintf(args, sizeof args, "tokenize --tokenizer '%s' --text hello", dir);
+        free(run(args, 1, "tokenizer.json: \"model\": \"merges\"["));
+    }
 }
 
 int main(void) {
