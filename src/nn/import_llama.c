@@ -345,6 +345,7 @@ static const struct {
     int fam; /* -1: GPT-2 */
 } known[] = {
     {"gpt2", "GPT2LMHeadModel", -1},
+    {"gpt2", "GPT2Model", -1}, /* without a head: tied to the embedding */
     {"llama", "LlamaForCausalLM", LLAMA},
     {"qwen2", "Qwen2ForCausalLM", QWEN2},
     {"mistral", "MistralForCausalLM", MISTRAL},

@@ -277,7 +277,8 @@ static void refuses_an_unknown_architecture(void **state) {
     const char *d =
         copy("llama", "bert", "architectures", json_pack("[s]", "BertForMaskedLM"), NULL);
     fails(d, TD_ERR_UNSUPPORTED, "config.json: \"architectures\": \"BertForMaskedLM\"",
-          "tandem converts GPT2LMHeadModel (\"gpt2\"), LlamaForCausalLM (\"llama\"), "
+          "tandem converts GPT2LMHeadModel (\"gpt2\"), GPT2Model (\"gpt2\"), LlamaForCausalLM "
+          "(\"llama\"), "
           "Qwen2ForCausalLM (\"qwen2\"), MistralForCausalLM (\"mistral\")");
 }
 
