@@ -219,6 +219,39 @@ static void mistral_matches_transformers(void **state) {
     check_model("mistral");
 }
 
+/* The converted models split across devices (tensor on three, and on two
+ * with one slowed; pipeline on two) give transformers' f64 logits too,
+ * after a prefill and step by step. */
+static void split_matches(const char *name, const char *strategy, const char *spec) {
+    reference r;
+    td_device_list *list;
+    td_group *g = NULL;
+    td_decoder *d = NULL;
+    double *row;
+    load_reference(name, &r);
+    row = malloc(sizeof(double) * (size_t)r.vocab);
+    list = td_test_open(spec);
+    TD_ASSERT_OK(td_group_create(list, NULL, &g));
+    TD_ASSERT_OK(td_strategy_decoder_create(g, strategy, r.ckpt, TD_F64, &d));
+    TD_ASSERT_OK(td_decoder_prefill(d, r.tokens, 9, row));
+    expect_row(&r, row, r.logits64 + 8 * r.vocab, 1e-12, strategy, 8);
+    for (int64_t p = 9; p < r.ntokens; p++) {
+        TD_ASSERT_OK(td_decoder_step(d, r.tokens[p], row));
+        expect_row(&r, row, r.logits64 + p * r.vocab, 1e-12, strategy, p);
+    }
+    td_decoder_destroy(d);
+    td_group_destroy(g);
+    td_device_list_destroy(list);
+    free(row);
+    free_reference(&r);
+}
+
+static void split_across_devices(void **state) {
+    split_matches("llama", "tensor", "cpu*3");
+    split_matches("qwen2", "tensor", "cpu:0,cpu:1{slowdown=3}");
+    split_matches("mistral", "pipeline", "cpu*2");
+}
+
 /* Bad folders ----------------------------------------------------------------------- */
 
 static void copy_file(const char *from, const char *to) {
@@ -379,6 +412,7 @@ int main(void) {
         cmocka_unit_test(llama_matches_transformers),
         cmocka_unit_test(qwen2_matches_transformers),
         cmocka_unit_test(mistral_matches_transformers),
+        cmocka_unit_test(split_across_devices),
         cmocka_unit_test(refuses_an_unknown_architecture),
         cmocka_unit_test(refuses_a_short_sliding_window),
         cmocka_unit_test(refuses_sizes_that_disagree_with_the_tensors),
