@@ -359,7 +359,7 @@ static void refuses_a_missing_shard(void **state) {
 
 /* A tensor of a dtype tandem does not convert: the llama fixture's
  * header with its first "BF16" (2 bytes an element) turned into "I16 "
- * (as wide), so the file stays whole. */
+ * (as wide), so the file stays whole; then into "Q16 ", no dtype at all. */
 static void refuses_an_unknown_dtype(void **state) {
     const char *d = copy("llama", "int16", NULL, NULL, NULL);
     char path[600];
@@ -372,6 +372,14 @@ static void refuses_an_unknown_dtype(void **state) {
     td_test_write_file(path, b, n);
     free(b);
     fails(d, TD_ERR_UNSUPPORTED, "model.safetensors: tensor \"", "dtype I16; weights are F32");
+    /* and one the format does not name */
+    b = td_test_read_file(path, &n);
+    assert_non_null(at = memmem(b, n < 4096 ? n : 4096, "\"I16\" ", 6));
+    memcpy(at, "\"Q16\" ", 6);
+    td_test_write_file(path, b, n);
+    free(b);
+    fails(d, TD_ERR_CORRUPT, "model.safetensors: tensor \"",
+          "dtype \"Q16\"; not one the safetensors format names");
 }
 
 /* The checkpoint trains: a few SGD steps on one batch lower the loss. */
