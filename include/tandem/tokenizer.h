@@ -40,8 +40,9 @@ typedef struct td_bpe td_bpe;
  * when it exists, else dir/vocab.json and dir/merges.txt. */
 TD_API td_status td_bpe_load(const char *dir, td_bpe **out);
 /* Loads a tokenizers tokenizer.json whose model is BPE: byte-level (a
- * ByteLevel pre-tokenizer, alone as GPT-2's or after a Split by a regex as
- * Llama 3's and Qwen2's; the regex runs under PCRE2 with Unicode classes)
+ * ByteLevel pre-tokenizer, alone as GPT-2's, after a Split by a regex as
+ * Llama 3's and Qwen2's, or after Digits as SmolLM's: each split's pieces
+ * split by the next, the regexes under PCRE2 with Unicode classes)
  * or SentencePiece-style (spaces as "▁", put before the text by a Prepend
  * normalizer or a Metaspace pre-tokenizer, byte_fallback to <0xXX> tokens,
  * as Llama 2's and TinyLlama's). Its added_tokens are special tokens, cut

@@ -22,6 +22,7 @@
 #define TD_BPE_MAX_ID       ((json_int_t)1 << 24)
 #define TD_BPE_BYTE_CHARS   324 /* GPT-2's byte characters are below U+0144 */
 #define TD_BPE_TEMPLATE     8   /* special tokens a template may put around a text */
+#define TD_BPE_SPLITS       4   /* split patterns one after the other */
 
 /* Token text (UTF-8) to id, open addressing. */
 typedef struct td__bpe_str_slot {
@@ -57,12 +58,13 @@ struct td_bpe {
     td__bpe_special *specials;
     size_t nspecials;
     /* tokenizer.json's choices (tokenizer_json.c); all 0 or -1 for GPT-2's files */
-    int sentencepiece; /* "▁" for spaces, characters as tokens, <0xXX> byte fallback */
-    int prepend;       /* SentencePiece: "▁" put before each stretch of text */
-    int ignore_merges; /* a piece that is a token is that token, unmerged */
-    void *split;       /* the pre-tokenizer's pattern (pcre2_code); NULL: none */
-    int32_t unk;       /* the unknown token, or -1 */
-    int32_t eos;       /* the end-of-sequence token, or -1 */
+    int sentencepiece;          /* "▁" for spaces, characters as tokens, <0xXX> byte fallback */
+    int prepend;                /* SentencePiece: "▁" put before each stretch of text */
+    int ignore_merges;          /* a piece that is a token is that token, unmerged */
+    void *split[TD_BPE_SPLITS]; /* the pre-tokenizers' patterns (pcre2_code), in order: */
+    int nsplit;                 /* each piece of one is split by the next */
+    int32_t unk;                /* the unknown token, or -1 */
+    int32_t eos;                /* the end-of-sequence token, or -1 */
     int32_t prefix[TD_BPE_TEMPLATE], suffix[TD_BPE_TEMPLATE];
     int nprefix, nsuffix; /* the post-processor's special tokens around a text */
 };
@@ -98,8 +100,8 @@ td_status td__bpe_add_special(td_bpe *t, const char *text, int32_t id);
  * tokenizer_config.json's eos_token when config is not NULL and exists. */
 td_status td__bpe_load_json(td_bpe *t, const char *path, const char *config);
 
-/* Compiles the split pattern into t->split (PCRE2, Unicode classes);
- * `where` names it in errors. Frees it: td__bpe_free_split. */
+/* Compiles a split pattern after t's others (PCRE2, Unicode classes);
+ * `where` names it in errors. Frees them: td__bpe_free_split. */
 td_status td__bpe_set_split(td_bpe *t, const char *pattern, const char *where);
 void td__bpe_free_split(td_bpe *t);
 

@@ -22,21 +22,26 @@ const char td__bpe_gpt2_pattern[] =
 td_status td__bpe_set_split(td_bpe *t, const char *pattern, const char *where) {
     int err;
     PCRE2_SIZE off;
-    td__bpe_free_split(t);
-    t->split = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
-                             PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &off, NULL);
-    if (!t->split) {
+    if (t->nsplit == TD_BPE_SPLITS)
+        return td__error(TD_ERR_UNSUPPORTED, "%s: more than %d split patterns", where,
+                         TD_BPE_SPLITS);
+    t->split[t->nsplit] =
+        pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
+                      PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &off, NULL);
+    if (!t->split[t->nsplit]) {
         PCRE2_UCHAR msg[160];
         pcre2_get_error_message(err, msg, sizeof msg);
         return td__error(TD_ERR_PARSE, "%s: the split pattern, at offset %zu: %s", where,
                          (size_t)off, (const char *)msg);
     }
+    t->nsplit++;
     return TD_OK;
 }
 
 void td__bpe_free_split(td_bpe *t) {
-    pcre2_code_free(t->split);
-    t->split = NULL;
+    for (int i = 0; i < t->nsplit; i++)
+        pcre2_code_free(t->split[i]);
+    t->nsplit = 0;
 }
 
 /* Merging ------------------------------------------------------------------------- */
@@ -165,15 +170,40 @@ static td_status sentencepiece_piece(const td_bpe *t, const char *p, size_t n, i
     return TD_OK;
 }
 
+/* Splits text[0..len) by the patterns from `level` on, each piece of one
+ * split again by the next, and encodes the last ones onto out. */
+static td_status split_pieces(const td_bpe *t, int level, const char *text, size_t len,
+                              int32_t *sym, char *buf, id_list *out) {
+    pcre2_match_data *md;
+    size_t at = 0;
+    td_status st = TD_OK;
+    if (level >= t->nsplit || level >= TD_BPE_SPLITS) /* (nsplit <= TD_BPE_SPLITS) */
+        return byte_level_piece(t, text, len, sym, buf, out);
+    if (!(md = pcre2_match_data_create_from_pattern(t->split[level], NULL)))
+        return td__error(TD_ERR_OUT_OF_MEMORY, "out of memory encoding a text");
+    while (at < len && st == TD_OK) {
+        int rc = pcre2_match(t->split[level], (PCRE2_SPTR)text, len, at, 0, md, NULL);
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+        size_t from = rc >= 0 ? ov[0] : len, to = rc >= 0 ? ov[1] : len;
+        if (from > at) /* what no match covers is a piece of its own */
+            st = split_pieces(t, level + 1, text + at, from - at, sym, buf, out);
+        if (st == TD_OK && to > from)
+            st = split_pieces(t, level + 1, text + from, to - from, sym, buf, out);
+        at = to > from ? to : from + 1; /* an empty match moves on by a byte */
+        if (to == from && from < len && st == TD_OK)
+            st = split_pieces(t, level + 1, text + from, 1, sym, buf, out);
+    }
+    pcre2_match_data_free(md);
+    return st;
+}
+
 /* Encodes text[0..len) (no special tokens in it; `first`: at the start of
  * the whole text) onto out. */
 static td_status encode_plain(const td_bpe *t, const char *text, size_t len, int first,
                               id_list *out) {
-    pcre2_match_data *md = NULL;
     int32_t *sym = NULL;
     char *buf = NULL;
-    size_t at = 0;
-    td_status st = TD_OK;
+    td_status st;
     if (!len)
         return TD_OK;
     if (!(sym = td__calloc((3 * len + 3) * sizeof *sym, "a text")) ||
@@ -181,29 +211,8 @@ static td_status encode_plain(const td_bpe *t, const char *text, size_t len, int
         free(sym);
         return TD_ERR_OUT_OF_MEMORY;
     }
-    if (t->sentencepiece || !t->split) {
-        st = t->sentencepiece ? sentencepiece_piece(t, text, len, first, sym, buf, out)
-                              : byte_level_piece(t, text, len, sym, buf, out);
-        goto done;
-    }
-    if (!(md = pcre2_match_data_create_from_pattern(t->split, NULL))) {
-        st = td__error(TD_ERR_OUT_OF_MEMORY, "out of memory encoding a text");
-        goto done;
-    }
-    while (at < len && st == TD_OK) {
-        int rc = pcre2_match(t->split, (PCRE2_SPTR)text, len, at, 0, md, NULL);
-        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
-        size_t from = rc >= 0 ? ov[0] : len, to = rc >= 0 ? ov[1] : len;
-        if (from > at) /* what no match covers is a piece of its own */
-            st = byte_level_piece(t, text + at, from - at, sym, buf, out);
-        if (st == TD_OK && to > from)
-            st = byte_level_piece(t, text + from, to - from, sym, buf, out);
-        at = to > from ? to : from + 1; /* an empty match moves on by a byte */
-        if (to == from && from < len && st == TD_OK)
-            st = byte_level_piece(t, text + from, 1, sym, buf, out);
-    }
-done:
-    pcre2_match_data_free(md);
+    st = t->sentencepiece ? sentencepiece_piece(t, text, len, first, sym, buf, out)
+                          : split_pieces(t, 0, text, len, sym, buf, out);
     free(sym);
     free(buf);
     return st;

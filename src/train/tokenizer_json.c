@@ -18,8 +18,9 @@
 
 typedef struct reader {
     const char *path;
-    int byte_level;      /* a ByteLevel pre-tokenizer */
-    const char *pattern; /* the split's regex, or NULL */
+    int byte_level;                     /* a ByteLevel pre-tokenizer */
+    const char *pattern[TD_BPE_SPLITS]; /* the splits' regexes, in order */
+    int npattern;
 } reader;
 
 static td_status unsupported(const reader *r, const char *field, const char *what) {
@@ -63,6 +64,13 @@ static td_status read_normalizer(td_bpe *t, const reader *r, json_t *n) {
     return unsupported(r, "normalizer", msg);
 }
 
+static td_status add_pattern(reader *r, const char *pattern) {
+    if (r->npattern == TD_BPE_SPLITS)
+        return unsupported(r, "pre_tokenizer", "more than 4 splits");
+    r->pattern[r->npattern++] = pattern;
+    return TD_OK;
+}
+
 /* One pre-tokenizer (or each of a Sequence's). */
 static td_status read_pre(td_bpe *t, reader *r, json_t *p) {
     const char *type = type_of(p);
@@ -82,9 +90,7 @@ static td_status read_pre(td_bpe *t, reader *r, json_t *p) {
             return unsupported(r, "pre_tokenizer",
                                "ByteLevel's add_prefix_space is not implemented");
         if (!re || json_is_true(re)) {
-            if (r->pattern)
-                return unsupported(r, "pre_tokenizer", "two split patterns");
-            r->pattern = td__bpe_gpt2_pattern;
+            TD_CHECK(add_pattern(r, td__bpe_gpt2_pattern));
         }
         return TD_OK;
     }
@@ -96,11 +102,11 @@ static td_status read_pre(td_bpe *t, reader *r, json_t *p) {
         if (!b || strcmp(b, "Isolated") != 0 || json_is_true(json_object_get(p, "invert")))
             return unsupported(r, "pre_tokenizer",
                                "a Split's behavior \"Isolated\" (not inverted) only");
-        if (r->pattern)
-            return unsupported(r, "pre_tokenizer", "two split patterns");
-        r->pattern = json_string_value(re);
-        return TD_OK;
+        return add_pattern(r, json_string_value(re));
     }
+    if (!strcmp(type, "Digits")) /* tokenizers' is_numeric: \p{N} */
+        return add_pattern(r, json_is_true(json_object_get(p, "individual_digits")) ? "\\p{N}"
+                                                                                    : "\\p{N}+");
     if (!strcmp(type, "Metaspace")) {
         const char *scheme = json_string_value(json_object_get(p, "prepend_scheme"));
         if (json_is_true(json_object_get(p, "split")))
@@ -110,8 +116,8 @@ static td_status read_pre(td_bpe *t, reader *r, json_t *p) {
         return TD_OK;
     }
     return unsupported(r, "pre_tokenizer",
-                       "not one tandem has (ByteLevel, Split by a regex, Metaspace, a Sequence "
-                       "of them)");
+                       "not one tandem has (ByteLevel, Split by a regex, Digits, Metaspace, a "
+                       "Sequence of them)");
 }
 
 /* The BPE model's options other than its vocabulary and merges. */
@@ -273,7 +279,7 @@ static td_status read_eos(td_bpe *t, const char *config) {
 }
 
 td_status td__bpe_load_json(td_bpe *t, const char *path, const char *config) {
-    reader r = {path, 0, NULL};
+    reader r = {path, 0, {NULL}, 0};
     json_error_t e;
     json_t *doc, *model, *unk;
     char where[4200];
@@ -300,8 +306,8 @@ td_status td__bpe_load_json(td_bpe *t, const char *path, const char *config) {
     if (json_is_string(unk) && (t->unk = token_id(t, json_string_value(unk))) < 0)
         return td__error(TD_ERR_PARSE, "%s: \"model\": \"unk_token\": \"%.64s\" is no token", path,
                          json_string_value(unk));
-    if (r.pattern)
-        TD_CHECK(td__bpe_set_split(t, r.pattern, path));
+    for (int i = 0; i < r.npattern; i++)
+        TD_CHECK(td__bpe_set_split(t, r.pattern[i], path));
     TD_CHECK(read_template(t, &r, json_object_get(doc, "post_processor")));
     return read_eos(t, config);
 }

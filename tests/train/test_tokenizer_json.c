@@ -4,7 +4,8 @@
  * Llama 3's split pattern and <|begin_of_text|> put before a text; qwen2:
  * Qwen2's pattern, one digit a piece; mistral: SentencePiece-style BPE with
  * byte fallback and <s>; metaspace: the same written with a Metaspace
- * pre-tokenizer) and the ids tokenizers gave for each test string,
+ * pre-tokenizer; digits: SmolLM's Digits then GPT-2's split) and the ids
+ * tokenizers gave for each test string,
  * without and with the post-processor's special tokens, and the text it
  * decodes them back to. tandem must give the same ids and the same text
  * (the string itself, but for SentencePiece's "▁" after a special token),
@@ -78,6 +79,12 @@ static void sentencepiece_byte_fallback(void **state) {
     encodes_as_tokenizers("mistral");
 }
 
+/* Byte-level with two splits, each piece of the first split by the
+ * second: SmolLM's Digits (one digit a piece), then GPT-2's pattern. */
+static void digits_then_gpt2_split(void **state) {
+    encodes_as_tokenizers("digits");
+}
+
 /* The same, "▁" put before the text's first stretch only (Metaspace's
  * prepend_scheme "first"), not after a special token. */
 static void sentencepiece_metaspace(void **state) {
@@ -149,7 +156,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(llama3_byte_level),           cmocka_unit_test(qwen2_byte_level),
         cmocka_unit_test(sentencepiece_byte_fallback), cmocka_unit_test(sentencepiece_metaspace),
-        cmocka_unit_test(refuses_bad_files),
+        cmocka_unit_test(digits_then_gpt2_split),      cmocka_unit_test(refuses_bad_files),
     };
     return cmocka_run_group_tests(tests, td_test_tmpdir_setup, td_test_tmpdir_teardown);
 }
