@@ -41,7 +41,8 @@ typedef struct td_gpt2_info {
 } td_gpt2_info;
 
 /* Converts the Hugging Face GPT-2 in folder dir (config.json,
- * model.safetensors; tensors F32, F64, F16 or BF16, names with or without
+ * model.safetensors or the shards model.safetensors.index.json names;
+ * tensors F32, F64, F16 or BF16, names with or without
  * the "transformer." prefix) into a tandem checkpoint at out (f32, written
  * atomically). With state NULL it holds the weights only (enough for
  * td_generate_load_model and tandem generate); else it is a training
@@ -60,6 +61,45 @@ typedef struct td_gpt2_info {
  * filled on success. */
 TD_API td_status td_import_hf_gpt2(const char *dir, const char *out, const td_train_state *state,
                                    td_gpt2_info *info);
+
+/* What a converted transformers model is (td_import_hf). */
+typedef struct td_hf_info {
+    const char *arch;  /* "GPT2LMHeadModel", "LlamaForCausalLM", "Qwen2ForCausalLM",
+                          "MistralForCausalLM": a static string */
+    int64_t context;   /* max_position_embeddings (n_positions) */
+    int64_t vocab;     /* vocab_size */
+    int64_t layers;    /* blocks */
+    int64_t heads;     /* query heads */
+    int64_t kv_heads;  /* key/value heads (= heads for GPT-2) */
+    int64_t channels;  /* hidden_size */
+    int64_t inner;     /* the MLP's hidden width (SwiGLU's intermediate_size) */
+    double eps;        /* the norms' epsilon */
+    double rope_theta; /* 0 for GPT-2 (learned positions) */
+    int rope_scaled;   /* Llama 3's rope_scaling */
+    int tied;          /* the head is the embedding's table */
+    int qkv_bias;      /* biases on q, k and v */
+    size_t weights;    /* scalar parameters of the tandem model */
+} td_hf_info;
+
+/* Converts the transformers model in folder dir, as save_pretrained writes
+ * it, into a tandem checkpoint at out, as td_import_hf_gpt2 does (state
+ * likewise). config.json's "architectures" (or, without it, "model_type")
+ * picks the importer: GPT2LMHeadModel (td_import_hf_gpt2), or
+ * LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, which become the
+ * llama model of docs/models.md (RMSNorm, grouped-query attention with
+ * rotary positions and Llama 3's rope_scaling, SwiGLU; Qwen2's q/k/v
+ * biases; Llama's attention_bias and mlp_bias; a head tied to the embedding
+ * when tie_word_embeddings says so). The weights are model.safetensors or
+ * the shards model.safetensors.index.json names; F32, F64, F16 and BF16
+ * tensors are converted to f32. Another architecture is TD_ERR_UNSUPPORTED
+ * with the list of those tandem knows; so are a Mistral (or Qwen2) sliding
+ * window shorter than the context, a head_dim other than hidden_size /
+ * heads, an activation other than silu and a rope type other than llama3.
+ * Errors name the file and the field or tensor, as td_import_hf_gpt2's: a
+ * head count that is not a multiple of num_key_value_heads is TD_ERR_PARSE,
+ * a missing shard TD_ERR_IO. *info (may be NULL) is filled on success. */
+TD_API td_status td_import_hf(const char *dir, const char *out, const td_train_state *state,
+                              td_hf_info *info);
 
 /* Converts llm.c's GPT-2 checkpoint file (header[0] = 20240326, header[1] =
  * 3 for f32; header[2..7] = max_seq_len, vocab_size, num_layers, num_heads,

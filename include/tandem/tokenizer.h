@@ -1,5 +1,7 @@
-/* tandem: GPT-2's byte-level BPE tokenizer, read from the vocab.json and
- * merges.txt that Hugging Face's GPT2Tokenizer reads.
+/* tandem: BPE tokenizers: GPT-2's byte-level BPE, read from the vocab.json
+ * and merges.txt that Hugging Face's GPT2Tokenizer reads, and the BPE
+ * models of tokenizers' tokenizer.json (td_bpe_load_json), byte-level or
+ * SentencePiece-style.
  *
  * Encoding: the text (UTF-8 bytes) is cut at the special tokens (vocabulary
  * entries written "<|...|>", such as "<|endoftext|>", which become their
@@ -10,13 +12,16 @@
  * symbols are merged lowest merge rank first until no merge applies; each
  * symbol is then a token. Decoding maps tokens back to bytes.
  *
- * The split is written by hand: exact for ASCII and for whitespace (Unicode's
- * White_Space); letters (\p{L}) and numbers (\p{N}) outside ASCII are
- * recognised in Latin-1, Latin Extended, IPA, Greek, Cyrillic, Armenian,
- * Hebrew, Arabic, CJK ideographs, kana, Hangul and the fullwidth forms; other
- * scripts' letters count as "other" characters, so text in them may be split
- * differently from GPT-2 (the bytes always survive: decode(encode(t)) = t).
- * Bytes that are not valid UTF-8 count as "other" characters. */
+ * tokenizer.json's byte-level BPE goes the same way with its own special
+ * tokens (added_tokens) and split pattern; its SentencePiece-style BPE
+ * takes each stretch between special tokens whole, "▁" for its spaces (and
+ * one put before it), each character a symbol, or its bytes' <0xXX> tokens
+ * when the character is none (byte fallback).
+ *
+ * The split runs under PCRE2 with Unicode's classes (\p{L}, \p{N},
+ * White_Space for \s), as Python's regex and tokenizers' Oniguruma run it;
+ * bytes that are not valid UTF-8 match nothing and become pieces of their
+ * own (the bytes always survive: decode(encode(t)) = t). */
 #ifndef TANDEM_TOKENIZER_H
 #define TANDEM_TOKENIZER_H
 
@@ -31,8 +36,26 @@ extern "C" {
 
 typedef struct td_bpe td_bpe;
 
-/* Loads dir/vocab.json and dir/merges.txt. */
+/* Loads dir/tokenizer.json (with dir/tokenizer_config.json where present)
+ * when it exists, else dir/vocab.json and dir/merges.txt. */
 TD_API td_status td_bpe_load(const char *dir, td_bpe **out);
+/* Loads a tokenizers tokenizer.json whose model is BPE: byte-level (a
+ * ByteLevel pre-tokenizer, alone as GPT-2's, after a Split by a regex as
+ * Llama 3's and Qwen2's, or after Digits as SmolLM's: each split's pieces
+ * split by the next, the regexes under PCRE2 with Unicode classes)
+ * or SentencePiece-style (spaces as "▁", put before the text by a Prepend
+ * normalizer or a Metaspace pre-tokenizer, byte_fallback to <0xXX> tokens,
+ * as Llama 2's and TinyLlama's). Its added_tokens are special tokens, cut
+ * out of a text before anything else; a TemplateProcessing post-processor
+ * gives the tokens td_bpe_encode_special puts around a text. An NFC
+ * normalizer is accepted but not applied (text is taken as NFC already);
+ * another normalizer, pre-tokenizer, split behaviour or model type is
+ * TD_ERR_UNSUPPORTED naming the field. config_json (may be NULL or absent)
+ * is tokenizer_config.json, whose eos_token becomes td_bpe_eos. Errors name
+ * the file and the field (a merge naming a token the vocabulary lacks:
+ * TD_ERR_PARSE, with the merge's index). The caller destroys *out. */
+TD_API td_status td_bpe_load_json(const char *tokenizer_json, const char *config_json,
+                                  td_bpe **out);
 /* Loads the vocabulary (a JSON object from token to id, ids in [0, 2^24)
  * and distinct, every one of the 256 byte characters present) and the merges
  * (an optional "#version" line, then one "a b" pair a line, rank = order,
@@ -49,6 +72,14 @@ TD_API int64_t td_bpe_vocab_size(const td_bpe *t);
  * *count is 0) and *count. */
 TD_API td_status td_bpe_encode(const td_bpe *t, const char *text, size_t n, int32_t **ids,
                                size_t *count);
+/* The same with the special tokens tokenizer.json's post-processor puts
+ * around a text (Llama's BOS before it, say), as tokenizers' encode(text)
+ * with add_special_tokens; none for vocab.json + merges.txt. */
+TD_API td_status td_bpe_encode_special(const td_bpe *t, const char *text, size_t n, int32_t **ids,
+                                       size_t *count);
+/* The end-of-sequence token (tokenizer_config.json's eos_token), after
+ * which generation stops; -1 when the tokenizer names none. */
+TD_API int32_t td_bpe_eos(const td_bpe *t);
 /* The bytes of token id (*n of them), borrowed while t lives; NULL when no
  * token has that id. */
 TD_API const char *td_bpe_token_bytes(const td_bpe *t, int32_t id, size_t *n);

@@ -16,6 +16,7 @@ int td_cli_bench(int argc, char **argv);
 int td_cli_generate(int argc, char **argv);
 int td_cli_plot(int argc, char **argv);
 int td_cli_convert(int argc, char **argv);
+int td_cli_tokenize(int argc, char **argv);
 
 /* tandem train's options, parsed (train_args.c). */
 typedef struct td_cli_train_args {

@@ -1,5 +1,6 @@
-/* tandem convert: GPT-2 weights from Hugging Face transformers or llm.c into
- * a tandem checkpoint (the library's td_import_*, include/tandem/import.h). */
+/* tandem convert: weights from Hugging Face transformers (GPT-2 and the Llama
+ * family) or llm.c (GPT-2) into a tandem checkpoint (the library's
+ * td_import_*, include/tandem/import.h). */
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -11,12 +12,14 @@
 
 static void usage(FILE *out) {
     fprintf(out, "usage: tandem convert --from hf|llmc SOURCE --out CKPT [options]\n\n"
-                 "Converts a GPT-2 into a tandem checkpoint (f32) that tandem generate, tandem\n"
+                 "Converts a model into a tandem checkpoint (f32) that tandem generate, tandem\n"
                  "eval and tandem train --resume load; its model JSON is in the checkpoint. It\n"
                  "is a run at step 0: the optimizer's state is a fresh one's (zeros), so that\n"
                  "train --resume fine-tunes from the weights (with --lr and the like).\n\n"
                  "  --from hf DIR      a folder as transformers' save_pretrained writes it:\n"
-                 "                     config.json and model.safetensors (GPT2LMHeadModel)\n"
+                 "                     config.json and model.safetensors (or the shards of\n"
+                 "                     model.safetensors.index.json): GPT2LMHeadModel,\n"
+                 "                     LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM\n"
                  "  --from llmc FILE   llm.c's checkpoint (gpt2_124M.bin: version 3, f32)\n"
                  "  --out PATH         the checkpoint to write (safetensors)\n"
                  "  --optimizer NAME   adamw (default), sgd, or none: the weights only (a third\n"
@@ -26,7 +29,7 @@ static void usage(FILE *out) {
                  "  --seed S           its seed: data order and dropout (default 1)\n"
                  "  --help             show this help\n\n"
                  "Then: tandem generate --checkpoint CKPT --tokenizer DIR --prompt TEXT, with\n"
-                 "DIR holding GPT-2's vocab.json and merges.txt.\n");
+                 "DIR holding tokenizer.json (or GPT-2's vocab.json and merges.txt).\n");
 }
 
 static const struct option options[] = {
@@ -133,8 +136,21 @@ static int parse_args(int argc, char **argv, convert_args *a) {
     return 0;
 }
 
+/* What was converted, in one line. */
+static void report(const convert_args *a, const td_hf_info *g) {
+    printf("%s: %s, %lld blocks, %lld heads", a->source, g->arch, (long long)g->layers,
+           (long long)g->heads);
+    if (g->kv_heads != g->heads)
+        printf(" on %lld key/value head%s", (long long)g->kv_heads, g->kv_heads == 1 ? "" : "s");
+    printf(", %lld channels, context %lld, vocabulary %lld, %zu weights%s%s -> %s\n",
+           (long long)g->channels, (long long)g->context, (long long)g->vocab, g->weights,
+           g->tied ? " (head tied to the embedding)" : "", a->weights_only ? ", weights only" : "",
+           a->out);
+}
+
 int td_cli_convert(int argc, char **argv) {
     convert_args a;
+    td_hf_info info;
     td_gpt2_info g;
     const td_train_state *state;
     td_status st;
@@ -145,14 +161,18 @@ int td_cli_convert(int argc, char **argv) {
         return rc;
     }
     state = a.weights_only ? NULL : &a.state;
-    st = !strcmp(a.from, "hf") ? td_import_hf_gpt2(a.source, a.out, state, &g)
-                               : td_import_llmc_gpt2(a.source, a.out, state, &g);
+    if (!strcmp(a.from, "hf")) {
+        st = td_import_hf(a.source, a.out, state, &info);
+    } else {
+        st = td_import_llmc_gpt2(a.source, a.out, state, &g);
+        memset(&info, 0, sizeof info);
+        info.arch = "GPT-2";
+        info.context = g.context, info.vocab = g.vocab, info.layers = g.layers;
+        info.heads = info.kv_heads = g.heads, info.channels = g.channels;
+        info.tied = g.tied, info.weights = g.weights;
+    }
     if (st != TD_OK)
         return td_cli_fail("convert", st);
-    printf("%s: GPT-2, %lld blocks, %lld heads, %lld channels, context %lld, vocabulary %lld, "
-           "%zu weights%s%s -> %s\n",
-           a.source, (long long)g.layers, (long long)g.heads, (long long)g.channels,
-           (long long)g.context, (long long)g.vocab, g.weights, g.tied ? " (head tied to wte)" : "",
-           a.weights_only ? ", weights only" : "", a.out);
+    report(&a, &info);
     return 0;
 }

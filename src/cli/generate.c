@@ -24,11 +24,13 @@ static void usage(FILE *out) {
                  "each as soon as it is chosen. Each token costs one position's forward: every\n"
                  "attention layer keeps its keys and values. When the model's context is full,\n"
                  "its last half is run again from position 0 and generation goes on.\n\n"
-                 "With --tokenizer, the prompt is encoded and the tokens decoded with GPT-2's\n"
-                 "byte-level BPE instead (a checkpoint made by tandem convert, say).\n\n"
+                 "With --tokenizer, the prompt is encoded and the tokens decoded with the BPE\n"
+                 "tokenizer in DIR instead (a checkpoint made by tandem convert, say); its\n"
+                 "end-of-sequence token, when it names one, ends the text.\n\n"
                  "  --checkpoint PATH   a tandem checkpoint (safetensors)\n"
-                 "  --tokenizer DIR     GPT-2's vocab.json and merges.txt in DIR (default: each\n"
-                 "                      byte a token)\n"
+                 "  --tokenizer DIR     tokenizer.json (Llama, Qwen2, Mistral), or GPT-2's\n"
+                 "                      vocab.json and merges.txt, in DIR (default: each byte\n"
+                 "                      a token)\n"
                  "  --prompt TEXT       the text to continue\n"
                  "  --prompt-file F     the text to continue, from a file\n"
                  "  --tokens N          bytes (tokens) to generate (default 200, at most\n"
@@ -257,10 +259,13 @@ static int check_model_kind(const char *ckpt, const char *json, const td_bpe *bp
     return 0;
 }
 
-/* Prints a token's bytes: itself, or its BPE text when arg is a td_bpe. */
+/* Prints a token's bytes: itself, or its BPE text when arg is a td_bpe;
+ * the tokenizer's end-of-sequence token is not printed and stops the text. */
 static int print_token(void *arg, int32_t token) {
     size_t n = 0;
     const char *s = arg ? td_bpe_token_bytes(arg, token, &n) : NULL;
+    if (arg && token == td_bpe_eos(arg))
+        return 1;
     if (arg)
         fwrite(s, 1, s ? n : 0, stdout);
     else
@@ -270,12 +275,13 @@ static int print_token(void *arg, int32_t token) {
 }
 
 /* The prompt's tokens (malloc'ed) into *out and *count: its bytes, or its
- * BPE encoding. 0, or 1 after printing why not. */
+ * BPE encoding with the tokenizer's special tokens (Llama's BOS). 0, or 1
+ * after printing why not. */
 static int prompt_tokens(const td_bpe *bpe, const unsigned char *prompt, size_t n, int32_t **out,
                          size_t *count) {
     td_status st;
     if (bpe) {
-        if ((st = td_bpe_encode(bpe, (const char *)prompt, n, out, count)) != TD_OK)
+        if ((st = td_bpe_encode_special(bpe, (const char *)prompt, n, out, count)) != TD_OK)
             return td_cli_fail("generate", st);
         return 0;
     }

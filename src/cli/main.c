@@ -15,10 +15,14 @@ static const command commands[] = {
     {"devices", td_cli_devices, "list the devices here: memory, fp64, SIMD, peers"},
     {"train", td_cli_train, "train a model (JSON) on a data set; checkpoints, resume, metrics"},
     {"eval", td_cli_eval, "a checkpoint's loss and accuracy on a data set"},
-    {"generate", td_cli_generate, "text from a checkpoint of a byte-level GPT, streamed"},
+    {"generate", td_cli_generate, "text from a checkpoint (GPT, Llama), streamed"},
     {"bench", td_cli_bench, "benchmarks: 'bench devices' GFLOP/s and GB/s, 'bench collectives'"},
     {"plot", td_cli_plot, "draw a metrics file (tandem train --metrics) as an SVG"},
-    {"convert", td_cli_convert, "GPT-2 weights (Hugging Face, llm.c) into a tandem checkpoint"},
+    {"convert", td_cli_convert,
+     "GPT-2 and Llama-family weights (Hugging Face, llm.c) into a "
+     "tandem checkpoint"},
+    {"tokenize", td_cli_tokenize,
+     "the token ids a tokenizer (tokenizer.json, GPT-2's) gives a text"},
 };
 
 static void usage(FILE *out) {

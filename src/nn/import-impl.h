@@ -1,7 +1,7 @@
-/* What the GPT-2 importers share (import.c): the parameters of tandem's
- * GPT-2 model by kind, their names and shapes, the model JSON, and a list of
- * converted tensors that becomes the checkpoint. import_hf.c and
- * import_llmc.c read the sources into it. */
+/* What the importers share (import.c): a list of converted tensors that
+ * becomes a checkpoint with its model JSON, and the parameters of tandem's
+ * GPT-2 model by kind, their names and shapes and its JSON. import_hf.c and
+ * import_llmc.c read GPT-2s into it, import_llama.c the Llama family. */
 #ifndef TD_NN_IMPORT_IMPL_H
 #define TD_NN_IMPORT_IMPL_H
 
@@ -38,15 +38,35 @@ int td__gpt2_per_block(td__gpt2_kind k);
 /* The tandem shape of kind k: (out, in) for weights; returns its ndim. */
 int td__gpt2_shape(const td_gpt2_info *g, td__gpt2_kind k, int64_t shape[2]);
 
-/* The converted model: its description, activation and tensors in the
- * model's parameter order. */
+/* Converted tensors in the model's parameter order. */
+typedef struct td__ckpt_list {
+    td_ckpt_entry *e;
+    float **owned; /* per entry: its data when the list owns it, else NULL */
+    size_t n, cap;
+} td__ckpt_list;
+
+/* Adds tensor `name` of shape (ndim dims): numel floats at data, owned by l
+ * from now on when `owned` (freed even on failure), else borrowed until
+ * td__ckpt_list_save. */
+td_status td__ckpt_list_add(td__ckpt_list *l, const char *name, int ndim, const int64_t *shape,
+                            float *data, int owned);
+
+/* Checks the tensors against the model JSON (`what` names the model in
+ * messages: the same count of weights), then saves them with it at path,
+ * with state's zero optimizer state when state is not NULL (import.h);
+ * *weights gets the count. */
+td_status td__ckpt_list_save(const td__ckpt_list *l, const char *path, const char *json,
+                             const char *what, const td_train_state *state, size_t *weights);
+
+/* NULL-safe for an empty list; frees what l owns. */
+void td__ckpt_list_free(td__ckpt_list *l);
+
+/* The converted GPT-2: its description, activation and tensors. */
 typedef struct td__gpt2_out {
     td_gpt2_info info;
     td_act act;
     const char *source; /* "Hugging Face transformers" or "llm.c", for the description */
-    td_ckpt_entry *e;
-    float **owned; /* per entry: its data when the list owns it, else NULL */
-    size_t n, cap;
+    td__ckpt_list list;
 } td__gpt2_out;
 
 /* Checks the sizes in o->info (positive, within what a tandem model may

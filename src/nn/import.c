@@ -99,35 +99,44 @@ td_status td__gpt2_check(const td_gpt2_info *g, const char *file, const char *co
     return TD_OK;
 }
 
-td_status td__gpt2_add(td__gpt2_out *o, td__gpt2_kind k, int64_t block, float *data, int owned) {
-    char name[96];
+td_status td__ckpt_list_add(td__ckpt_list *l, const char *name, int ndim, const int64_t *shape,
+                            float *data, int owned) {
     td_ckpt_entry *e;
-    if (o->n == o->cap) {
-        size_t cap = o->cap ? 2 * o->cap : 64;
-        td_ckpt_entry *ne = realloc(o->e, cap * sizeof *ne);
-        float **no = ne ? realloc(o->owned, cap * sizeof *no) : NULL;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 64;
+        td_ckpt_entry *ne = realloc(l->e, cap * sizeof *ne);
+        float **no = ne ? realloc(l->owned, cap * sizeof *no) : NULL;
         if (ne)
-            o->e = ne;
+            l->e = ne;
         if (!ne || !no) {
             if (owned)
                 free(data);
-            return td__error(TD_ERR_OUT_OF_MEMORY, "out of memory converting a GPT-2");
+            return td__error(TD_ERR_OUT_OF_MEMORY, "out of memory converting a model");
         }
-        o->owned = no;
-        o->cap = cap;
+        l->owned = no;
+        l->cap = cap;
     }
-    tandem_name(&o->info, k, block, name, sizeof name);
-    e = &o->e[o->n];
+    e = &l->e[l->n];
     memset(e, 0, sizeof *e);
     if (!(e->name = td__strdup(name))) {
         if (owned)
             free(data);
         return TD_ERR_OUT_OF_MEMORY;
     }
-    e->ndim = td__gpt2_shape(&o->info, k, e->shape);
+    e->ndim = ndim;
+    for (int d = 0; d < ndim; d++)
+        e->shape[d] = shape[d];
     e->data = data;
-    o->owned[o->n++] = owned ? data : NULL;
+    l->owned[l->n++] = owned ? data : NULL;
     return TD_OK;
+}
+
+td_status td__gpt2_add(td__gpt2_out *o, td__gpt2_kind k, int64_t block, float *data, int owned) {
+    char name[96];
+    int64_t shape[2];
+    int nd = td__gpt2_shape(&o->info, k, shape);
+    tandem_name(&o->info, k, block, name, sizeof name);
+    return td__ckpt_list_add(&o->list, name, nd, shape, data, owned);
 }
 
 /* The JSON of one activation layer. */
@@ -173,7 +182,7 @@ static char *model_json(const td__gpt2_out *o) {
 /* The entries of a fresh optimizer's state for o's parameters, named as
  * td_optimizer_state_name() names them, all pointing at one buffer of
  * zeros (*zeros, malloc'ed): appended to o->e's n parameters in *all. */
-static td_status with_zero_state(const td__gpt2_out *o, const td_optimizer_config *opt,
+static td_status with_zero_state(const td__ckpt_list *o, const td_optimizer_config *opt,
                                  td_ckpt_entry **all, size_t *n, float **zeros) {
     static const char *const adam[] = {"exp_avg", "exp_avg_sq"}, *const sgd[] = {"momentum_buffer"};
     int per = opt->kind == TD_OPT_ADAMW ? 2 : opt->momentum > 0 ? 1 : 0;
@@ -207,7 +216,7 @@ static td_status with_zero_state(const td__gpt2_out *o, const td_optimizer_confi
 }
 
 /* Saves o's tensors, with state's zero optimizer state when there is one. */
-static td_status save_entries(const td__gpt2_out *o, const char *path, const char *json,
+static td_status save_entries(const td__ckpt_list *o, const char *path, const char *json,
                               const td_train_state *state) {
     td_ckpt_entry *all = NULL;
     float *zeros = NULL;
@@ -224,43 +233,51 @@ static td_status save_entries(const td__gpt2_out *o, const char *path, const cha
     return st;
 }
 
-td_status td__gpt2_save(td__gpt2_out *o, const char *path, const td_train_state *state,
-                        td_gpt2_info *info) {
+td_status td__ckpt_list_save(const td__ckpt_list *l, const char *path, const char *json,
+                             const char *what, const td_train_state *state, size_t *weights) {
     td_model_info mi;
     size_t total = 0;
+    /* The tensors must be exactly the model's: the same count of weights. */
+    TD_CHECK(td_model_describe(json, what, &mi, NULL, 0));
+    for (size_t i = 0; i < l->n; i++) {
+        size_t n = 1;
+        for (int d = 0; d < l->e[i].ndim; d++)
+            n *= (size_t)l->e[i].shape[d];
+        total += n;
+    }
+    if (total != mi.num_weights)
+        return td__error(TD_ERR_INTERNAL, "%s: %zu weights converted; the model has %zu", path,
+                         total, mi.num_weights);
+    TD_CHECK(save_entries(l, path, json, state));
+    if (weights)
+        *weights = total;
+    return TD_OK;
+}
+
+void td__ckpt_list_free(td__ckpt_list *l) {
+    for (size_t i = 0; i < l->n; i++) {
+        free((char *)l->e[i].name);
+        free(l->owned[i]);
+    }
+    free(l->e);
+    free(l->owned);
+    memset(l, 0, sizeof *l);
+}
+
+td_status td__gpt2_save(td__gpt2_out *o, const char *path, const td_train_state *state,
+                        td_gpt2_info *info) {
     char *json = model_json(o);
     td_status st;
     if (!json)
         return td__error(TD_ERR_OUT_OF_MEMORY, "out of memory writing a GPT-2's model JSON");
-    /* The tensors must be exactly the model's: the same count of weights. */
-    TD_TRY(td_model_describe(json, "the converted GPT-2", &mi, NULL, 0));
-    for (size_t i = 0; i < o->n; i++) {
-        size_t n = 1;
-        for (int d = 0; d < o->e[i].ndim; d++)
-            n *= (size_t)o->e[i].shape[d];
-        total += n;
-    }
-    if (total != mi.num_weights) {
-        st = td__error(TD_ERR_INTERNAL, "%s: %zu weights converted; the model has %zu", path, total,
-                       mi.num_weights);
-        goto fail;
-    }
-    o->info.weights = total;
-    TD_TRY(save_entries(o, path, json, state));
-    if (info)
+    st = td__ckpt_list_save(&o->list, path, json, "the converted GPT-2", state, &o->info.weights);
+    if (st == TD_OK && info)
         *info = o->info;
-    st = TD_OK;
-fail:
     free(json);
     return st;
 }
 
 void td__gpt2_free(td__gpt2_out *o) {
-    for (size_t i = 0; i < o->n; i++) {
-        free((char *)o->e[i].name);
-        free(o->owned[i]);
-    }
-    free(o->e);
-    free(o->owned);
+    td__ckpt_list_free(&o->list);
     memset(o, 0, sizeof *o);
 }

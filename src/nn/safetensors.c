@@ -173,13 +173,14 @@ static td_status parse_tensor(td_safetensors *st, const char *key, json_t *v, co
     } else if (st->any_dtype && known_dtype_size(json_string_value(dtype), &esize)) {
         t->dtype = TD_F32; /* not its dtype: td__safetensors_dtype() names that */
     } else {
-        /* A data file (any_dtype) takes integers and BOOL too: say so, lest
-         * a string tensor's message suggest only floats are read. */
+        /* Name what is read: a data file (any_dtype) takes integers and BOOL
+         * too, lest a string tensor's message suggest only floats are. */
         return td__error(
             known_dtype(json_string_value(dtype)) ? TD_ERR_UNSUPPORTED : TD_ERR_CORRUPT,
-            "%s: tensor \"%s\": dtype \"%.32s\"; tandem reads %s", st->name, key,
-            json_string_value(dtype),
-            st->any_dtype ? "F32, F64, BOOL and integer (U8 to I64) tensors" : "F32 and F64");
+            "%s: tensor \"%s\": dtype \"%.32s\"; %s", st->name, key, json_string_value(dtype),
+            st->any_dtype ? "not one the safetensors format names (tandem reads F32, F64, BOOL "
+                            "and integer (U8 to I64) tensors)"
+                          : "tandem reads F32 and F64");
     }
     if (json_array_size(shape) > TD_ST_MAX_DIMS)
         return td__error(TD_ERR_UNSUPPORTED, "%s: tensor \"%s\": %zu dimensions; at most %d",

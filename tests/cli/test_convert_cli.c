@@ -80,7 +80,7 @@ static void converts_hf_and_generates(void **state) {
     snprintf(args, sizeof args, "convert --from hf '" FIXTURE "' --out '%s'",
              td_test_tmp("hf.safetensors"));
     out = run(args, 0, NULL);
-    if (!strstr(out, "GPT-2, 2 blocks, 4 heads, 64 channels, context 64, vocabulary 300"))
+    if (!strstr(out, "GPT2LMHeadModel, 2 blocks, 4 heads, 64 channels, context 64, vocabulary 300"))
         fail_msg("convert printed \"%s\"", out);
     free(out);
     generates_transformers_tokens(td_test_tmp("hf.safetensors"));
@@ -147,7 +147,8 @@ static void bad_input_is_a_clear_error(void **state) {
     char args[1024];
     snprintf(args, sizeof args, "convert --from hf '%s' --out '%s'", bert_folder(),
              td_test_tmp("x.safetensors"));
-    free(run(args, 1, "bert/config.json: \"model_type\": \"bert\": tandem converts GPT-2"));
+    free(run(args, 1,
+             "bert/config.json: \"model_type\": \"bert\": tandem converts GPT2LMHeadModel"));
     snprintf(args, sizeof args, "convert --from llmc '" FIXTURE "/tokens_llmc.bin' --out '%s'",
              td_test_tmp("x.safetensors"));
     free(run(args, 1, "tokens_llmc.bin: header[0] (magic) is 20240520, not 20240326"));

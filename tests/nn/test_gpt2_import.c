@@ -319,7 +319,7 @@ static void hf_refuses_an_unknown_activation(void **state) {
 static void hf_refuses_shapes_that_disagree_with_the_config(void **state) {
     const char *d = hf_copy("narrow", "n_embd", json_integer(32), 0);
     hf_fails(d, TD_ERR_SHAPE, "model.safetensors: tensor \"transformer.wte.weight\" is (300, 64)",
-             "config.json (n_embd 32");
+             "config.json (n_embd = 32");
     d = hf_copy("deeper", "n_layer", json_integer(3), 0);
     hf_fails(d, TD_ERR_SHAPE, "tensor \"transformer.h.2.ln_1.weight\" is missing", "n_layer = 3");
     d = hf_copy("shallower", "n_layer", json_integer(1), 0);

@@ -118,8 +118,8 @@ static void load_fails(const char *drop, const char *merges, td_status want, con
 static void refuses_bad_vocabularies_and_merges(void **state) {
     /* "fo" + "x" = "fox" dropped from the vocabulary: the merge has no token */
     load_fails("fox", "#version: 0.2\nf o\nfo x\n", TD_ERR_PARSE,
-               "merges.txt:3: \"fo x\": \"fox\" is not in the vocabulary (vocab.json does not "
-               "cover the merges)");
+               "merges.txt:3: \"fo x\": \"fox\" is not in the vocabulary (it does not cover "
+               "the merges)");
     load_fails(NULL, "#version: 0.2\nq zz\n", TD_ERR_PARSE, "merges.txt:2: \"q zz\": \"zz\"");
     load_fails(NULL, "h e\nthree tokens here\n", TD_ERR_PARSE,
                "merges.txt:2: expected two tokens separated by one space");

@@ -284,8 +284,8 @@ static void safetensors_mistakes_are_named(void **state) {
         td_test_write_safetensors(td_test_tmp("str.safetensors"), e, 2);
     }
     expect_open_error(td_test_tmp("str.safetensors"), &o, &mi, TD_ERR_CORRUPT,
-                      "tensor \"x\": dtype \"STR\"; tandem reads F32, F64, BOOL and integer "
-                      "(U8 to I64) tensors",
+                      "tensor \"x\": dtype \"STR\"; not one the safetensors format names "
+                      "(tandem reads F32, F64, BOOL and integer (U8 to I64) tensors)",
                       NULL);
     {
         /* (4, 2) samples of 2 values, a model reading 3. */
