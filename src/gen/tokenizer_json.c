@@ -13,7 +13,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/file.h"
-#include "train/bpe-impl.h"
+#include "gen/bpe-impl.h"
 
 #define SPACE_MARK "\xe2\x96\x81" /* "▁" */
 

@@ -14,7 +14,7 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
-#include "train/bpe-impl.h"
+#include "gen/bpe-impl.h"
 
 const char td__bpe_gpt2_pattern[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";

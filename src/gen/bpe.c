@@ -10,7 +10,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/file.h"
-#include "train/bpe-impl.h"
+#include "gen/bpe-impl.h"
 
 #define MERGES_MAX ((long)256 << 20)
 #define MAX_ID     TD_BPE_MAX_ID

@@ -9,8 +9,8 @@
  * and the result of every merge to be tokens, and token strings and ids are
  * one to one. Two hash tables serve it: token text to id (for loading) and
  * pair of ids to (rank, merged id). */
-#ifndef TD_TRAIN_BPE_IMPL_H
-#define TD_TRAIN_BPE_IMPL_H
+#ifndef TD_GEN_BPE_IMPL_H
+#define TD_GEN_BPE_IMPL_H
 
 #include <jansson.h>
 #include <stddef.h>
