@@ -7,6 +7,8 @@
  * each replica taking its rows of the batch and member k of every replica
  * summing its gradients with the others' before the update (as processes
  * do under mpirun). The others are refused by name. */
+#include <assert.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,4 +89,64 @@ td_status td__mesh_resolve(const char *name, const char **strategy, char *option
     }
     return td__error_setting(TD_ERR_UNSUPPORTED, "strategy",
                              "mesh '%s': of the compositions only data:R,tensor:N runs yet", name);
+}
+
+/* Shared by the meshes' strategies ---------------------------------------------------- */
+
+td_status td__mesh_groups(td_group *g, int replicas, int n, td_group **rgroup, td_group **across) {
+    int out[TD_DP_MAX_MEMBERS], size = replicas * n, m;
+    for (int r = 0; r < replicas; r++) {
+        m = 0;
+        for (int rank = 0; rank < size; rank++)
+            if (rank / n != r)
+                out[m++] = rank;
+        TD_CHECK(td_group_shrink(g, out, (size_t)m, &rgroup[r]));
+    }
+    for (int k = 0; k < n; k++) {
+        m = 0;
+        for (int rank = 0; rank < size; rank++)
+            if (rank % n != k)
+                out[m++] = rank;
+        TD_CHECK(td_group_shrink(g, out, (size_t)m, &across[k]));
+    }
+    return TD_OK;
+}
+
+typedef struct replica_call {
+    td_status (*fn)(void *arg);
+    void *arg;
+    td_status st;
+    char msg[512];
+} replica_call;
+
+static void *run_replica(void *arg) {
+    replica_call *c = arg;
+    c->st = c->fn(c->arg);
+    if (c->st != TD_OK)
+        snprintf(c->msg, sizeof c->msg, "%s", td_last_error());
+    return NULL;
+}
+
+td_status td__mesh_run_all(int n, td_status (*fn)(void *arg), void *const *args) {
+    replica_call calls[TD_DP_MAX_MEMBERS];
+    pthread_t threads[TD_DP_MAX_MEMBERS];
+    int started[TD_DP_MAX_MEMBERS] = {0};
+    assert(n >= 1 && n <= TD_DP_MAX_MEMBERS);
+    for (int r = 0; r < n; r++)
+        calls[r] = (replica_call){fn, args[r], TD_OK, ""};
+    for (int r = 1; r < n; r++)
+        started[r] = pthread_create(&threads[r], NULL, run_replica, &calls[r]) == 0;
+    if (n < 1)
+        return TD_OK;
+    run_replica(&calls[0]);
+    for (int r = 1; r < n; r++) {
+        if (started[r])
+            pthread_join(threads[r], NULL);
+        else
+            run_replica(&calls[r]); /* no thread: after the others, which do not wait for it */
+    }
+    for (int r = 0; r < n; r++)
+        if (calls[r].st != TD_OK)
+            return td__error(calls[r].st, "%s", calls[r].msg);
+    return TD_OK;
 }

@@ -11,7 +11,6 @@
  * data:P,tensor:N over P processes of N devices each. */
 #include <assert.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,28 +46,6 @@ void td__tp_mesh_close(tp_mesh *x) {
     free(x);
 }
 
-/* The replica groups and the groups across them, each g less the members
- * it leaves out: they share g's timeouts and its injected faults, whose
- * counts go on whichever group a device's collective runs in. */
-static td_status make_groups(tp_mesh *x, td_group *g) {
-    int out[TD_DP_MAX_MEMBERS], size = x->replicas * x->n, n;
-    for (int r = 0; r < x->replicas; r++) {
-        n = 0;
-        for (int rank = 0; rank < size; rank++)
-            if (rank / x->n != r)
-                out[n++] = rank;
-        TD_CHECK(td_group_shrink(g, out, (size_t)n, &x->rgroup[r]));
-    }
-    for (int k = 0; k < x->n; k++) {
-        n = 0;
-        for (int rank = 0; rank < size; rank++)
-            if (rank % x->n != k)
-                out[n++] = rank;
-        TD_CHECK(td_group_shrink(g, out, (size_t)n, &x->across[k]));
-    }
-    return TD_OK;
-}
-
 td_status td__tp_mesh_open(td_strategy *s, int replicas, tensor_par **out) {
     td_group *g = s->group;
     int size = td_group_size(g);
@@ -84,7 +61,7 @@ td_status td__tp_mesh_open(td_strategy *s, int replicas, tensor_par **out) {
         return TD_ERR_OUT_OF_MEMORY;
     x->replicas = replicas;
     x->n = size / replicas;
-    if ((st = make_groups(x, g)) != TD_OK)
+    if ((st = td__mesh_groups(g, replicas, x->n, x->rgroup, x->across)) != TD_OK)
         goto fail;
     st = td__tp_build(s, x->rgroup[0], NULL, &x->rep[0]);
     for (int r = 1; r < replicas && st == TD_OK; r++)
@@ -109,44 +86,28 @@ td_status td__tp_mesh_survivors(const tp_mesh *x, td_group *g, td_group **out) {
     return td_group_shrink(g, gone, (size_t)n, out);
 }
 
-/* Running a job on every replica at once --------------------------------------------- */
+/* Running a job on every replica at once ------------------------------------------- */
 
-typedef struct replica_run {
+typedef struct replica_job {
     td_group *g;
     td_group_fn fn;
     void *arg;
-    td_status st;
-    char msg[512];
-} replica_run;
+} replica_job;
 
-static void *run_replica(void *arg) {
-    replica_run *r = arg;
-    r->st = td_group_run(r->g, r->fn, r->arg);
-    if (r->st != TD_OK)
-        snprintf(r->msg, sizeof r->msg, "%s", td_last_error());
-    return NULL;
+static td_status run_job(void *arg) {
+    replica_job *j = arg;
+    return td_group_run(j->g, j->fn, j->arg);
 }
 
 /* fn on replica r with calls[r], every replica at once; the first failure. */
 static td_status run_replicas(tp_mesh *x, td_group_fn fn, tp_step_call *calls) {
-    replica_run runs[TD_DP_MAX_MEMBERS];
-    pthread_t threads[TD_DP_MAX_MEMBERS];
-    int started[TD_DP_MAX_MEMBERS] = {0};
-    for (int r = 0; r < x->replicas; r++)
-        runs[r] = (replica_run){x->rgroup[r], fn, &calls[r], TD_OK, ""};
-    for (int r = 1; r < x->replicas; r++)
-        started[r] = pthread_create(&threads[r], NULL, run_replica, &runs[r]) == 0;
-    run_replica(&runs[0]);
-    for (int r = 1; r < x->replicas; r++) {
-        if (started[r])
-            pthread_join(threads[r], NULL);
-        else
-            run_replica(&runs[r]); /* no thread: after the others, which do not wait for it */
+    replica_job jobs[TD_DP_MAX_MEMBERS];
+    void *args[TD_DP_MAX_MEMBERS];
+    for (int r = 0; r < x->replicas; r++) {
+        jobs[r] = (replica_job){x->rgroup[r], fn, &calls[r]};
+        args[r] = &jobs[r];
     }
-    for (int r = 0; r < x->replicas; r++)
-        if (runs[r].st != TD_OK)
-            return td__error(runs[r].st, "%s", runs[r].msg);
-    return TD_OK;
+    return td__mesh_run_all(x->replicas, run_job, args);
 }
 
 /* Summing member k's gradients over the replicas: on the group across them,
