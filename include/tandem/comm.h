@@ -156,6 +156,16 @@ typedef td_status (*td_group_fn)(td_group *g, td_device *dev, int rank, int size
  * it), so neither the group nor fn's arg may be freed before it returns. */
 TD_API td_status td_group_run(td_group *g, td_group_fn fn, void *arg);
 
+/* From inside another group's run, on the host thread of a device that is
+ * also a member of g: runs fn as that member of g, there and then, so that
+ * a member can take part in a collective along another axis of a mesh (a
+ * pipeline stage summing its gradients with the same stage of the other
+ * replicas) without leaving its own run. Every member of g must join, each
+ * from its own thread; a failure puts g into its error state, as in
+ * td_group_run. TD_ERR_INVALID_ARG when the calling thread is no member's
+ * host thread of g. */
+TD_API td_status td_group_join(td_group *g, td_group_fn fn, void *arg);
+
 /* TD_OK while the group works; once it failed, the status its collectives
  * return (TD_ERR_DEVICE_LOST) with the reason as this thread's message. */
 TD_API td_status td_group_error(td_group *g);

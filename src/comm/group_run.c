@@ -145,6 +145,34 @@ static td_status member_task(td_device *dev, void *p) {
     return st;
 }
 
+td_status td_group_join(td_group *g, td_group_fn fn, void *arg) {
+    td__member *outer = current_member, *m = NULL;
+    td_device *dev = td_device_current();
+    td_status st, drained;
+    if (!g || !fn)
+        return td__error(TD_ERR_INVALID_ARG, "td_group_join: group or function is NULL");
+    for (int k = 0; k < g->nlocal && !m; k++)
+        if (dev && g->members[k].dev == dev)
+            m = &g->members[k];
+    if (!m)
+        return td__error(TD_ERR_INVALID_ARG,
+                         "td_group_join: called off the host thread of a member of the group");
+    current_member = m;
+    st = fn(g, dev, m->rank, g->size, arg);
+    if ((drained = td__engine_drain(m)) != TD_OK && st == TD_OK)
+        st = drained;
+    current_member = outer;
+    if (st != TD_OK && !atomic_load(&g->aborted)) {
+        char msg[1024];
+        const char *setting = td_last_error_setting();
+        snprintf(msg, sizeof msg, "%s", td_last_error());
+        td__group_fail(g, m->rank, "%s (rank %d) failed: %s: %s", td_device_name(dev), m->rank,
+                       td_status_name(st), msg);
+        td__error_set(msg, setting);
+    }
+    return st;
+}
+
 /* Whether every one of the first n members that has not returned is stuck
  * (at least one), failing the group for them: nobody else would, when the
  * stuck member is alone or its peers returned. A second later than the

@@ -154,6 +154,61 @@ static void tensors_reduce_and_broadcast_in_place(void **state) {
     td_group_destroy(g);
 }
 
+/* Joining a group of some of the members from inside the whole group's
+ * run: the even ranks and the odd ranks of cpu*4 each sum their ranks
+ * along their own axis, and the whole group sums those after. */
+typedef struct join_args {
+    td_group *axis[2]; /* ranks 0 and 2; ranks 1 and 3 */
+    double got[4], total[4];
+} join_args;
+
+static td_status sum_rank(td_group *g, td_device *dev, int rank, int n, void *arg) {
+    double *v = arg;
+    td_buffer *b = NULL;
+    td_status st;
+    (void)rank;
+    (void)n;
+    if ((st = td_buffer_alloc(dev, sizeof *v, &b)) != TD_OK)
+        return st;
+    st = td_buffer_write(b, 0, v, sizeof *v);
+    if (st == TD_OK)
+        st = td_allreduce(g, b, 0, b, 0, 1, TD_F64, TD_REDUCE_SUM);
+    if (st == TD_OK)
+        st = td_buffer_read(b, 0, v, sizeof *v);
+    td_buffer_free(b);
+    return st;
+}
+
+static td_status join_fn(td_group *g, td_device *dev, int rank, int n, void *arg) {
+    join_args *a = arg;
+    a->got[rank] = rank;
+    td_status st = td_group_join(a->axis[rank % 2], sum_rank, &a->got[rank]);
+    if (st != TD_OK)
+        return st;
+    a->total[rank] = a->got[rank];
+    return sum_rank(g, dev, rank, n, &a->total[rank]); /* the whole group's again, after */
+}
+
+static void a_member_joins_a_group_along_another_axis(void **state) {
+    td_group *g = NULL;
+    join_args a = {{NULL, NULL}, {0}, {0}};
+    int odd[] = {1, 3}, even[] = {0, 2};
+    TD_ASSERT_OK(td_group_create_spec("cpu*4", NULL, &g));
+    TD_ASSERT_OK(td_group_shrink(g, odd, 2, &a.axis[0]));
+    TD_ASSERT_OK(td_group_shrink(g, even, 2, &a.axis[1]));
+    TD_ASSERT_OK(td_group_run(g, join_fn, &a));
+    for (int r = 0; r < 4; r++) {
+        assert_true(a.got[r] == (r % 2 ? 1 + 3 : 0 + 2));
+        assert_true(a.total[r] == 2 * 2 + 2 * 4);
+    }
+    /* off a member's host thread it is refused */
+    TD_ASSERT_STATUS(td_group_join(a.axis[0], sum_rank, &a.got[0]), TD_ERR_INVALID_ARG);
+    td_test_assert_message_contains("off the host thread of a member of the group");
+    td_group_destroy(a.axis[0]);
+    td_group_destroy(a.axis[1]);
+    td_group_destroy(g);
+}
+
 static td_status misuse_fn(td_group *g, td_device *dev, int rank, int n, void *arg) {
     td_buffer *b = NULL;
     td_status st = td_buffer_alloc(dev, 16, &b);
@@ -241,6 +296,7 @@ int main(void) {
         cmocka_unit_test(shared_queue_with_tiny_chunks_matches_reference),
         cmocka_unit_test(automatic_choice_matches_reference_at_large_sizes),
         cmocka_unit_test(tensors_reduce_and_broadcast_in_place),
+        cmocka_unit_test(a_member_joins_a_group_along_another_axis),
         cmocka_unit_test(misuse_fails_the_group_instead_of_hanging),
         cmocka_unit_test(the_switch_point_is_tunable_and_measured),
         cmocka_unit_test(members_that_share_a_core_are_told_apart),
