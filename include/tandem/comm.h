@@ -166,6 +166,14 @@ TD_API td_status td_group_run(td_group *g, td_group_fn fn, void *arg);
  * host thread of g. */
 TD_API td_status td_group_join(td_group *g, td_group_fn fn, void *arg);
 
+/* Puts g into its error state from outside its collectives (why says what
+ * happened, for its members' messages): members waiting in one of its
+ * collectives, or entering one, get TD_ERR_DEVICE_LOST at once instead of
+ * waiting for the timeout. For a mesh, whose other groups do not see a
+ * failure in one of them. Safe from any thread; a group already failed
+ * keeps its first reason. */
+TD_API void td_group_abort(td_group *g, const char *why);
+
 /* TD_OK while the group works; once it failed, the status its collectives
  * return (TD_ERR_DEVICE_LOST) with the reason as this thread's message. */
 TD_API td_status td_group_error(td_group *g);

@@ -47,6 +47,11 @@ td_status td__group_fail(td_group *g, int rank, const char *fmt, ...) {
     return td__group_lost(g);
 }
 
+void td_group_abort(td_group *g, const char *why) {
+    if (g)
+        (void)td__group_fail(g, -1, "%s", why ? why : "aborted");
+}
+
 td_status td__group_lost(td_group *g) {
     pthread_mutex_lock(&g->fail_lock);
     td__error_set_message(g->fail_reason);

@@ -204,6 +204,12 @@ static void a_member_joins_a_group_along_another_axis(void **state) {
     /* off a member's host thread it is refused */
     TD_ASSERT_STATUS(td_group_join(a.axis[0], sum_rank, &a.got[0]), TD_ERR_INVALID_ARG);
     td_test_assert_message_contains("off the host thread of a member of the group");
+    /* aborted from outside, a group's collectives fail at once, saying why */
+    td_group_abort(a.axis[1], "the other axis failed");
+    TD_ASSERT_STATUS(td_group_error(a.axis[1]), TD_ERR_DEVICE_LOST);
+    td_test_assert_message_contains("the other axis failed");
+    TD_ASSERT_STATUS(td_group_run(g, join_fn, &a), TD_ERR_DEVICE_LOST);
+    assert_int_equal(td_group_error(a.axis[0]), TD_OK); /* the other axis works on */
     td_group_destroy(a.axis[0]);
     td_group_destroy(a.axis[1]);
     td_group_destroy(g);
