@@ -289,6 +289,7 @@ const td_strategy_ops td__strategy_alternate = {
     .name = "alternate",
     .summary = "evaluation: whole batches round-robin across the devices by measured speed",
     .evaluates_only = 1,
+    .options = data_options, /* data_create reads them */
     .create = data_create,
     .destroy = data_destroy,
     .model_info = data_model_info,
