@@ -3,10 +3,11 @@
  * members form the innermost axis (here, cpu:0 and cpu:1 split the model,
  * as do cpu:2 and cpu:3, and the two pairs are data-parallel replicas). A
  * single axis is its strategy ("tensor:4" is tensor on 4 devices). Of the
- * compositions, data × tensor runs: the tensor strategy with `replicas`,
- * each replica taking its rows of the batch and member k of every replica
- * summing its gradients with the others' before the update (as processes
- * do under mpirun). The others are refused by name. */
+ * compositions, data × tensor and data × pipeline run: the tensor or
+ * pipeline strategy with `replicas` (tp_mesh.c, pp_mesh.c), each replica
+ * taking its rows of the batch and member k of every replica summing its
+ * gradients with the others' before the update. pipeline × tensor is
+ * refused by name. */
 #include <assert.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -82,13 +83,16 @@ td_status td__mesh_resolve(const char *name, const char **strategy, char *option
                                                     : "pipeline";
         return TD_OK;
     }
-    if (count == 2 && !strcmp(ax[0].name, "data") && !strcmp(ax[1].name, "tensor")) {
-        *strategy = "tensor";
+    if (count == 2 && !strcmp(ax[0].name, "data") &&
+        (!strcmp(ax[1].name, "tensor") || !strcmp(ax[1].name, "pipeline"))) {
+        *strategy = !strcmp(ax[1].name, "tensor") ? "tensor" : "pipeline";
         snprintf(options, n, "replicas=%ld", ax[0].size);
         return TD_OK;
     }
     return td__error_setting(TD_ERR_UNSUPPORTED, "strategy",
-                             "mesh '%s': of the compositions only data:R,tensor:N runs yet", name);
+                             "mesh '%s': of the compositions data:R,tensor:N and "
+                             "data:R,pipeline:N run yet",
+                             name);
 }
 
 /* Shared by the meshes' strategies ---------------------------------------------------- */

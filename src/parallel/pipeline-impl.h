@@ -78,6 +78,7 @@ typedef struct channel {
 } channel;
 
 typedef struct pipeline pipeline;
+typedef struct pp_mesh pp_mesh;
 
 typedef struct stage {
     pipeline *p;
@@ -97,12 +98,14 @@ typedef struct stage {
     /* Micro-batches [w_next, b_done) went back to their input but still owe
      * their weight gradients (td_model_part_backward_weights). */
     int64_t w_next, b_done;
-    int update_owed; /* the step before's optimizer step (pipeline_run.c) */
+    int update_owed;  /* the step before's optimizer step (pipeline_run.c) */
+    td_group *across; /* this stage of every replica (data:R,pipeline:N); NULL: none */
 } stage;
 
 struct pipeline {
     td_strategy *s;
-    td_group *g;
+    pp_mesh *mesh; /* replicas of it (data:R,pipeline:N; pp_mesh.c); NULL: none */
+    td_group *g;   /* this replica's stages */
     int size;
     td_model_info info;
     td_layer_info *layers;
@@ -125,10 +128,31 @@ struct pipeline {
     int train;
     uint64_t step;
     double grad_scale;
+    int64_t first; /* the batch's first sample in the global batch (a replica's rows) */
 };
 
 /* Splits a batch of n samples into p->m micro-batches as even as can be. */
 void td__pp_split(pipeline *p, int64_t n);
+/* Sets p up for a training step on batch (rows of the global batch from
+ * `first`), each label's gradient scaled by grad_scale. */
+void td__pp_setup_step(pipeline *p, const td_batch *batch, int64_t first, uint64_t step,
+                       double grad_scale);
+/* The step's results: the sum of the stages' numbers into *res, the rows
+ * themselves into rows (p->size of them). */
+td_status td__pp_results(pipeline *p, td_step_result *res, td__member_row *rows);
+/* Builds the pipeline over g (one replica): its plan measured (plan NULL)
+ * or the one given. On failure *out holds what was made, for td__pp_free. */
+td_status td__pp_build(td_strategy *s, td_group *g, const td_pp_plan *plan, pipeline **out);
+/* What td__pp_build made, not the mesh; NULL-safe. */
+void td__pp_free(pipeline *p);
+
+/* pp_mesh.c: data x pipeline within one process. */
+td_status td__pp_mesh_open(td_strategy *s, int replicas, pipeline **out);
+void td__pp_mesh_close(pp_mesh *x);
+int td__pp_mesh_replicas(const pp_mesh *x);
+pipeline *td__pp_mesh_replica(const pp_mesh *x, int r);
+td_status td__pp_mesh_step(pipeline *p, const td_batch *batch, uint64_t step, td_step_result *res,
+                           td_step_stats *stats);
 /* Runs the step or evaluation set up in p on every member (td_group_run);
  * a member that fails stops the others. */
 td_status td__pp_run(pipeline *p);

@@ -77,28 +77,39 @@ static void fill_stats(pipeline *p, const td__member_row *rows, int64_t n, doubl
     stats->bubble_theory = (double)(active - 1) / (double)(p->m + active - 1);
 }
 
-static td_status pp_step(void *impl, const td_batch *batch, uint64_t step, td_step_result *res,
-                         td_step_stats *stats) {
-    pipeline *p = impl;
-    int64_t lps = p->info.kind == TD_INPUT_TOKENS ? p->info.in_shape[0] : 1;
-    td__member_row rows[TD_PP_MAX_STAGES];
-    uint64_t t0 = td_clock_ns();
-    td_status st;
+void td__pp_setup_step(pipeline *p, const td_batch *batch, int64_t first, uint64_t step,
+                       double grad_scale) {
     td__pp_split(p, batch->n);
     p->batch = batch;
+    p->first = first;
     p->evals = NULL;
     p->train = 1;
     p->step = step;
-    p->grad_scale = 1.0 / (double)(batch->n * lps);
-    TD_CHECK(td__pp_run(p));
-    if ((st = td__rows_read(&p->st[0].rows, rows)) != TD_OK)
-        return st;
+    p->grad_scale = grad_scale;
+}
+
+td_status td__pp_results(pipeline *p, td_step_result *res, td__member_row *rows) {
+    TD_CHECK(td__rows_read(&p->st[0].rows, rows));
     memset(res, 0, sizeof *res);
     for (int k = 0; k < p->size; k++) { /* the last stage's numbers; the others give zeros */
         res->loss_sum += rows[k].loss_sum;
         res->correct += (int64_t)rows[k].correct;
         res->count += (int64_t)rows[k].count;
     }
+    return TD_OK;
+}
+
+static td_status pp_step(void *impl, const td_batch *batch, uint64_t step, td_step_result *res,
+                         td_step_stats *stats) {
+    pipeline *p = impl;
+    int64_t lps = p->info.kind == TD_INPUT_TOKENS ? p->info.in_shape[0] : 1;
+    td__member_row rows[TD_PP_MAX_STAGES];
+    uint64_t t0 = td_clock_ns();
+    if (p->mesh)
+        return td__pp_mesh_step(p, batch, step, res, stats);
+    td__pp_setup_step(p, batch, 0, step, 1.0 / (double)(batch->n * lps));
+    TD_CHECK(td__pp_run(p));
+    TD_CHECK(td__pp_results(p, res, rows));
     if (stats)
         fill_stats(p, rows, batch->n, (double)(td_clock_ns() - t0) * 1e-9, stats);
     return TD_OK;
@@ -148,16 +159,25 @@ done:
     return st;
 }
 
-/* The stages that hold layers, in layer order: *n of them. */
-static void holdings_of(const pipeline *p, td__holding *h, int *n) {
+/* The stages that hold layers, in layer order: *n of them; first (the rank
+ * of stage 0) numbers them in the strategy's group. */
+static void holdings_of(const pipeline *p, int first, td__holding *h, int *n) {
     *n = 0;
     for (int k = 0; k < p->size; k++)
         if (p->st[k].part)
-            h[(*n)++] = (td__holding){p->st[k].part, p->st[k].opt, k};
+            h[(*n)++] = (td__holding){p->st[k].part, p->st[k].opt, first + k};
 }
 
+/* Every replica's stages, replica after replica. */
 static void pp_holdings(void *impl, td__holding *h, int *n) {
-    holdings_of(impl, h, n);
+    pipeline *p = impl;
+    int replicas = td__pp_mesh_replicas(p->mesh);
+    *n = 0;
+    for (int r = 0; r < replicas; r++) {
+        int got;
+        holdings_of(r ? td__pp_mesh_replica(p->mesh, r) : p, r * p->size, h + *n, &got);
+        *n += got;
+    }
 }
 
 static td_status pp_save(void *impl, const char *path, const td_train_state *state) {
@@ -165,7 +185,7 @@ static td_status pp_save(void *impl, const char *path, const td_train_state *sta
     td__holding h[TD_PP_MAX_STAGES];
     int n;
     TD_CHECK(td__pp_settle(p));
-    holdings_of(p, h, &n);
+    holdings_of(p, 0, h, &n); /* every replica holds the same */
     return td__placement_save(h, n, path, state);
 }
 
@@ -173,8 +193,9 @@ static td_status pp_load(void *impl, const char *path, td_train_state *state) {
     pipeline *p = impl;
     td__holding h[TD_PP_MAX_STAGES];
     int n;
-    TD_CHECK(td__pp_settle(p));
-    holdings_of(p, h, &n);
+    for (int r = 0; r < td__pp_mesh_replicas(p->mesh); r++)
+        TD_CHECK(td__pp_settle(r ? td__pp_mesh_replica(p->mesh, r) : p));
+    pp_holdings(p, h, &n);
     return td__placement_load(h, n, path, state);
 }
 
@@ -190,10 +211,9 @@ static void pp_model_info(void *impl, td_model_info *out) {
     *out = ((pipeline *)impl)->info;
 }
 
-static const char *pp_plan_text(void *impl, char *buf, size_t n) {
-    pipeline *p = impl;
+/* A line per stage of replica p. */
+static size_t plan_lines(const pipeline *p, char *buf, size_t n) {
     size_t used = 0;
-    buf[0] = '\0';
     for (int k = 0; k < p->size && used < n; k++) {
         const char *name = td_device_name(p->st[k].dev);
         if (!p->st[k].part)
@@ -210,11 +230,33 @@ static const char *pp_plan_text(void *impl, char *buf, size_t n) {
                 p->layers[p->plan.end[k] - 1].type, (double)p->plan.bytes[k] / 1e6,
                 p->plan.seconds[k] * 1e3, p->st[k].slots, p->st[k].slots == 1 ? "" : "s");
     }
+    return used;
+}
+
+static const char *pp_plan_text(void *impl, char *buf, size_t n) {
+    pipeline *p = impl;
+    int replicas = td__pp_mesh_replicas(p->mesh);
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int r = 0; r < replicas && used < n; r++) {
+        if (replicas > 1)
+            used += (size_t)snprintf(buf + used, n - used,
+                                     "replica %d of %d, rows %d/%d of each batch%s:\n", r + 1,
+                                     replicas, r + 1, replicas, r ? ", cut as the first" : "");
+        if (used < n)
+            used += plan_lines(r ? td__pp_mesh_replica(p->mesh, r) : p, buf + used, n - used);
+    }
     return buf;
 }
 
 static void pp_destroy(void *impl) {
     pipeline *p = impl;
+    if (p)
+        td__pp_mesh_close(p->mesh);
+    td__pp_free(p);
+}
+
+void td__pp_free(pipeline *p) {
     if (!p)
         return;
     for (int k = 0; k < p->size; k++) {
@@ -242,6 +284,9 @@ static const td_strategy_option pp_options[] = {
     {"micro_batches", "M",
      "micro-batches per step, at most the batch (default: four per "
      "device, or the batch if smaller)"},
+    {"replicas", "R",
+     "data-parallel replicas of the pipeline within this process, each on size / R "
+     "consecutive devices (the mesh data:R,pipeline:N)"},
     {NULL, NULL, NULL},
 };
 
@@ -319,19 +364,19 @@ static td_status make_norm_terms(pipeline *p) {
     return TD_OK;
 }
 
-static td_status pp_create(td_strategy *s) {
+td_status td__pp_build(td_strategy *s, td_group *g, const td_pp_plan *plan, pipeline **out) {
     pipeline *p = td__calloc(sizeof *p, "a pipeline");
     td_pp_need need;
     int last = -1;
+    *out = p;
     if (!p)
         return TD_ERR_OUT_OF_MEMORY;
-    s->impl = p;
     p->s = s;
-    p->g = s->group;
-    if (td_group_size(s->group) > TD_PP_MAX_STAGES)
-        return td__error(TD_ERR_INVALID_ARG, "pipeline: %d devices; at most %d",
-                         td_group_size(s->group), TD_PP_MAX_STAGES);
-    p->size = td_group_size(s->group);
+    p->g = g;
+    if (td_group_size(g) > TD_PP_MAX_STAGES)
+        return td__error(TD_ERR_INVALID_ARG, "pipeline: %d devices; at most %d", td_group_size(g),
+                         TD_PP_MAX_STAGES);
+    p->size = td_group_size(g);
     for (int k = 0; k < p->size; k++) {
         pthread_mutex_init(&p->fwd[k].mu, NULL);
         pthread_cond_init(&p->fwd[k].cv, NULL);
@@ -343,7 +388,10 @@ static td_status pp_create(td_strategy *s) {
     TD_CHECK(describe(p));
     need = (td_pp_need){s->json,  s->model_name, s->cfg.dtype, s->cfg.seed,     &s->cfg.opt,
                         &p->info, p->layers,     s->cfg.batch, p->micro_batches};
-    TD_CHECK(td__pp_plan(p->g, &need, &p->plan));
+    if (plan)
+        p->plan = *plan;
+    else
+        TD_CHECK(td__pp_plan(p->g, &need, &p->plan));
     for (int k = 0; k < p->size; k++) {
         p->prev[k] = p->next[k] = -1;
         if (p->plan.end[k] == p->plan.first[k])
@@ -360,6 +408,17 @@ static td_status pp_create(td_strategy *s) {
     for (int k = 0; k < p->size; k++)
         TD_CHECK(make_stage(p, k));
     return make_norm_terms(p);
+}
+
+static td_status pp_create(td_strategy *s) {
+    int64_t replicas = 1;
+    pipeline *p = NULL;
+    td_status st;
+    TD_CHECK(td__option_count(s, "replicas", 1, &replicas));
+    st =
+        replicas > 1 ? td__pp_mesh_open(s, (int)replicas, &p) : td__pp_build(s, s->group, NULL, &p);
+    s->impl = p;
+    return st;
 }
 
 static void pp_report(const td_run_figures *f, td_strategy_report *out) {

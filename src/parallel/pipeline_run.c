@@ -111,6 +111,9 @@ static void chan_consumed(channel *c, int64_t j) {
 static void abort_all(pipeline *p) {
     __atomic_store_n(&p->abort, 1, __ATOMIC_RELEASE);
     for (int k = 0; k < p->size; k++) {
+        /* the other replicas' stage k may be waiting for this one's sum */
+        if (p->st[k].across)
+            td_group_abort(p->st[k].across, "a stage of another replica failed");
         pthread_mutex_lock(&p->fwd[k].mu);
         pthread_cond_broadcast(&p->fwd[k].cv);
         pthread_mutex_unlock(&p->fwd[k].mu);
@@ -263,8 +266,8 @@ static td_status forward(pipeline *p, stage *s, int k, int64_t j) {
         TD_CHECK(weights_upto(s, j - s->slots + 1));
     t0 = td_clock_ns();
     tr = td__trace_begin();
-    st = td_model_part_forward(s->part, slot, &mb, p->evals ? 0 : p->off[j], in, p->train, p->step,
-                               p->grad_scale, &r);
+    st = td_model_part_forward(s->part, slot, &mb, p->evals ? 0 : p->first + p->off[j], in,
+                               p->train, p->step, p->grad_scale, &r);
     trace_micro(tr, TD__TRACE_COMPUTE, "forward", j);
     s->compute_s += (double)(td_clock_ns() - t0) * 1e-9;
     if (st != TD_OK)
@@ -327,13 +330,31 @@ int td__pp_tails_carry(const td_optimizer_config *opt) {
     return !(opt->clip_norm > 0);
 }
 
+/* Replicas (a mesh) take their updates within the step: a tail carried
+ * into the next step would have its cross-replica sum wait for the others
+ * outside their run (a checkpoint settles one replica alone). */
 static int carries_tail(const pipeline *p, int k) {
-    return p->train && p->prev[k] >= 0 && td__pp_tails_carry(&p->s->cfg.opt);
+    return p->train && p->prev[k] >= 0 && !p->st[k].across && td__pp_tails_carry(&p->s->cfg.opt);
+}
+
+/* On the group across the replicas: the stage's gradients summed. */
+static td_status sum_across(td_group *g, td_device *dev, int rank, int size, void *arg) {
+    stage *s = arg;
+    (void)dev, (void)rank, (void)size;
+    for (size_t i = 0; i < td_model_param_count(s->part); i++)
+        TD_CHECK(td_allreduce_tensor(g, td_model_grad(s->part, i), TD_REDUCE_SUM));
+    return TD_OK;
 }
 
 static td_status update(stage *s) {
     uint64_t t0 = td_clock_ns();
-    td_status st = td_optimizer_step(s->opt, NULL);
+    td_status st;
+    if (s->across) { /* the same stage of every replica: their gradients summed first */
+        TD_CHECK(td_group_join(s->across, sum_across, s));
+        s->comm_s += (double)(td_clock_ns() - t0) * 1e-9;
+        t0 = td_clock_ns();
+    }
+    st = td_optimizer_step(s->opt, NULL);
     s->update_s += (double)(td_clock_ns() - t0) * 1e-9;
     return st;
 }

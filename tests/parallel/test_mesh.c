@@ -1,6 +1,6 @@
-/* Device meshes: data:2,tensor:2 on four devices (two replicas, each split
- * in two) trains as one device does, equal devices and unequal ones, an MLP
- * and a GPT; its checkpoints move to and from other strategies and resume
+/* Device meshes: data:2,tensor:2 and data:2,pipeline:2 on four devices
+ * (two replicas, each split in two) train as one device does, equal devices
+ * and unequal ones, an MLP and a GPT; its checkpoints move to and from other strategies and resume
  * bit for bit; meshes that are not built, or that name another number of
  * devices than the group's, are refused by name; losing a device, the
  * other replica still holds its slices. */
@@ -35,6 +35,9 @@ static void an_mlp_trains_as_one_device(void **state) {
     td_strategy_check_equals_one_device("data:2,tensor:1", "cpu:0,cpu:1{slowdown=3}",
                                         "mesh_mlp_slowed");
     td_strategy_check_equals_one_device("data:3,tensor:1", "cpu*3", "mesh_mlp_3x1");
+    td_strategy_check_equals_one_device("data:2,pipeline:2", "cpu*4", "mesh_pp_mlp");
+    td_strategy_check_equals_one_device("data:2,pipeline:1", "cpu:0,cpu:1{slowdown=3}",
+                                        "mesh_pp_slowed");
 }
 
 static td_strategy_config config(const char *name, int64_t batch) {
@@ -78,6 +81,24 @@ static void a_gpt_trains_as_one_device(void **state) {
     diff = td_dp_checkpoint_diff(td_test_tmp("one.st"), td_test_tmp("mesh.st"));
     printf("data:2,tensor:2, GPT, AdamW clipped: weights differ by %.3g\n", diff);
     assert_true(diff <= 1e-12);
+    train_and_save("data:2,pipeline:2", "cpu*4", d, 3, td_test_tmp("mesh_pp.st"));
+    diff = td_dp_checkpoint_diff(td_test_tmp("one.st"), td_test_tmp("mesh_pp.st"));
+    printf("data:2,pipeline:2, GPT, AdamW clipped: weights differ by %.3g\n", diff);
+    assert_true(diff <= 1e-12);
+    /* a checkpoint of one mesh shape resumes under the other */
+    {
+        td_strategy_config c = config("data:2,pipeline:2", d->n);
+        td_group *g = NULL;
+        td_strategy *s = NULL;
+        TD_ASSERT_OK(td_group_create_spec("cpu*4", NULL, &g));
+        TD_ASSERT_OK(td_strategy_create(g, gpt_json, "mesh_gpt", &c, &s));
+        TD_ASSERT_OK(td_strategy_load(s, td_test_tmp("mesh.st"), NULL));
+        TD_ASSERT_OK(td_strategy_save(s, td_test_tmp("mesh_again.st"), NULL));
+        assert_true(td_dp_checkpoint_diff(td_test_tmp("mesh.st"), td_test_tmp("mesh_again.st")) ==
+                    0);
+        td_strategy_destroy(s);
+        td_group_destroy(g);
+    }
     td_test_data_destroy(d);
 }
 
@@ -126,13 +147,13 @@ static void checkpoints_move_to_and_from_the_mesh(void **state) {
 static void meshes_not_built_are_refused(void **state) {
     td_group *g = NULL;
     td_strategy *s = NULL;
-    td_strategy_config c = config("data:2,pipeline:2", 4);
+    td_strategy_config c = config("pipeline:2,tensor:2", 4);
     td_strategy_about a;
     (void)state;
     TD_ASSERT_OK(td_group_create_spec("cpu*4", NULL, &g));
     TD_ASSERT_STATUS(td_strategy_create(g, gpt_json, "mesh_gpt", &c, &s), TD_ERR_UNSUPPORTED);
-    td_test_assert_message_contains("mesh 'data:2,pipeline:2': of the compositions only "
-                                    "data:R,tensor:N runs yet");
+    td_test_assert_message_contains("mesh 'pipeline:2,tensor:2': of the compositions "
+                                    "data:R,tensor:N and data:R,pipeline:N run yet");
     c.name = "data:3,tensor:2";
     TD_ASSERT_STATUS(td_strategy_create(g, gpt_json, "mesh_gpt", &c, &s), TD_ERR_INVALID_ARG);
     td_test_assert_message_contains("the mesh data:3,tensor:2 names 6 devices; the group has 4");
