@@ -27,10 +27,13 @@ if(TD_HAVE_MPI AND MPIEXEC_EXECUTABLE)
       # lock-order report inside Open MPI under ThreadSanitizer.)
       ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0:abort_on_error=0;OMPI_MCA_btl=self,vader")
   endforeach()
-  # The all-reduce through MPI itself, as across machines.
-  add_test(NAME comm/mpi_np3_through_mpi
-    COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe -np 3
-            $<TARGET_FILE:comm_mpi_collectives>)
-  set_tests_properties(comm/mpi_np3_through_mpi PROPERTIES LABELS comm TIMEOUT 300
-    ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0:abort_on_error=0;OMPI_MCA_btl=self,vader;TANDEM_MPI_SHM=0")
+  # The all-reduce through MPI itself, as across machines. From 4 processes
+  # Open MPI's nonblocking all-reduce changes algorithm (mpi.c, mpi_pieces).
+  foreach(np 3 4)
+    add_test(NAME comm/mpi_np${np}_through_mpi
+      COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe -np ${np}
+              $<TARGET_FILE:comm_mpi_collectives>)
+    set_tests_properties(comm/mpi_np${np}_through_mpi PROPERTIES LABELS comm TIMEOUT 300
+      ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0:abort_on_error=0;OMPI_MCA_btl=self,vader;TANDEM_MPI_SHM=0")
+  endforeach()
 endif()

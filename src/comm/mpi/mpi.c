@@ -273,9 +273,17 @@ static td_status mpi_pieces(td__member *m, const td__op *o, const void *in, void
         else if (o->kind == TD_COLL_REDUCE)
             rc = MPI_Ireduce(owner == s->process ? MPI_IN_PLACE : p, p, n, type, mpi_op(o->op),
                              owner, s->comm, &req);
-        else
-            rc = MPI_Iallreduce(in == buf ? MPI_IN_PLACE : (const char *)in + done * es, p, n, type,
-                                mpi_op(o->op), s->comm, &req);
+        else {
+            /* Always in place: Open MPI 4.1's libnbc picks its algorithm
+             * per process, by whether that process passed MPI_IN_PLACE
+             * (binomial if so, Rabenseifner if not, from 4 processes and
+             * 64 KiB), so processes that differ there exchange mismatched
+             * messages (MPI_ERR_TRUNCATE). A process alone in its node
+             * reduces out of place, one with several devices in place. */
+            if (in != buf)
+                memcpy(p, (const char *)in + done * es, (size_t)n * es);
+            rc = MPI_Iallreduce(MPI_IN_PLACE, p, n, type, mpi_op(o->op), s->comm, &req);
+        }
         if (rc != MPI_SUCCESS)
             return mpi_collective_failed(m, o, rc);
         TD_TRY(mpi_wait(m, &req, o));
