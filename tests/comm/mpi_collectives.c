@@ -3,9 +3,12 @@
  * through MPI with TANDEM_MPI_SHM=0), with an uneven number of devices per process
  * (1 in even processes, 2 in odd ones), then a shrink that drops one member.
  * Prints what failed and exits non-zero; run by tests/comm/tests.cmake with
- * mpirun -np 2 and -np 3. */
+ * mpirun -np 2 and -np 3, and across network namespaces (scripts/nodes) with
+ * --across-nodes, where shared memory must not be used: the leaders' step
+ * goes over MPI's TCP transport, as between machines. */
 #include <mpi.h>
 #include <stdatomic.h>
+#include <unistd.h>
 
 #include "comm/comm-impl.h"
 #include "comm/common.h"
@@ -48,10 +51,11 @@ static td_status sweep_fn(td_group *g, td_device *dev, int rank, int n, void *ar
     return TD_OK;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     td_group_config cfg = TD_GROUP_CONFIG_INIT;
     td_group *g = NULL, *s = NULL;
     int process = 0, nprocs = 0, rc = 1, want;
+    const int across_nodes = argc > 1 && !strcmp(argv[1], "--across-nodes");
     char spec[16];
     td_status st;
     cfg.transport = TD_TRANSPORT_MPI;
@@ -95,9 +99,9 @@ int main(void) {
     }
     {
         /* One machine: the leaders all-reduce through shared memory, unless
-         * told not to; then through MPI. */
+         * told not to; then through MPI. Several nodes: through MPI. */
         const char *env = getenv("TANDEM_MPI_SHM");
-        int want_shm = !(env && !strcmp(env, "0"));
+        int want_shm = !(env && !strcmp(env, "0")) && !across_nodes;
         if (td__mpi_shared_memory(g) != want_shm) {
             fprintf(stderr, "process %d: shared memory %s, expected %s\n", process,
                     td__mpi_shared_memory(g) ? "used" : "not used", want_shm ? "used" : "not");
@@ -136,8 +140,14 @@ int main(void) {
             }
         }
     }
-    printf("process %d of %d: %d members, every collective matched the reference\n", process,
-           nprocs, want);
+    {
+        char host[256] = "";
+        gethostname(host, sizeof host - 1);
+        printf("process %d of %d on %s: %d members, all-reduce %s, every collective matched the "
+               "reference\n",
+               process, nprocs, host, want,
+               td__mpi_shared_memory(g) ? "through shared memory" : "through MPI");
+    }
     rc = 0;
 done:
     td_group_destroy(s);
