@@ -8,9 +8,9 @@
  * until every peer posted p. Inside a pipelined phase, members publish how
  * many units (chunk steps) they completed in `prog`, as (p << 32) | units,
  * which only grows, so a stale value from an earlier phase always reads as
- * "not yet". Flags sit on cache lines of their own; waits spin with pause,
- * then yield, then sleep (devices may outnumber cores), and give up at the
- * timeout or when the group fails. No mutex or condition variable is on this
+ * "not yet". Flags sit on cache lines of their own; waits (wait.c) spin with
+ * pause, then yield, then sleep (devices may outnumber cores), and give up at
+ * the timeout or when the group fails. No mutex or condition variable is on this
  * path.
  *
  * Algorithms:
@@ -32,80 +32,10 @@
  *           neighbour's output). Broadcast and reduce are pipelined chains.
  *           Each member returns once its right neighbour, the only reader of
  *           its memory, is done. */
-#include <sched.h>
-#include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "comm/comm-impl.h"
 #include "core/error.h"
-#include "core/log.h"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define cpu_relax() _mm_pause()
-#elif defined(__aarch64__)
-#define cpu_relax() __asm__ __volatile__("yield")
-#else
-#define cpu_relax() ((void)0)
-#endif
-
-/* Waiting ------------------------------------------------------------------- */
-
-td_status td__comm_wait(td__member *m, atomic_uint_least64_t *p, uint64_t want, int waiting_for,
-                        uint64_t seq) {
-    td_group *g = m->g;
-    uint64_t start = 0, limit;
-    unsigned rounds = 0;
-    if (atomic_load_explicit(p, memory_order_acquire) >= want)
-        return TD_OK;
-    limit = (uint64_t)td_group_timeout_ms(g) * 1000000u;
-    for (;;) {
-        for (int i = 0; i < 64; i++) {
-            if (atomic_load_explicit(p, memory_order_acquire) >= want)
-                return TD_OK;
-            cpu_relax();
-        }
-        if (atomic_load_explicit(&g->aborted, memory_order_acquire))
-            return td__group_lost(g);
-        rounds++;
-        if (rounds > (unsigned)g->spin_rounds) {
-            /* A peer that is this late is probably not running: let it have the core. */
-            if (rounds < 4096u + (unsigned)g->spin_rounds) {
-                sched_yield();
-            } else {
-                struct timespec ts = {0,
-                                      rounds < 8192u + (unsigned)g->spin_rounds ? 20000 : 200000};
-                nanosleep(&ts, NULL);
-            }
-        }
-        if ((rounds & 31) == 1) {
-            uint64_t now = td_clock_ns();
-            if (!start) {
-                start = now;
-            } else if (now - start > limit) {
-                char who[512];
-                int rank = -1;
-                if (waiting_for >= 0) {
-                    rank = g->members[waiting_for].rank;
-                    snprintf(who, sizeof who, "%s (rank %d)",
-                             td_device_name(g->members[waiting_for].dev), rank);
-                } else {
-                    td__record_missing(g, seq, who, sizeof who);
-                }
-                td__group_fail(g, rank,
-                               "collective #%llu: timed out after %d ms waiting for %s, which "
-                               "never arrived",
-                               (unsigned long long)seq, td_group_timeout_ms(g), who);
-                {
-                    char rec[4096];
-                    TD_LOG_ERROR("%s\n%s", td_last_error(), td_group_record(g, rec, sizeof rec));
-                }
-                return td__group_lost(g);
-            }
-        }
-    }
-}
 
 /* Phases -------------------------------------------------------------------- */
 
