@@ -84,12 +84,12 @@ static td_status phase_post(td__member *m, uint64_t ph) {
             return td__group_fail(
                 g, m->rank,
                 "collective #%llu: %s (rank %d) called %s of %zu %s (op %d, root %d) but %s "
-                "(rank %d) called %s of %zu %s (op %d, root %d): every member must make the same "
-                "calls in the same order",
+                "(rank %d) called #%llu, %s of %zu %s (op %d, root %d): every member must make "
+                "the same calls in the same order",
                 (unsigned long long)me->seq, td_device_name(m->dev), m->rank,
                 td_collective_name((td_collective_kind)me->kind), me->count,
                 td_dtype_name((td_dtype)me->dtype), me->op, me->root,
-                td_device_name(g->members[0].dev), g->members[0].rank,
+                td_device_name(g->members[0].dev), g->members[0].rank, (unsigned long long)p0->seq,
                 td_collective_name((td_collective_kind)p0->kind), p0->count,
                 td_dtype_name((td_dtype)p0->dtype), p0->op, p0->root);
     }
@@ -543,6 +543,15 @@ td_status td__local_run(td__member *m, const td__op *o) {
 
 /* Pieces for the hierarchical MPI transport --------------------------------- */
 
+/* The sequence number of the collective m runs now, which the pieces below
+ * are parts of. Not m->seq: that is the last one the member's host thread
+ * issued, and with asynchronous collectives it runs ahead of the one its
+ * engine runs (and the engine would read it while the host thread writes
+ * it), so local peers compared different numbers for one phase. */
+static uint64_t running_seq(td__member *m) {
+    return atomic_load_explicit(&m->busy_seq, memory_order_relaxed);
+}
+
 static td__op piece(td_collective_kind kind, const void *in, void *out, size_t count, td_dtype dt,
                     td_reduce_op op, int root, uint64_t seq) {
     return (td__op){.kind = kind,
@@ -557,7 +566,7 @@ static td__op piece(td_collective_kind kind, const void *in, void *out, size_t c
 
 td_status td__local_reduce(td__member *m, const void *in, void *out, size_t count, td_dtype dt,
                            td_reduce_op op, int root_local, int divide_by) {
-    td__op o = piece(TD_COLL_REDUCE, in, out, count, dt, op, root_local, m->seq);
+    td__op o = piece(TD_COLL_REDUCE, in, out, count, dt, op, root_local, running_seq(m));
     if (m->g->nlocal == 1) {
         if (out != in)
             memmove(out, in, count * td_dtype_size(dt));
@@ -572,7 +581,8 @@ td_status td__local_reduce(td__member *m, const void *in, void *out, size_t coun
 
 td_status td__local_bcast(td__member *m, const void *in, void *out, size_t count, td_dtype dt,
                           int root_local) {
-    td__op o = piece(TD_COLL_BROADCAST, in, out, count, dt, TD_REDUCE_SUM, root_local, m->seq);
+    td__op o =
+        piece(TD_COLL_BROADCAST, in, out, count, dt, TD_REDUCE_SUM, root_local, running_seq(m));
     if (m->g->nlocal == 1) {
         if (out && out != in)
             memmove(out, in, count * td_dtype_size(dt));
@@ -584,14 +594,14 @@ td_status td__local_bcast(td__member *m, const void *in, void *out, size_t count
 }
 
 td_status td__local_barrier(td__member *m) {
-    uint64_t ph = phase_open(m, NULL, NULL, 0, -1, TD_F32, 0, 0, m->seq);
+    uint64_t ph = phase_open(m, NULL, NULL, 0, -1, TD_F32, 0, 0, running_seq(m));
     return phase_post(m, ph);
 }
 
 td_status td__local_scatter(td__member *m, const void *in, void *out, size_t count, td_dtype dt,
                             int root_local, size_t stride) {
     const size_t es = td_dtype_size(dt);
-    uint64_t ph = phase_open(m, in, out, count, -2, dt, 0, root_local, m->seq);
+    uint64_t ph = phase_open(m, in, out, count, -2, dt, 0, root_local, running_seq(m));
     td_status st;
     if ((st = phase_post(m, ph)) != TD_OK)
         return st;
@@ -608,7 +618,7 @@ td_status td__local_scatter(td__member *m, const void *in, void *out, size_t cou
 td_status td__local_gather(td__member *m, const void *in, void *out, size_t count, td_dtype dt,
                            int root_local) {
     const size_t es = td_dtype_size(dt);
-    uint64_t ph = phase_open(m, in, out, count, -3, dt, 0, root_local, m->seq);
+    uint64_t ph = phase_open(m, in, out, count, -3, dt, 0, root_local, running_seq(m));
     td_status st;
     if ((st = phase_post(m, ph)) != TD_OK)
         return st;
