@@ -45,4 +45,13 @@ if(TD_HAVE_MPI AND MPIEXEC_EXECUTABLE)
             $<TARGET_FILE:comm_mpi_collectives> --across-nodes)
   set_tests_properties(comm/mpi_nodes2 PROPERTIES LABELS comm TIMEOUT 300 SKIP_RETURN_CODE 77
     ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0:abort_on_error=0")
+  # Node 1 stalled (SIGSTOP) 4 s in: process 0 times out in MPI and names it.
+  # Open MPI's mpirun then waits for node 1's daemon until scripts/nodes'
+  # timeout ends everything, so the verdict is the output, not the status.
+  add_test(NAME comm/mpi_nodes2_stall
+    COMMAND ${CMAKE_SOURCE_DIR}/scripts/nodes --nodes 2 --timeout 15 --fault stop:1@4
+            $<TARGET_FILE:comm_mpi_faults> --stall)
+  set_tests_properties(comm/mpi_nodes2_stall PROPERTIES LABELS comm TIMEOUT 60
+    PASS_REGULAR_EXPRESSION "named the stalled node" SKIP_REGULAR_EXPRESSION "skipped: "
+    ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0:abort_on_error=0")
 endif()
