@@ -373,8 +373,8 @@ static td_status mpi_pieces(td__member *m, const td__op *o, const void *in, void
              * per process, by whether that process passed MPI_IN_PLACE
              * (binomial if so, Rabenseifner if not, from 4 processes and
              * 64 KiB), so processes that differ there exchange mismatched
-             * messages (MPI_ERR_TRUNCATE). A process alone in its node
-             * reduces out of place, one with several devices in place. */
+             * messages (MPI_ERR_TRUNCATE). A process with one device
+             * reduces out of place, one with several in place. */
             if (in != buf)
                 memcpy(p, (const char *)in + done * es, (size_t)n * es);
             rc = MPI_Iallreduce(MPI_IN_PLACE, p, n, type, mpi_op(o->op), s->comm, &req);
