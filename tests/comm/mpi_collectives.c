@@ -1,11 +1,15 @@
 /* The MPI transport under mpirun: every collective against the serial f64
  * reference across processes (the all-reduce through shared memory, or
  * through MPI with TANDEM_MPI_SHM=0), with an uneven number of devices per process
- * (1 in even processes, 2 in odd ones), then a shrink that drops one member.
+ * (1 in even processes, 2 in odd ones), then all-reduces started together
+ * and waited for, then a shrink that drops one member.
  * Prints what failed and exits non-zero; run by tests/comm/tests.cmake with
- * mpirun -np 2 and -np 3. */
+ * mpirun -np 2 and -np 3, and across network namespaces (scripts/nodes) with
+ * --across-nodes, where shared memory must not be used: the leaders' step
+ * goes over MPI's TCP transport, as between machines. */
 #include <mpi.h>
 #include <stdatomic.h>
+#include <unistd.h>
 
 #include "comm/comm-impl.h"
 #include "comm/common.h"
@@ -48,10 +52,67 @@ static td_status sweep_fn(td_group *g, td_device *dev, int rank, int n, void *ar
     return TD_OK;
 }
 
-int main(void) {
+/* Several all-reduces started, then waited for: a member's engine runs them
+ * while its host thread starts the next, as the data strategy's buckets do. f64 sums of exact
+ * integers: every element is checked exactly. */
+#define ASYNC_N 8
+static td_status async_fn(td_group *g, td_device *dev, int rank, int n, void *arg) {
+    td_buffer *b[ASYNC_N] = {0};
+    td_comm_request *req[ASYNC_N] = {0};
+    double *host = NULL;
+    size_t counts[ASYNC_N];
+    td_status st = TD_OK;
+    (void)arg;
+    for (int k = 0; k < ASYNC_N; k++)
+        counts[k] = k % 2 ? 1000 + (size_t)k : 70001;
+    if (!(host = malloc(sizeof *host * 70001)))
+        return TD_ERR_OUT_OF_MEMORY;
+    for (int k = 0; k < ASYNC_N && st == TD_OK; k++) {
+        for (size_t i = 0; i < counts[k]; i++)
+            host[i] = (double)(rank * 3 + k) + (double)(i % 97);
+        if ((st = td_buffer_alloc(dev, counts[k] * sizeof *host, &b[k])) == TD_OK)
+            st = td_buffer_write(b[k], 0, host, counts[k] * sizeof *host);
+    }
+    for (int k = 0; k < ASYNC_N && st == TD_OK; k++) {
+        td_collective c = {TD_COLL_ALLREDUCE, b[k], 0, b[k], 0, counts[k], TD_F64,
+                           TD_REDUCE_SUM,     0};
+        st = td_collective_start(g, &c, &req[k]);
+        /* Odd ranks start theirs slowly, even ranks all at once: peers in a
+         * process have started different numbers when their engines meet. */
+        if (rank % 2)
+            usleep(20000);
+    }
+    for (int k = 0; k < ASYNC_N; k++) {
+        td_status w = req[k] ? td_comm_wait(req[k]) : TD_OK;
+        st = st == TD_OK ? w : st;
+        td_comm_request_destroy(req[k]);
+    }
+    for (int k = 0; k < ASYNC_N && st == TD_OK; k++) {
+        char err[256];
+        if ((st = td_buffer_read(b[k], 0, host, counts[k] * sizeof *host)) != TD_OK)
+            break;
+        for (size_t i = 0; i < counts[k]; i++) {
+            /* sum over r of (3 r + k + i % 97) */
+            double want = 3.0 * n * (n - 1) / 2 + (double)n * ((double)k + (double)(i % 97));
+            if (host[i] != want) {
+                snprintf(err, sizeof err, "async all-reduce %d, element %zu: %g, expected %g", k, i,
+                         host[i], want);
+                fail_once(err);
+                break;
+            }
+        }
+    }
+    for (int k = 0; k < ASYNC_N; k++)
+        td_buffer_free(b[k]);
+    free(host);
+    return st;
+}
+
+int main(int argc, char **argv) {
     td_group_config cfg = TD_GROUP_CONFIG_INIT;
     td_group *g = NULL, *s = NULL;
     int process = 0, nprocs = 0, rc = 1, want;
+    const int across_nodes = argc > 1 && !strcmp(argv[1], "--across-nodes");
     char spec[16];
     td_status st;
     cfg.transport = TD_TRANSPORT_MPI;
@@ -95,9 +156,9 @@ int main(void) {
     }
     {
         /* One machine: the leaders all-reduce through shared memory, unless
-         * told not to; then through MPI. */
+         * told not to; then through MPI. Several nodes: through MPI. */
         const char *env = getenv("TANDEM_MPI_SHM");
-        int want_shm = !(env && !strcmp(env, "0"));
+        int want_shm = !(env && !strcmp(env, "0")) && !across_nodes;
         if (td__mpi_shared_memory(g) != want_shm) {
             fprintf(stderr, "process %d: shared memory %s, expected %s\n", process,
                     td__mpi_shared_memory(g) ? "used" : "not used", want_shm ? "used" : "not");
@@ -107,6 +168,11 @@ int main(void) {
     if ((st = td_group_run(g, sweep_fn, NULL)) != TD_OK) {
         fprintf(stderr, "process %d: td_group_run: %s: %s\n", process, td_status_name(st),
                 td_last_error());
+        goto done;
+    }
+    if ((st = td_group_run(g, async_fn, NULL)) != TD_OK) {
+        fprintf(stderr, "process %d: asynchronous all-reduces: %s: %s\n", process,
+                td_status_name(st), td_last_error());
         goto done;
     }
     if (atomic_load(&failures)) {
@@ -136,8 +202,14 @@ int main(void) {
             }
         }
     }
-    printf("process %d of %d: %d members, every collective matched the reference\n", process,
-           nprocs, want);
+    {
+        char host[256] = "";
+        gethostname(host, sizeof host - 1);
+        printf("process %d of %d on %s: %d members, all-reduce %s, every collective matched the "
+               "reference\n",
+               process, nprocs, host, want,
+               td__mpi_shared_memory(g) ? "through shared memory" : "through MPI");
+    }
     rc = 0;
 done:
     td_group_destroy(s);

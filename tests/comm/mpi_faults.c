@@ -2,8 +2,10 @@
  * third all-reduce; every process's run must end with TD_ERR_DEVICE_LOST
  * within the timeout (through shared memory process 0 is told at once;
  * through MPI it finds out by timing out), and the survivors shrink to a
- * group that works. Run with -np 2 by tests.cmake. */
+ * group that works. Run with -np 2 by tests.cmake; with --stall, across
+ * two nodes one of which scripts/nodes stalls (stalled_node_is_named). */
 #include <mpi.h>
+#include <unistd.h>
 
 #include "comm/comm-impl.h"
 #include "comm/common.h"
@@ -20,12 +22,41 @@ static td_status fn(td_group *g, td_device *dev, int rank, int n, void *arg) {
     return st;
 }
 
-int main(void) {
+/* Across nodes (scripts/nodes --fault stop:1@S): all-reduces until the
+ * group fails; process 1's node is stalled meanwhile, so process 0 times
+ * out in MPI and must name it. Prints "named the stalled node" on success
+ * and then leaves at once (MPI_Finalize would wait for the stalled node). */
+static int stalled_node_is_named(void) {
+    td_group_config cfg = TD_GROUP_CONFIG_INIT;
+    td_group *g = NULL;
+    int process = 0;
+    td_status st;
+    cfg.transport = TD_TRANSPORT_MPI;
+    cfg.timeout_ms = 3000;
+    cfg.fault = "";
+    if ((st = td_group_create_spec("cpu", &cfg, &g)) != TD_OK) {
+        fprintf(stderr, "td_group_create_spec: %s: %s\n", td_status_name(st), td_last_error());
+        return 1;
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &process);
+    while ((st = td_group_run(g, fn, NULL)) == TD_OK)
+        ;
+    printf("process %d: %s: %s\n", process, td_status_name(st), td_last_error());
+    if (process == 0 && st == TD_ERR_DEVICE_LOST &&
+        strstr(td_last_error(), "MPI process 1 (on node1) never arrived"))
+        printf("process 0: named the stalled node\n");
+    fflush(stdout);
+    _exit(0);
+}
+
+int main(int argc, char **argv) {
     td_group_config cfg = TD_GROUP_CONFIG_INIT;
     td_group *g = NULL, *s = NULL;
     int process = 0;
     td_status st;
     uint64_t t0;
+    if (argc > 1 && !strcmp(argv[1], "--stall"))
+        return stalled_node_is_named();
     cfg.transport = TD_TRANSPORT_MPI;
     cfg.timeout_ms = 2000;
     cfg.fault = "p1/cpu@allreduce:3:error";

@@ -8,9 +8,9 @@
  * until every peer posted p. Inside a pipelined phase, members publish how
  * many units (chunk steps) they completed in `prog`, as (p << 32) | units,
  * which only grows, so a stale value from an earlier phase always reads as
- * "not yet". Flags sit on cache lines of their own; waits spin with pause,
- * then yield, then sleep (devices may outnumber cores), and give up at the
- * timeout or when the group fails. No mutex or condition variable is on this
+ * "not yet". Flags sit on cache lines of their own; waits (wait.c) spin with
+ * pause, then yield, then sleep (devices may outnumber cores), and give up at
+ * the timeout or when the group fails. No mutex or condition variable is on this
  * path.
  *
  * Algorithms:
@@ -32,80 +32,10 @@
  *           neighbour's output). Broadcast and reduce are pipelined chains.
  *           Each member returns once its right neighbour, the only reader of
  *           its memory, is done. */
-#include <sched.h>
-#include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "comm/comm-impl.h"
 #include "core/error.h"
-#include "core/log.h"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define cpu_relax() _mm_pause()
-#elif defined(__aarch64__)
-#define cpu_relax() __asm__ __volatile__("yield")
-#else
-#define cpu_relax() ((void)0)
-#endif
-
-/* Waiting ------------------------------------------------------------------- */
-
-td_status td__comm_wait(td__member *m, atomic_uint_least64_t *p, uint64_t want, int waiting_for,
-                        uint64_t seq) {
-    td_group *g = m->g;
-    uint64_t start = 0, limit;
-    unsigned rounds = 0;
-    if (atomic_load_explicit(p, memory_order_acquire) >= want)
-        return TD_OK;
-    limit = (uint64_t)td_group_timeout_ms(g) * 1000000u;
-    for (;;) {
-        for (int i = 0; i < 64; i++) {
-            if (atomic_load_explicit(p, memory_order_acquire) >= want)
-                return TD_OK;
-            cpu_relax();
-        }
-        if (atomic_load_explicit(&g->aborted, memory_order_acquire))
-            return td__group_lost(g);
-        rounds++;
-        if (rounds > (unsigned)g->spin_rounds) {
-            /* A peer that is this late is probably not running: let it have the core. */
-            if (rounds < 4096u + (unsigned)g->spin_rounds) {
-                sched_yield();
-            } else {
-                struct timespec ts = {0,
-                                      rounds < 8192u + (unsigned)g->spin_rounds ? 20000 : 200000};
-                nanosleep(&ts, NULL);
-            }
-        }
-        if ((rounds & 31) == 1) {
-            uint64_t now = td_clock_ns();
-            if (!start) {
-                start = now;
-            } else if (now - start > limit) {
-                char who[512];
-                int rank = -1;
-                if (waiting_for >= 0) {
-                    rank = g->members[waiting_for].rank;
-                    snprintf(who, sizeof who, "%s (rank %d)",
-                             td_device_name(g->members[waiting_for].dev), rank);
-                } else {
-                    td__record_missing(g, seq, who, sizeof who);
-                }
-                td__group_fail(g, rank,
-                               "collective #%llu: timed out after %d ms waiting for %s, which "
-                               "never arrived",
-                               (unsigned long long)seq, td_group_timeout_ms(g), who);
-                {
-                    char rec[4096];
-                    TD_LOG_ERROR("%s\n%s", td_last_error(), td_group_record(g, rec, sizeof rec));
-                }
-                return td__group_lost(g);
-            }
-        }
-    }
-}
 
 /* Phases -------------------------------------------------------------------- */
 
@@ -154,12 +84,12 @@ static td_status phase_post(td__member *m, uint64_t ph) {
             return td__group_fail(
                 g, m->rank,
                 "collective #%llu: %s (rank %d) called %s of %zu %s (op %d, root %d) but %s "
-                "(rank %d) called %s of %zu %s (op %d, root %d): every member must make the same "
-                "calls in the same order",
+                "(rank %d) called #%llu, %s of %zu %s (op %d, root %d): every member must make "
+                "the same calls in the same order",
                 (unsigned long long)me->seq, td_device_name(m->dev), m->rank,
                 td_collective_name((td_collective_kind)me->kind), me->count,
                 td_dtype_name((td_dtype)me->dtype), me->op, me->root,
-                td_device_name(g->members[0].dev), g->members[0].rank,
+                td_device_name(g->members[0].dev), g->members[0].rank, (unsigned long long)p0->seq,
                 td_collective_name((td_collective_kind)p0->kind), p0->count,
                 td_dtype_name((td_dtype)p0->dtype), p0->op, p0->root);
     }
@@ -613,6 +543,15 @@ td_status td__local_run(td__member *m, const td__op *o) {
 
 /* Pieces for the hierarchical MPI transport --------------------------------- */
 
+/* The sequence number of the collective m runs now, which the pieces below
+ * are parts of. Not m->seq: that is the last one the member's host thread
+ * issued, and with asynchronous collectives it runs ahead of the one its
+ * engine runs (and the engine would read it while the host thread writes
+ * it), so local peers compared different numbers for one phase. */
+static uint64_t running_seq(td__member *m) {
+    return atomic_load_explicit(&m->busy_seq, memory_order_relaxed);
+}
+
 static td__op piece(td_collective_kind kind, const void *in, void *out, size_t count, td_dtype dt,
                     td_reduce_op op, int root, uint64_t seq) {
     return (td__op){.kind = kind,
@@ -627,7 +566,7 @@ static td__op piece(td_collective_kind kind, const void *in, void *out, size_t c
 
 td_status td__local_reduce(td__member *m, const void *in, void *out, size_t count, td_dtype dt,
                            td_reduce_op op, int root_local, int divide_by) {
-    td__op o = piece(TD_COLL_REDUCE, in, out, count, dt, op, root_local, m->seq);
+    td__op o = piece(TD_COLL_REDUCE, in, out, count, dt, op, root_local, running_seq(m));
     if (m->g->nlocal == 1) {
         if (out != in)
             memmove(out, in, count * td_dtype_size(dt));
@@ -642,7 +581,8 @@ td_status td__local_reduce(td__member *m, const void *in, void *out, size_t coun
 
 td_status td__local_bcast(td__member *m, const void *in, void *out, size_t count, td_dtype dt,
                           int root_local) {
-    td__op o = piece(TD_COLL_BROADCAST, in, out, count, dt, TD_REDUCE_SUM, root_local, m->seq);
+    td__op o =
+        piece(TD_COLL_BROADCAST, in, out, count, dt, TD_REDUCE_SUM, root_local, running_seq(m));
     if (m->g->nlocal == 1) {
         if (out && out != in)
             memmove(out, in, count * td_dtype_size(dt));
@@ -654,14 +594,14 @@ td_status td__local_bcast(td__member *m, const void *in, void *out, size_t count
 }
 
 td_status td__local_barrier(td__member *m) {
-    uint64_t ph = phase_open(m, NULL, NULL, 0, -1, TD_F32, 0, 0, m->seq);
+    uint64_t ph = phase_open(m, NULL, NULL, 0, -1, TD_F32, 0, 0, running_seq(m));
     return phase_post(m, ph);
 }
 
 td_status td__local_scatter(td__member *m, const void *in, void *out, size_t count, td_dtype dt,
                             int root_local, size_t stride) {
     const size_t es = td_dtype_size(dt);
-    uint64_t ph = phase_open(m, in, out, count, -2, dt, 0, root_local, m->seq);
+    uint64_t ph = phase_open(m, in, out, count, -2, dt, 0, root_local, running_seq(m));
     td_status st;
     if ((st = phase_post(m, ph)) != TD_OK)
         return st;
@@ -678,7 +618,7 @@ td_status td__local_scatter(td__member *m, const void *in, void *out, size_t cou
 td_status td__local_gather(td__member *m, const void *in, void *out, size_t count, td_dtype dt,
                            int root_local) {
     const size_t es = td_dtype_size(dt);
-    uint64_t ph = phase_open(m, in, out, count, -3, dt, 0, root_local, m->seq);
+    uint64_t ph = phase_open(m, in, out, count, -3, dt, 0, root_local, running_seq(m));
     td_status st;
     if ((st = phase_post(m, ph)) != TD_OK)
         return st;

@@ -20,6 +20,7 @@
 #include <limits.h>
 #include <mpi.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -39,7 +40,10 @@ typedef struct mpi_state {
     int *offsets; /* global rank of each process's first member */
     int counted;  /* counted in live_groups */
     td__shm *shm; /* all-reduces through shared memory: NULL across machines */
+    char *hosts;  /* (nprocs, HOST_NAME) each process's host name, for messages */
 } mpi_state;
+
+#define HOST_NAME 64
 
 static int tandem_owns_mpi;
 static atomic_int live_groups;
@@ -143,7 +147,8 @@ static td_status group_init(td_group *g) {
     MPI_Comm_size(s->comm, &s->nprocs);
     s->counts = td__calloc(sizeof *s->counts * (size_t)s->nprocs, "MPI counts");
     s->offsets = td__calloc(sizeof *s->offsets * (size_t)s->nprocs, "MPI offsets");
-    if (!s->counts || !s->offsets) {
+    s->hosts = td__calloc((size_t)s->nprocs * HOST_NAME, "MPI host names");
+    if (!s->counts || !s->offsets || !s->hosts) {
         st = TD_ERR_OUT_OF_MEMORY;
         goto fail;
     }
@@ -154,6 +159,13 @@ static td_status group_init(td_group *g) {
         g->size += s->counts[p];
     }
     g->rank0 = s->offsets[s->process];
+    {
+        char mine[HOST_NAME] = "", name[MPI_MAX_PROCESSOR_NAME] = "";
+        int len = 0;
+        MPI_Get_processor_name(name, &len);
+        snprintf(mine, sizeof mine, "%s", name);
+        MPI_TRY(MPI_Allgather(mine, HOST_NAME, MPI_CHAR, s->hosts, HOST_NAME, MPI_CHAR, s->comm));
+    }
     TD_TRY(td__shm_open(s->comm, s->process, s->nprocs, &s->shm));
     atomic_fetch_add(&live_groups, 1);
     s->counted = 1;
@@ -175,6 +187,7 @@ static void group_deinit(td_group *g) {
     if (s->counted)
         atomic_fetch_sub(&live_groups, 1);
     td__shm_close(s->shm);
+    free(s->hosts);
     free(s->counts);
     free(s->offsets);
     free(s);
@@ -190,35 +203,114 @@ static td_status agree_failed(td_group *g, unsigned char *failed) {
     return rc == MPI_SUCCESS ? TD_OK : mpi_error(rc, "MPI_Allreduce (agreeing on failed members)");
 }
 
+/* Naming the process a collective waits for. A nonblocking collective does
+ * not say who is missing, so a leader that has waited half the timeout tells
+ * every other process "I am here, in collective #seq" (a word on the control
+ * communicator, tagged by seq) and listens for theirs. The processes still
+ * running wait in the same collective and say so too; one that died,
+ * stalled or lost its link does not. At the timeout, whoever has not spoken
+ * is named. Left-over requests are cancelled (receives) or freed (sends):
+ * the word sent lives in static storage. */
+#define PROBE_TAG  0x4000 /* + seq % PROBE_TAGS: an earlier collective's word does not match */
+#define PROBE_TAGS 4096
+
+typedef struct probe {
+    MPI_Request *rq; /* (nprocs, 2): send to p, receive from p */
+    int *heard;      /* (nprocs) */
+} probe;
+
+static void probe_start(const mpi_state *s, probe *pr, uint64_t seq) {
+    static const int here = 1;
+    const int tag = PROBE_TAG + (int)(seq % PROBE_TAGS);
+    pr->rq = calloc((size_t)s->nprocs * 2, sizeof *pr->rq);
+    pr->heard = calloc((size_t)s->nprocs, sizeof *pr->heard);
+    if (!pr->rq || !pr->heard)
+        return;
+    for (int p = 0; p < s->nprocs; p++) {
+        pr->rq[2 * p] = pr->rq[2 * p + 1] = MPI_REQUEST_NULL;
+        if (p == s->process)
+            continue;
+        MPI_Isend(&here, 1, MPI_INT, p, tag, s->ctl, &pr->rq[2 * p]);
+        MPI_Irecv(&pr->heard[p], 1, MPI_INT, p, tag, s->ctl, &pr->rq[2 * p + 1]);
+    }
+}
+
+/* Writes "MPI process P (on HOST), ..." for those not heard from into who
+ * ("" when all were: one is late, not gone). */
+static void probe_absent(const mpi_state *s, probe *pr, char *who, size_t n) {
+    size_t used = 0;
+    who[0] = '\0';
+    if (!pr->rq || !pr->heard)
+        return;
+    for (int p = 0; p < s->nprocs; p++) {
+        int done = 0;
+        if (pr->rq[2 * p + 1] != MPI_REQUEST_NULL)
+            MPI_Test(&pr->rq[2 * p + 1], &done, MPI_STATUS_IGNORE);
+        if (p == s->process || pr->heard[p] || used >= n)
+            continue;
+        used += (size_t)snprintf(who + used, n - used, "%sMPI process %d (on %s)", used ? ", " : "",
+                                 p, s->hosts + (size_t)p * HOST_NAME);
+    }
+}
+
+static void probe_end(const mpi_state *s, probe *pr) {
+    for (int p = 0; pr->rq && p < 2 * s->nprocs; p++) {
+        if (pr->rq[p] == MPI_REQUEST_NULL)
+            continue;
+        if (p % 2) { /* a cancelled receive completes at once: heard is freed below */
+            MPI_Cancel(&pr->rq[p]);
+            MPI_Wait(&pr->rq[p], MPI_STATUS_IGNORE);
+        } else {
+            MPI_Request_free(&pr->rq[p]);
+        }
+    }
+    free(pr->rq);
+    free(pr->heard);
+}
+
 /* Polls an MPI request until it completes, the group fails, or the timeout. */
 static td_status mpi_wait(td__member *m, MPI_Request *req, const td__op *o) {
     td_group *g = m->g;
+    const mpi_state *s = g->mpi;
     uint64_t start = td_clock_ns(), limit = (uint64_t)g->timeout_ms * 1000000u;
+    probe pr = {NULL, NULL};
+    int probing = 0;
+    td_status st = TD_OK;
     for (;;) {
         int done = 0;
         int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
-        if (rc != MPI_SUCCESS)
-            return td__group_fail(g, -1, "collective #%llu: %s", (unsigned long long)o->seq,
-                                  (mpi_error(rc, "MPI_Test"), td_last_error()));
+        uint64_t waited = td_clock_ns() - start;
+        if (rc != MPI_SUCCESS) {
+            st = td__group_fail(g, -1, "collective #%llu: %s", (unsigned long long)o->seq,
+                                (mpi_error(rc, "MPI_Test"), td_last_error()));
+            break;
+        }
         if (done)
-            return TD_OK;
-        if (atomic_load_explicit(&g->aborted, memory_order_acquire))
-            return td__group_lost(g);
-        if (td_clock_ns() - start > limit) {
-            td__group_fail(g, -1,
-                           "collective #%llu (%s): timed out after %d ms in MPI: another process "
-                           "never arrived",
-                           (unsigned long long)o->seq, td_collective_name(o->kind), g->timeout_ms);
-            {
-                char rec[4096];
-                TD_LOG_ERROR("%s\n%s", td_last_error(), td_group_record(g, rec, sizeof rec));
-            }
-            return td__group_lost(g);
+            break;
+        if (atomic_load_explicit(&g->aborted, memory_order_acquire)) {
+            st = td__group_lost(g);
+            break;
+        }
+        if (!probing && waited > limit / 2) {
+            probe_start(s, &pr, o->seq);
+            probing = 1;
+        }
+        if (waited > limit) {
+            char who[512], rec[4096];
+            probe_absent(s, &pr, who, sizeof who);
+            td__group_fail(g, -1, "collective #%llu (%s): timed out after %d ms in MPI: %s%s",
+                           (unsigned long long)o->seq, td_collective_name(o->kind), g->timeout_ms,
+                           who[0] ? who : "another process never arrived",
+                           who[0] ? " never arrived, nor said it waits (died, stalled or cut off)"
+                                  : " (every process said it waits: one is late)");
+            TD_LOG_ERROR("%s\n%s", td_last_error(), td_group_record(g, rec, sizeof rec));
+            st = td__group_lost(g);
+            break;
         }
         /* MPI progresses only inside MPI_Test: poll without pause for 2 ms,
          * then yield (processes may outnumber cores), then sleep a little. */
-        if (td_clock_ns() - start > 2000000u) {
-            if (td_clock_ns() - start < 100000000u) {
+        if (waited > 2000000u) {
+            if (waited < 100000000u) {
                 sched_yield();
             } else {
                 struct timespec ts = {0, 50000};
@@ -226,6 +318,9 @@ static td_status mpi_wait(td__member *m, MPI_Request *req, const td__op *o) {
             }
         }
     }
+    if (probing)
+        probe_end(s, &pr);
+    return st;
 }
 
 static MPI_Datatype mpi_type(td_dtype dt) {
@@ -273,9 +368,17 @@ static td_status mpi_pieces(td__member *m, const td__op *o, const void *in, void
         else if (o->kind == TD_COLL_REDUCE)
             rc = MPI_Ireduce(owner == s->process ? MPI_IN_PLACE : p, p, n, type, mpi_op(o->op),
                              owner, s->comm, &req);
-        else
-            rc = MPI_Iallreduce(in == buf ? MPI_IN_PLACE : (const char *)in + done * es, p, n, type,
-                                mpi_op(o->op), s->comm, &req);
+        else {
+            /* Always in place: Open MPI 4.1's libnbc picks its algorithm
+             * per process, by whether that process passed MPI_IN_PLACE
+             * (binomial if so, Rabenseifner if not, from 4 processes and
+             * 64 KiB), so processes that differ there exchange mismatched
+             * messages (MPI_ERR_TRUNCATE). A process with one device
+             * reduces out of place, one with several in place. */
+            if (in != buf)
+                memcpy(p, (const char *)in + done * es, (size_t)n * es);
+            rc = MPI_Iallreduce(MPI_IN_PLACE, p, n, type, mpi_op(o->op), s->comm, &req);
+        }
         if (rc != MPI_SUCCESS)
             return mpi_collective_failed(m, o, rc);
         TD_TRY(mpi_wait(m, &req, o));

@@ -5,7 +5,9 @@
  * matching and progress where a flag on a shared cache line costs one
  * transfer of that line, and its nonblocking form (what a timeout needs)
  * costs twice the blocking one at every size. So when every process of a
- * group runs on one machine, the leaders all-reduce through one segment:
+ * group runs on one machine (in MPI's view, and under one host name and one
+ * network namespace: namespaces stand for machines, as in scripts/nodes),
+ * the leaders all-reduce through one segment:
  *
  *   flags[P]            one tick per process, each on its own cache line
  *   slots[2][P][CHUNK]  each process's input, double buffered by tick parity
@@ -127,14 +129,42 @@ static int map_segment(td__shm *s, MPI_Comm comm) {
     return all_ok;
 }
 
+/* Where this process runs, as far as a network can tell: a hash of its host
+ * name and its network namespace. Nodes made of namespaces on one kernel
+ * (containers, scripts/nodes) share the kernel's memory, and often
+ * /dev/shm, but stand for machines: their traffic must go over their
+ * network. (FNV-1a: a collision would take two names of 64 equal bits.) */
+static uint64_t node_key(void) {
+    char key[320] = "", net[64] = "";
+    uint64_t h = 14695981039346656037ull;
+    ssize_t n = readlink("/proc/self/ns/net", net, sizeof net - 1);
+    net[n > 0 ? n : 0] = '\0';
+    gethostname(key, 256);
+    key[256] = '\0';
+    strcat(key, " ");
+    strcat(key, net);
+    for (const char *c = key; *c; c++)
+        h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    return h;
+}
+
+/* Every process on one machine: in MPI's view (its shared-memory
+ * communicator), and under one host name and one network namespace. A
+ * collective; the same answer in every process. */
 static int on_one_machine(MPI_Comm comm, int nprocs) {
     MPI_Comm node;
     int here = 0;
+    uint64_t key = node_key(), mine[2] = {key, ~key}, most[2] = {0, 0};
     if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS)
         return 0;
     MPI_Comm_size(node, &here);
     MPI_Comm_free(&node);
-    return here == nprocs; /* the same answer in every process */
+    if (here != nprocs)
+        return 0;
+    /* the largest key and the complement of the smallest: equal when all are */
+    if (MPI_Allreduce(mine, most, 2, MPI_UINT64_T, MPI_MAX, comm) != MPI_SUCCESS)
+        return 0;
+    return most[0] == ~most[1];
 }
 
 /* Each process's rank in MPI_COMM_WORLD: a local call, no communication. */

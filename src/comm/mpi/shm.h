@@ -13,7 +13,8 @@ typedef struct td__shm td__shm;
 /* Collective over comm (every process of the group, from the thread that
  * creates groups). *out is NULL, and the status TD_OK, where the processes
  * do not share one machine, TANDEM_MPI_SHM=0, or the segment could not be
- * made: the transport then goes through MPI. */
+ * made: the transport then goes through MPI. Processes under different host
+ * names or in different network namespaces count as different machines. */
 td_status td__shm_open(MPI_Comm comm, int process, int nprocs, td__shm **out);
 void td__shm_close(td__shm *s);
 
