@@ -97,23 +97,38 @@ td_status td__mesh_resolve(const char *name, const char **strategy, char *option
 
 /* Shared by the meshes' strategies ---------------------------------------------------- */
 
-td_status td__mesh_groups(td_group *g, int replicas, int n, td_group **rgroup, td_group **across) {
-    int out[TD_DP_MAX_MEMBERS], size = replicas * n, m;
+td_status td__mesh_open(td_group *g, int replicas, const char *what, td__mesh *m) {
+    int out[TD_DP_MAX_MEMBERS], size = td_group_size(g), k;
+    memset(m, 0, sizeof *m);
+    if (replicas < 1 || size % replicas != 0 || replicas > TD_DP_MAX_MEMBERS)
+        return td__error_setting(TD_ERR_INVALID_ARG, "strategy",
+                                 "%s: %d replicas do not divide the group's %d devices", what,
+                                 replicas, size);
+    m->replicas = replicas;
+    m->n = size / replicas;
     for (int r = 0; r < replicas; r++) {
-        m = 0;
+        k = 0;
         for (int rank = 0; rank < size; rank++)
-            if (rank / n != r)
-                out[m++] = rank;
-        TD_CHECK(td_group_shrink(g, out, (size_t)m, &rgroup[r]));
+            if (rank / m->n != r)
+                out[k++] = rank;
+        TD_CHECK(td_group_shrink(g, out, (size_t)k, &m->rgroup[r]));
     }
-    for (int k = 0; k < n; k++) {
-        m = 0;
+    for (int j = 0; j < m->n; j++) {
+        k = 0;
         for (int rank = 0; rank < size; rank++)
-            if (rank % n != k)
-                out[m++] = rank;
-        TD_CHECK(td_group_shrink(g, out, (size_t)m, &across[k]));
+            if (rank % m->n != j)
+                out[k++] = rank;
+        TD_CHECK(td_group_shrink(g, out, (size_t)k, &m->across[j]));
     }
     return TD_OK;
+}
+
+void td__mesh_close(td__mesh *m) {
+    for (int k = 0; k < m->n; k++)
+        td_group_destroy(m->across[k]);
+    for (int r = 0; r < m->replicas; r++)
+        td_group_destroy(m->rgroup[r]);
+    memset(m, 0, sizeof *m);
 }
 
 typedef struct replica_call {

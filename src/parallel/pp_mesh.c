@@ -18,14 +18,12 @@
 #include "parallel/strategy-impl.h"
 
 struct pp_mesh {
-    int replicas, n;
-    pipeline *rep[TD_DP_MAX_MEMBERS];    /* rep[0] is the strategy's own */
-    td_group *rgroup[TD_DP_MAX_MEMBERS]; /* replica r's stages */
-    td_group *across[TD_DP_MAX_MEMBERS]; /* stage k of every replica */
+    td__mesh m;                       /* the replicas\' groups, and those across them */
+    pipeline *rep[TD_DP_MAX_MEMBERS]; /* rep[0] is the strategy's own */
 };
 
 int td__pp_mesh_replicas(const pp_mesh *x) {
-    return x ? x->replicas : 1;
+    return x ? x->m.replicas : 1;
 }
 
 pipeline *td__pp_mesh_replica(const pp_mesh *x, int r) {
@@ -35,39 +33,29 @@ pipeline *td__pp_mesh_replica(const pp_mesh *x, int r) {
 void td__pp_mesh_close(pp_mesh *x) {
     if (!x)
         return;
-    for (int r = 1; r < x->replicas; r++)
+    for (int r = 1; r < x->m.replicas; r++)
         td__pp_free(x->rep[r]);
-    for (int k = 0; k < x->n; k++)
-        td_group_destroy(x->across[k]);
-    for (int r = 0; r < x->replicas; r++)
-        td_group_destroy(x->rgroup[r]);
+    td__mesh_close(&x->m);
     free(x);
 }
 
 td_status td__pp_mesh_open(td_strategy *s, int replicas, pipeline **out) {
     td_group *g = s->group;
-    int size = td_group_size(g);
     pp_mesh *x;
     td_status st;
     *out = NULL;
-    if (size % replicas != 0 || replicas > TD_DP_MAX_MEMBERS)
-        return td__error_setting(TD_ERR_INVALID_ARG, "strategy",
-                                 "pipeline: %d replicas do not divide the group's %d devices",
-                                 replicas, size);
     if (!(x = td__calloc(sizeof *x, "a data x pipeline mesh")))
         return TD_ERR_OUT_OF_MEMORY;
-    x->replicas = replicas;
-    x->n = size / replicas;
-    if ((st = td__mesh_groups(g, replicas, x->n, x->rgroup, x->across)) != TD_OK) {
+    if ((st = td__mesh_open(g, replicas, "pipeline", &x->m)) != TD_OK) {
         td__pp_mesh_close(x);
         return st;
     }
-    st = td__pp_build(s, x->rgroup[0], NULL, &x->rep[0]);
+    st = td__pp_build(s, x->m.rgroup[0], NULL, &x->rep[0]);
     for (int r = 1; r < replicas && st == TD_OK; r++)
-        st = td__pp_build(s, x->rgroup[r], &x->rep[0]->plan, &x->rep[r]);
+        st = td__pp_build(s, x->m.rgroup[r], &x->rep[0]->plan, &x->rep[r]);
     for (int r = 0; r < replicas && st == TD_OK; r++)
-        for (int k = 0; k < x->n; k++)
-            x->rep[r]->st[k].across = x->across[k];
+        for (int k = 0; k < x->m.n; k++)
+            x->rep[r]->st[k].across = x->m.across[k];
     if (!x->rep[0]) {
         td__pp_mesh_close(x);
         return st;
@@ -90,15 +78,15 @@ td_status td__pp_mesh_step(pipeline *p, const td_batch *batch, uint64_t step, td
     int64_t lps = p->info.kind == TD_INPUT_TOKENS ? p->info.in_shape[0] : 1, feats = 1;
     uint64_t t0 = td_clock_ns();
     double step_s, speed = 0;
-    if (batch->n < x->replicas)
+    if (batch->n < x->m.replicas)
         return td__error_setting(TD_ERR_INVALID_ARG, "batch",
                                  "pipeline: a batch of %lld samples for %d replicas: give each "
                                  "at least one",
-                                 (long long)batch->n, x->replicas);
+                                 (long long)batch->n, x->m.replicas);
     for (int d = 0; d < p->info.in_ndim; d++)
         feats *= p->info.in_shape[d];
-    for (int r = 0; r < x->replicas; r++) {
-        int64_t lo = batch->n * r / x->replicas, hi = batch->n * (r + 1) / x->replicas;
+    for (int r = 0; r < x->m.replicas; r++) {
+        int64_t lo = batch->n * r / x->m.replicas, hi = batch->n * (r + 1) / x->m.replicas;
         rows[r] = *batch;
         rows[r].n = hi - lo;
         rows[r].x = batch->x ? batch->x + lo * feats : NULL;
@@ -107,16 +95,16 @@ td_status td__pp_mesh_step(pipeline *p, const td_batch *batch, uint64_t step, td
         td__pp_setup_step(x->rep[r], &rows[r], lo, step, 1.0 / (double)(batch->n * lps));
         args[r] = x->rep[r];
     }
-    TD_CHECK(td__mesh_run_all(x->replicas, run_pipeline, args));
+    TD_CHECK(td__mesh_run_all(x->m.replicas, run_pipeline, args));
     step_s = (double)(td_clock_ns() - t0) * 1e-9;
     memset(res, 0, sizeof *res);
     if (stats) {
         memset(stats, 0, sizeof *stats);
-        stats->members = x->replicas * x->n;
+        stats->members = x->m.replicas * x->m.n;
         stats->step_s = step_s;
         stats->micro_batches = (int)p->m;
     }
-    for (int r = 0; r < x->replicas; r++) {
+    for (int r = 0; r < x->m.replicas; r++) {
         pipeline *q = x->rep[r];
         td_step_result part;
         double cost = 0;
@@ -126,15 +114,15 @@ td_status td__pp_mesh_step(pipeline *p, const td_batch *batch, uint64_t step, td
         res->count += part.count;
         if (!stats)
             continue;
-        td__rows_to_stats(stage_rows, q->size, step_s, &stats->m[r * x->n]);
+        td__rows_to_stats(stage_rows, q->size, step_s, &stats->m[r * x->m.n]);
         for (int k = 0; k < q->size; k++)
             cost += q->plan.seconds[k];
         for (int k = 0; k < q->size; k++) {
-            td_member_stats *m = &stats->m[r * x->n + k];
+            td_member_stats *m = &stats->m[r * x->m.n + k];
             m->samples = q->st[k].part ? rows[r].n : 0;
-            m->share = cost > 0 ? q->plan.seconds[k] / cost / x->replicas : 0;
+            m->share = cost > 0 ? q->plan.seconds[k] / cost / x->m.replicas : 0;
             m->parked = !q->st[k].part;
-            speed += r == 0 && q->plan.alone_s[k] > 0 ? x->replicas / q->plan.alone_s[k] : 0;
+            speed += r == 0 && q->plan.alone_s[k] > 0 ? x->m.replicas / q->plan.alone_s[k] : 0;
         }
     }
     if (stats) /* the plan timed a batch of the configured size, on one replica */

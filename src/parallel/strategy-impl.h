@@ -102,11 +102,21 @@ void td__cut_by_shares(int64_t size, const double *share, int n, int64_t *first,
 td_status td__mesh_resolve(const char *name, const char **strategy, char *options, size_t n,
                            int *devices);
 
-/* A mesh's groups over g (replicas * n members, consecutive members a
- * replica): rgroup[r], replica r's members; across[k], member k of every
- * replica. Each is g less the others (td_group_shrink), so it shares g's
- * timeouts and injected faults. */
-td_status td__mesh_groups(td_group *g, int replicas, int n, td_group **rgroup, td_group **across);
+/* A mesh's groups over g: `replicas` replicas of n = size / replicas
+ * consecutive members; rgroup[r], replica r's members; across[k], member k
+ * of every replica. Each is g less the others (td_group_shrink), so it
+ * shares g's timeouts and injected faults. */
+typedef struct td__mesh {
+    int replicas, n;
+    td_group *rgroup[TD_DP_MAX_MEMBERS];
+    td_group *across[TD_DP_MAX_MEMBERS];
+} td__mesh;
+
+/* Makes m's groups over g; TD_ERR_INVALID_ARG, naming the strategy `what`,
+ * when replicas does not divide g's size. What was made stays in m for
+ * td__mesh_close. */
+td_status td__mesh_open(td_group *g, int replicas, const char *what, td__mesh *m);
+void td__mesh_close(td__mesh *m);
 /* fn(args[r]) for r < n, every one at once on a thread of its own (a
  * group's run blocks its caller); the first failure, with its message. */
 td_status td__mesh_run_all(int n, td_status (*fn)(void *arg), void *const *args);

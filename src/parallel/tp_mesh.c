@@ -20,14 +20,12 @@
 #include "parallel/tp-impl.h"
 
 struct tp_mesh {
-    int replicas, n;
-    tensor_par *rep[TD_DP_MAX_MEMBERS];  /* rep[0] is the strategy's own */
-    td_group *rgroup[TD_DP_MAX_MEMBERS]; /* replica r's members */
-    td_group *across[TD_DP_MAX_MEMBERS]; /* member k of every replica */
+    td__mesh m;                         /* the replicas\' groups, and those across them */
+    tensor_par *rep[TD_DP_MAX_MEMBERS]; /* rep[0] is the strategy's own */
 };
 
 int td__tp_mesh_replicas(const tp_mesh *x) {
-    return x ? x->replicas : 1;
+    return x ? x->m.replicas : 1;
 }
 
 tensor_par *td__tp_mesh_replica(const tp_mesh *x, int r) {
@@ -37,35 +35,25 @@ tensor_par *td__tp_mesh_replica(const tp_mesh *x, int r) {
 void td__tp_mesh_close(tp_mesh *x) {
     if (!x)
         return;
-    for (int r = 1; r < x->replicas; r++)
+    for (int r = 1; r < x->m.replicas; r++)
         td__tp_free(x->rep[r]);
-    for (int k = 0; k < x->n; k++)
-        td_group_destroy(x->across[k]);
-    for (int r = 0; r < x->replicas; r++)
-        td_group_destroy(x->rgroup[r]);
+    td__mesh_close(&x->m);
     free(x);
 }
 
 td_status td__tp_mesh_open(td_strategy *s, int replicas, tensor_par **out) {
     td_group *g = s->group;
-    int size = td_group_size(g);
     tp_mesh *x;
     td_status st;
     *out = NULL;
-    assert(td_group_local_size(g) == size); /* processes are replicas of their own */
-    if (size % replicas != 0 || replicas > TD_DP_MAX_MEMBERS)
-        return td__error_setting(TD_ERR_INVALID_ARG, "strategy",
-                                 "tensor: %d replicas do not divide the group's %d devices",
-                                 replicas, size);
+    assert(td_group_local_size(g) == td_group_size(g)); /* processes are replicas of their own */
     if (!(x = td__calloc(sizeof *x, "a data x tensor mesh")))
         return TD_ERR_OUT_OF_MEMORY;
-    x->replicas = replicas;
-    x->n = size / replicas;
-    if ((st = td__mesh_groups(g, replicas, x->n, x->rgroup, x->across)) != TD_OK)
+    if ((st = td__mesh_open(g, replicas, "tensor", &x->m)) != TD_OK)
         goto fail;
-    st = td__tp_build(s, x->rgroup[0], NULL, &x->rep[0]);
+    st = td__tp_build(s, x->m.rgroup[0], NULL, &x->rep[0]);
     for (int r = 1; r < replicas && st == TD_OK; r++)
-        st = td__tp_build(s, x->rgroup[r], x->rep[0]->share, &x->rep[r]);
+        st = td__tp_build(s, x->m.rgroup[r], x->rep[0]->share, &x->rep[r]);
     if (x->rep[0])
         x->rep[0]->mesh = x;
     *out = x->rep[0];
@@ -78,11 +66,12 @@ fail:
 
 td_status td__tp_mesh_survivors(const tp_mesh *x, td_group *g, td_group **out) {
     int gone[TD_DP_MAX_MEMBERS], n = 0;
-    for (int r = 0; r < x->replicas; r++)
-        for (int k = 0; k < x->n; k++)
-            if (td_group_member_failed(g, r * x->n + k) ||
-                td_group_member_failed(x->rgroup[r], k) || td_group_member_failed(x->across[k], r))
-                gone[n++] = r * x->n + k;
+    for (int r = 0; r < x->m.replicas; r++)
+        for (int k = 0; k < x->m.n; k++)
+            if (td_group_member_failed(g, r * x->m.n + k) ||
+                td_group_member_failed(x->m.rgroup[r], k) ||
+                td_group_member_failed(x->m.across[k], r))
+                gone[n++] = r * x->m.n + k;
     return td_group_shrink(g, gone, (size_t)n, out);
 }
 
@@ -103,11 +92,11 @@ static td_status run_job(void *arg) {
 static td_status run_replicas(tp_mesh *x, td_group_fn fn, tp_step_call *calls) {
     replica_job jobs[TD_DP_MAX_MEMBERS];
     void *args[TD_DP_MAX_MEMBERS];
-    for (int r = 0; r < x->replicas; r++) {
-        jobs[r] = (replica_job){x->rgroup[r], fn, &calls[r]};
+    for (int r = 0; r < x->m.replicas; r++) {
+        jobs[r] = (replica_job){x->m.rgroup[r], fn, &calls[r]};
         args[r] = &jobs[r];
     }
-    return td__mesh_run_all(x->replicas, run_job, args);
+    return td__mesh_run_all(x->m.replicas, run_job, args);
 }
 
 /* Summing member k's gradients over the replicas: on the group across them,
@@ -139,21 +128,21 @@ static td_status gather_results(tp_mesh *x, const td_batch *batch, double step_s
     memset(res, 0, sizeof *res);
     if (stats) {
         memset(stats, 0, sizeof *stats);
-        stats->members = x->replicas * x->n;
+        stats->members = x->m.replicas * x->m.n;
         stats->step_s = step_s;
     }
-    for (int r = 0; r < x->replicas; r++) {
+    for (int r = 0; r < x->m.replicas; r++) {
         tensor_par *p = x->rep[r];
         TD_CHECK(td__rows_read(&p->mb[0].rows, rows));
         res->loss_sum += rows[0].loss_sum;
         res->correct += (int64_t)rows[0].correct;
         res->count += (int64_t)rows[0].count;
         if (stats)
-            td__rows_to_stats(rows, p->size, step_s, &stats->m[r * x->n]);
+            td__rows_to_stats(rows, p->size, step_s, &stats->m[r * x->m.n]);
         for (int k = 0; stats && k < p->size; k++) {
-            td_member_stats *m = &stats->m[r * x->n + k];
-            m->samples = batch->n * (r + 1) / x->replicas - batch->n * r / x->replicas;
-            m->share = p->share[k] / x->replicas;
+            td_member_stats *m = &stats->m[r * x->m.n + k];
+            m->samples = batch->n * (r + 1) / x->m.replicas - batch->n * r / x->m.replicas;
+            m->share = p->share[k] / x->m.replicas;
             speed += p->mb[k].alone_s > 0 ? 1.0 / p->mb[k].alone_s : 0;
         }
     }
@@ -168,20 +157,20 @@ td_status td__tp_mesh_step(tensor_par *p, const td_batch *batch, uint64_t step, 
     tp_step_call calls[TD_DP_MAX_MEMBERS];
     td_batch rows[TD_DP_MAX_MEMBERS];
     uint64_t t0 = td_clock_ns();
-    if (batch->n < x->replicas)
+    if (batch->n < x->m.replicas)
         return td__error_setting(TD_ERR_INVALID_ARG, "batch",
                                  "tensor: a batch of %lld samples for %d replicas: give each at "
                                  "least one",
-                                 (long long)batch->n, x->replicas);
-    for (int r = 0; r < x->replicas; r++) {
-        int64_t lo = batch->n * r / x->replicas, hi = batch->n * (r + 1) / x->replicas;
+                                 (long long)batch->n, x->m.replicas);
+    for (int r = 0; r < x->m.replicas; r++) {
+        int64_t lo = batch->n * r / x->m.replicas, hi = batch->n * (r + 1) / x->m.replicas;
         rows[r] = td__tp_rows(batch, &p->info, lo, hi);
         calls[r] = (tp_step_call){x->rep[r], &rows[r], lo, step, 1.0 / (double)(batch->n * p->lps)};
     }
     TD_CHECK(run_replicas(x, td__tp_backward_job, calls));
-    for (int k = 0; k < x->n; k++) {
+    for (int k = 0; k < x->m.n; k++) {
         across_call c = {x, k};
-        TD_CHECK(td_group_run(x->across[k], sum_across_job, &c));
+        TD_CHECK(td_group_run(x->m.across[k], sum_across_job, &c));
     }
     TD_CHECK(run_replicas(x, td__tp_update_job, calls));
     return gather_results(x, batch, (double)(td_clock_ns() - t0) * 1e-9, res, stats);
