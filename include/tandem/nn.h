@@ -208,6 +208,7 @@ typedef struct td_split_info {
     char layer[128]; /* the path of its (first) layer: "layers.0", "layers.2.1" (the
                         limits above keep every path shorter) */
     size_t weights;  /* scalars of the parameters it splits, in the whole model */
+    int span;        /* layers of its list it takes, from `layer` on: 1, or a pair's 3 or 4 */
 } td_split_info;
 
 #define TD_SHARD_MAX_UNITS 256
@@ -242,6 +243,12 @@ TD_API td_status td_model_describe_splits(const char *json, const char *name, td
 TD_API td_status td_model_load_shard(const char *json, const char *name, td_device *dev,
                                      td_dtype dtype, uint64_t seed, const td_shard_plan *plan,
                                      td_model **out);
+/* A pipeline stage's part (td_model_load_part) of that shard: layers
+ * [first, end) with `slots` activation slots, each splittable unit among them
+ * cut as `plan` says (the plan covers every unit of the whole model). */
+TD_API td_status td_model_load_part_shard(const char *json, const char *name, td_device *dev,
+                                          td_dtype dtype, uint64_t seed, int first, int end,
+                                          int slots, const td_shard_plan *plan, td_model **out);
 /* 1 for a shard. */
 TD_API int td_model_is_shard(const td_model *m);
 

@@ -93,7 +93,7 @@ static td_status forward_task(td_device *dev, void *arg) {
     td_layer *root = m->root;
     td_step_result res = {0, 0, 0};
     td_nn_run r;
-    uint64_t start = td_clock_ns();
+    m->stretch_start = td_clock_ns(); /* a reduction in between starts it again */
     TD_CHECK(td__model_prepare(m, a->slot, a->n));
     TD_CHECK(td__model_load_batch(m, a->mb, m->part_first == 0, is_last(m)));
     memset(&r, 0, sizeof r);
@@ -116,7 +116,7 @@ static td_status forward_task(td_device *dev, void *arg) {
     s->forward_done = 1;
     if (a->res)
         *a->res = res;
-    td__device_throttle(dev, start);
+    td__device_throttle(dev, m->stretch_start);
     return TD_OK;
 }
 
@@ -202,7 +202,7 @@ static td_status backward_task(td_device *dev, void *arg) {
     td_nn_slot *s = &m->slots[a->slot];
     td_layer *root = m->root;
     td_nn_run r;
-    uint64_t start = td_clock_ns();
+    m->stretch_start = td_clock_ns(); /* a reduction in between starts it again */
     TD_CHECK(backward_run(m, a->slot, a->accumulate, &r));
     r.defer = a->defer;
     TD_CHECK(root->vt->backward(root, &m->input, m->part_first > 0 ? &m->in_grad : NULL, &r));
@@ -211,7 +211,7 @@ static td_status backward_task(td_device *dev, void *arg) {
     s->backward_done = 1;
     s->weights_owed = a->defer;
     s->accumulate = a->accumulate;
-    td__device_throttle(dev, start);
+    td__device_throttle(dev, m->stretch_start);
     return TD_OK;
 }
 
@@ -279,7 +279,7 @@ static td_status weights_task(td_device *dev, void *arg) {
     weights_args *a = arg;
     td_model *m = a->m;
     int layers = m->root->nchildren;
-    uint64_t start = td_clock_ns();
+    m->stretch_start = td_clock_ns(); /* a reduction in between starts it again */
     if (m->embed && m->embed->tied) {
         for (int q = 0; q < a->count; q++)
             for (int i = layers - 1; i >= 0; i--)
@@ -291,7 +291,7 @@ static td_status weights_task(td_device *dev, void *arg) {
     }
     for (int q = 0; q < a->count; q++)
         m->slots[a->slots[q]].weights_owed = 0;
-    td__device_throttle(dev, start);
+    td__device_throttle(dev, m->stretch_start);
     return TD_OK;
 }
 

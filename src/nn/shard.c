@@ -146,8 +146,8 @@ static int is_act(const td_layer *l) {
     return l->vt == &td__act_vt;
 }
 
-static void add_unit(finder *f, td_split_kind kind, const td_layer *l, int64_t size, int64_t width,
-                     size_t weights) {
+static void add_unit(finder *f, td_split_kind kind, const td_layer *l, int span, int64_t size,
+                     int64_t width, size_t weights) {
     if (f->nunits < TD_SHARD_MAX_UNITS) {
         td_split_info *u = &f->units[f->nunits];
         memset(u, 0, sizeof *u);
@@ -156,6 +156,7 @@ static void add_unit(finder *f, td_split_kind kind, const td_layer *l, int64_t s
         u->width = width;
         snprintf(u->layer, sizeof u->layer, "%s", l->path);
         u->weights = weights;
+        u->span = span;
     }
     f->nunits++;
 }
@@ -169,7 +170,7 @@ static void find_units(finder *f, const td_layer *l) {
     /* A SwiGLU MLP splits by hidden features: gate and up rows, down columns. */
     if (l->vt == &td__swiglu_vt) {
         mark(f, l, TD__SPLIT_GATED);
-        add_unit(f, TD_SPLIT_MLP, l, l->hidden, 1,
+        add_unit(f, TD_SPLIT_MLP, l, 1, l->hidden, 1,
                  l->weights - (l->has_bias ? (size_t)l->in_shape[l->in_ndim - 1] : 0));
         return;
     }
@@ -178,7 +179,7 @@ static void find_units(finder *f, const td_layer *l) {
     if (l->vt == &td__attention_vt && l->kv_heads == l->heads) {
         mark(f, l, TD__SPLIT_HEADS);
         /* qkv weight and bias, the projection's weight: all but its bias */
-        add_unit(f, TD_SPLIT_HEADS, l, l->heads, l->in_shape[1] / l->heads,
+        add_unit(f, TD_SPLIT_HEADS, l, 1, l->heads, l->in_shape[1] / l->heads,
                  l->weights - (l->proj_bias ? (size_t)l->in_shape[1] : 0));
         return;
     }
@@ -209,7 +210,7 @@ static void find_units(finder *f, const td_layer *l) {
         for (int k = 1; k <= mid; k++)
             mark(f, l->children[i + k], TD__SPLIT_MID);
         mark(f, second, TD__SPLIT_IN);
-        add_unit(f, TD_SPLIT_MLP, a, a->out_features, 1,
+        add_unit(f, TD_SPLIT_MLP, a, mid + 2, a->out_features, 1,
                  a->weights + second->weights -
                      (second->has_bias ? (size_t)second->out_features : 0));
         i += mid + 1;
@@ -260,18 +261,16 @@ td_status td_model_describe_splits(const char *json, const char *name, td_split_
 
 /* Shards ----------------------------------------------------------------------- */
 
-td_status td_model_load_shard(const char *json, const char *name, td_device *dev, td_dtype dtype,
-                              uint64_t seed, const td_shard_plan *plan, td_model **out) {
+/* Layers [first, end) (end -1: to the last) of the shard `plan` describes,
+ * with `slots` activation slots. */
+static td_status load_sliced(const char *json, const char *name, td_device *dev, td_dtype dtype,
+                             uint64_t seed, int first, int end, int slots,
+                             const td_shard_plan *plan, td_model **out) {
     td_split_info units[TD_SHARD_MAX_UNITS];
     td_model_info info;
     finder f;
     td_status st;
     int nsplits = 0;
-    if (!out)
-        return td__error(TD_ERR_INVALID_ARG, "td_model_load_shard: out is NULL");
-    *out = NULL;
-    if (!json || !dev || !plan)
-        return td__error(TD_ERR_INVALID_ARG, "td_model_load_shard: json, device or plan is NULL");
     if (!name)
         name = "<model>";
     memset(&f, 0, sizeof f);
@@ -304,13 +303,39 @@ td_status td_model_load_shard(const char *json, const char *name, td_device *dev
         s->count = plan->count[s->unit];
         s->total = units[s->unit].size;
     }
-    if ((st = td__model_build(json, name, dev, dtype, seed, 0, -1, 1, f.splits, nsplits, out)) !=
-        TD_OK)
+    if ((st = td__model_build(json, name, dev, dtype, seed, first, end, slots, f.splits, nsplits,
+                              out)) != TD_OK)
         goto done;
     (*out)->info.num_weights = info.num_weights; /* the whole model's */
 done:
     free(f.splits);
     return st;
+}
+
+td_status td_model_load_shard(const char *json, const char *name, td_device *dev, td_dtype dtype,
+                              uint64_t seed, const td_shard_plan *plan, td_model **out) {
+    if (!out)
+        return td__error(TD_ERR_INVALID_ARG, "td_model_load_shard: out is NULL");
+    *out = NULL;
+    if (!json || !dev || !plan)
+        return td__error(TD_ERR_INVALID_ARG, "td_model_load_shard: json, device or plan is NULL");
+    return load_sliced(json, name, dev, dtype, seed, 0, -1, 1, plan, out);
+}
+
+td_status td_model_load_part_shard(const char *json, const char *name, td_device *dev,
+                                   td_dtype dtype, uint64_t seed, int first, int end, int slots,
+                                   const td_shard_plan *plan, td_model **out) {
+    if (!out)
+        return td__error(TD_ERR_INVALID_ARG, "td_model_load_part_shard: out is NULL");
+    *out = NULL;
+    if (!json || !dev || !plan)
+        return td__error(TD_ERR_INVALID_ARG,
+                         "td_model_load_part_shard: json, device or plan is NULL");
+    if (first < 0 || end <= first || slots < 1 || slots > 4096)
+        return td__error(TD_ERR_INVALID_ARG,
+                         "td_model_load_part_shard: layers [%d, %d) with %d slots is not a part",
+                         first, end, slots);
+    return load_sliced(json, name, dev, dtype, seed, first, end, slots, plan, out);
 }
 
 int td_model_is_shard(const td_model *m) {
