@@ -6,8 +6,9 @@
  * compositions, data × tensor and data × pipeline run: the tensor or
  * pipeline strategy with `replicas` (tp_mesh.c, pp_mesh.c), each replica
  * taking its rows of the batch and member k of every replica summing its
- * gradients with the others' before the update. pipeline × tensor is
- * refused by name. */
+ * gradients with the others' before the update; and pipeline × tensor:
+ * the pipeline strategy with `tensor` (pp_mesh.c), each stage's layers
+ * split over its consecutive members. Three axes are refused by name. */
 #include <assert.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -89,9 +90,19 @@ td_status td__mesh_resolve(const char *name, const char **strategy, char *option
         snprintf(options, n, "replicas=%ld", ax[0].size);
         return TD_OK;
     }
+    if (count == 2 && !strcmp(ax[0].name, "pipeline") && !strcmp(ax[1].name, "tensor")) {
+        *strategy = "pipeline";
+        snprintf(options, n, "tensor=%ld", ax[1].size);
+        return TD_OK;
+    }
+    if (count == 2 && !strcmp(ax[0].name, "tensor") && !strcmp(ax[1].name, "pipeline"))
+        return td__error_setting(TD_ERR_UNSUPPORTED, "strategy",
+                                 "mesh '%s': the tensor axis is the inner one (its members "
+                                 "sum partial results at every layer): pipeline:%ld,tensor:%ld",
+                                 name, ax[1].size, ax[0].size);
     return td__error_setting(TD_ERR_UNSUPPORTED, "strategy",
-                             "mesh '%s': of the compositions data:R,tensor:N and "
-                             "data:R,pipeline:N run yet",
+                             "mesh '%s': of the compositions data:R,tensor:N, "
+                             "data:R,pipeline:N and pipeline:P,tensor:N run yet",
                              name);
 }
 

@@ -37,6 +37,8 @@ typedef struct td_pp_need {
     const td_layer_info *layers; /* info->layers of them */
     int64_t batch;               /* samples a step takes */
     int64_t micro_batches;
+    const unsigned char *joined; /* NULL, or by layer: 1 where no stage may begin (inside a
+                                    unit split over a stage's members) */
 } td_pp_need;
 
 /* Whether the stages after the first carry the end of a training step (the
@@ -100,6 +102,8 @@ typedef struct stage {
     int64_t w_next, b_done;
     int update_owed;  /* the step before's optimizer step (pipeline_run.c) */
     td_group *across; /* this stage of every replica (data:R,pipeline:N); NULL: none */
+    td_group *tgroup; /* the members splitting this stage (pipeline:P,tensor:N); NULL: none */
+    int shard;        /* this member's place in tgroup */
 } stage;
 
 struct pipeline {
@@ -107,6 +111,8 @@ struct pipeline {
     pp_mesh *mesh; /* replicas of it (data:R,pipeline:N; pp_mesh.c); NULL: none */
     td_group *g;   /* this replica's stages */
     int size;
+    int rank0, rank_step;  /* stage k is member rank0 + k rank_step of the strategy's group */
+    td_shard_plan *shards; /* stage k's slices, when a tensor axis splits the stages */
     td_model_info info;
     td_layer_info *layers;
     td_pp_plan plan;
@@ -143,16 +149,37 @@ td_status td__pp_results(pipeline *p, td_step_result *res, td__member_row *rows)
 /* Builds the pipeline over g (one replica): its plan measured (plan NULL)
  * or the one given. On failure *out holds what was made, for td__pp_free. */
 td_status td__pp_build(td_strategy *s, td_group *g, const td_pp_plan *plan, pipeline **out);
+/* td__pp_build in three: what comes before the plan, the plan measured over
+ * p's members, and the stages made by `plan` (each the shard p->shards[k]
+ * of its layers, when set). */
+td_status td__pp_begin(td_strategy *s, td_group *g, pipeline **out);
+td_status td__pp_measure(pipeline *p, const unsigned char *joined, td_pp_plan *plan);
+td_status td__pp_finish(pipeline *p, const td_pp_plan *plan);
 /* What td__pp_build made, not the mesh; NULL-safe. */
 void td__pp_free(pipeline *p);
 
-/* pp_mesh.c: data x pipeline within one process. */
-td_status td__pp_mesh_open(td_strategy *s, int replicas, pipeline **out);
+/* pp_mesh.c: data x pipeline and pipeline x tensor within one process:
+ * `replicas` replicas, or each stage split over `tensor` members. */
+td_status td__pp_mesh_open(td_strategy *s, int replicas, int tensor, pipeline **out);
+/* Whether the mesh's pipelines hold different slices (a tensor axis): a
+ * checkpoint then gathers from every one. */
+int td__pp_mesh_sliced(const pp_mesh *x);
 void td__pp_mesh_close(pp_mesh *x);
 int td__pp_mesh_replicas(const pp_mesh *x);
 pipeline *td__pp_mesh_replica(const pp_mesh *x, int r);
 td_status td__pp_mesh_step(pipeline *p, const td_batch *batch, uint64_t step, td_step_result *res,
                            td_step_stats *stats);
+/* The plan text of a tensor mesh: a line per stage, with its members'
+ * shares of its units. */
+const char *td__pp_mesh_plan(const pipeline *p, char *buf, size_t n);
+/* The table's split and adopt_split: a tensor mesh's shares, stage after
+ * stage; nothing for the others, whose cut changes no number. */
+void td__pp_mesh_split(void *impl, char *buf, size_t n);
+td_status td__pp_mesh_adopt_split(void *impl, const char *text, int *adopted);
+/* Every stage made again: after p->shards changed. */
+td_status td__pp_remake_stages(pipeline *p);
+/* Runs what is set up in every pipeline of p's mesh at once. */
+td_status td__pp_mesh_run(pipeline *p);
 /* Runs the step or evaluation set up in p on every member (td_group_run);
  * a member that fails stops the others. */
 td_status td__pp_run(pipeline *p);

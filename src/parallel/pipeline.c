@@ -115,24 +115,21 @@ static td_status pp_step(void *impl, const td_batch *batch, uint64_t step, td_st
     return TD_OK;
 }
 
-/* Evaluation cuts each batch into micro-batches of the training's size, so
- * that it needs no more memory than the plan gave the stages. */
-static td_status pp_evaluate(void *impl, const td_batch *batches, size_t n,
-                             td_step_result *per_batch) {
-    pipeline *p = impl;
+/* Sets p up to evaluate: each batch cut into micro-batches of the
+ * training's size, so that it needs no more memory than the plan gave the
+ * stages; their sums go into per_batch. */
+static td_status setup_evaluation(pipeline *p, const td_batch *batches, size_t n,
+                                  td_step_result *per_batch) {
     int64_t size = (p->s->cfg.batch + p->micro_batches - 1) / p->micro_batches, m = 0;
     int64_t lps = p->info.kind == TD_INPUT_TOKENS ? p->info.in_shape[0] : 1, feats = 1;
-    td_status st;
     for (int d = 0; d < p->info.in_ndim; d++)
         feats *= p->info.in_shape[d];
     for (size_t i = 0; i < n; i++)
         m += (batches[i].n + size - 1) / size;
     p->evals = td__calloc(sizeof *p->evals * (size_t)(m ? m : 1), "evaluation micro-batches");
     p->eval_of = td__calloc(sizeof *p->eval_of * (size_t)(m ? m : 1), "evaluation micro-batches");
-    if (!p->evals || !p->eval_of) {
-        st = TD_ERR_OUT_OF_MEMORY;
-        goto done;
-    }
+    if (!p->evals || !p->eval_of)
+        return TD_ERR_OUT_OF_MEMORY;
     m = 0;
     for (size_t i = 0; i < n; i++) {
         const td_batch *b = &batches[i];
@@ -150,51 +147,82 @@ static td_status pp_evaluate(void *impl, const td_batch *batches, size_t n,
     p->train = 0;
     p->step = 0;
     p->grad_scale = 0;
-    st = m ? td__pp_run(p) : TD_OK;
-done:
+    return TD_OK;
+}
+
+static void end_evaluation(pipeline *p) {
     free(p->evals);
     free(p->eval_of);
     p->evals = NULL;
     p->eval_of = NULL;
+}
+
+/* A tensor mesh evaluates on every chain at once (their stages' sums need
+ * each other); the first chain's numbers are the answer. */
+static td_status pp_evaluate(void *impl, const td_batch *batches, size_t n,
+                             td_step_result *per_batch) {
+    pipeline *p = impl;
+    int chains = td__pp_mesh_sliced(p->mesh) ? td__pp_mesh_replicas(p->mesh) : 1;
+    td_step_result *scratch = NULL;
+    td_status st = TD_OK;
+    if (chains > 1 && !(scratch = td__calloc(sizeof *scratch * (n ? n : 1) * (size_t)chains,
+                                             "evaluation results")))
+        return TD_ERR_OUT_OF_MEMORY;
+    for (int j = 0; j < chains && st == TD_OK; j++)
+        st = setup_evaluation(j ? td__pp_mesh_replica(p->mesh, j) : p, batches, n,
+                              j ? scratch + (size_t)j * n : per_batch);
+    if (st == TD_OK && p->m > 0)
+        st = chains > 1 ? td__pp_mesh_run(p) : td__pp_run(p);
+    for (int j = 0; j < chains; j++)
+        end_evaluation(j ? td__pp_mesh_replica(p->mesh, j) : p);
+    free(scratch);
     return st;
 }
 
-/* The stages that hold layers, in layer order: *n of them; first (the rank
- * of stage 0) numbers them in the strategy's group. */
-static void holdings_of(const pipeline *p, int first, td__holding *h, int *n) {
+/* The stages that hold layers, in layer order, at their ranks in the
+ * strategy's group: *n of them. */
+static void holdings_of(const pipeline *p, td__holding *h, int *n) {
     *n = 0;
     for (int k = 0; k < p->size; k++)
         if (p->st[k].part)
-            h[(*n)++] = (td__holding){p->st[k].part, p->st[k].opt, first + k};
+            h[(*n)++] = (td__holding){p->st[k].part, p->st[k].opt, p->rank0 + k * p->rank_step};
 }
 
-/* Every replica's stages, replica after replica. */
+/* Every pipeline's stages, pipeline after pipeline. */
 static void pp_holdings(void *impl, td__holding *h, int *n) {
     pipeline *p = impl;
-    int replicas = td__pp_mesh_replicas(p->mesh);
+    int pipelines = td__pp_mesh_replicas(p->mesh);
     *n = 0;
-    for (int r = 0; r < replicas; r++) {
+    for (int r = 0; r < pipelines; r++) {
         int got;
-        holdings_of(r ? td__pp_mesh_replica(p->mesh, r) : p, r * p->size, h + *n, &got);
+        holdings_of(r ? td__pp_mesh_replica(p->mesh, r) : p, h + *n, &got);
         *n += got;
     }
 }
 
+static td_status settle_all(pipeline *p) {
+    for (int r = 0; r < td__pp_mesh_replicas(p->mesh); r++)
+        TD_CHECK(td__pp_settle(r ? td__pp_mesh_replica(p->mesh, r) : p));
+    return TD_OK;
+}
+
 static td_status pp_save(void *impl, const char *path, const td_train_state *state) {
     pipeline *p = impl;
-    td__holding h[TD_PP_MAX_STAGES];
+    td__holding h[TD_DP_MAX_MEMBERS];
     int n;
-    TD_CHECK(td__pp_settle(p));
-    holdings_of(p, 0, h, &n); /* every replica holds the same */
+    TD_CHECK(settle_all(p));
+    if (td__pp_mesh_sliced(p->mesh))
+        pp_holdings(p, h, &n);
+    else
+        holdings_of(p, h, &n); /* every replica holds the same */
     return td__placement_save(h, n, path, state);
 }
 
 static td_status pp_load(void *impl, const char *path, td_train_state *state) {
     pipeline *p = impl;
-    td__holding h[TD_PP_MAX_STAGES];
+    td__holding h[TD_DP_MAX_MEMBERS];
     int n;
-    for (int r = 0; r < td__pp_mesh_replicas(p->mesh); r++)
-        TD_CHECK(td__pp_settle(r ? td__pp_mesh_replica(p->mesh, r) : p));
+    TD_CHECK(settle_all(p));
     pp_holdings(p, h, &n);
     return td__placement_load(h, n, path, state);
 }
@@ -238,6 +266,8 @@ static const char *pp_plan_text(void *impl, char *buf, size_t n) {
     int replicas = td__pp_mesh_replicas(p->mesh);
     size_t used = 0;
     buf[0] = '\0';
+    if (td__pp_mesh_sliced(p->mesh))
+        return td__pp_mesh_plan(p, buf, n);
     for (int r = 0; r < replicas && used < n; r++) {
         if (replicas > 1)
             used += (size_t)snprintf(buf + used, n - used,
@@ -277,6 +307,7 @@ void td__pp_free(pipeline *p) {
         pthread_cond_destroy(&p->bwd[k].cv);
     }
     free(p->layers);
+    free(p->shards);
     free(p);
 }
 
@@ -287,6 +318,9 @@ static const td_strategy_option pp_options[] = {
     {"replicas", "R",
      "data-parallel replicas of the pipeline within this process, each on size / R "
      "consecutive devices (the mesh data:R,pipeline:N)"},
+    {"tensor", "N",
+     "each stage split over N consecutive devices by heads and hidden features, as "
+     "the tensor strategy splits a model (the mesh pipeline:P,tensor:N)"},
     {NULL, NULL, NULL},
 };
 
@@ -329,6 +363,35 @@ static td_status check_devices(pipeline *p) {
     return TD_OK;
 }
 
+static td_status allreduce_member(td_group *g, td_device *dev, int rank, int size, void *arg) {
+    td_tensor *t = arg;
+    td_buffer b = td__tensor_as_buffer(t); /* a view into the part's activations */
+    (void)dev, (void)rank, (void)size;
+    return td_allreduce(g, &b, 0, &b, 0, td_tensor_numel(t), td_tensor_dtype(t), TD_REDUCE_SUM);
+}
+
+/* A split stage's reduce hook: its partial sums added up over the members
+ * splitting it, within its forward or backward (whose time it counted). */
+static td_status reduce_in_stage(void *arg, td_tensor *t) {
+    stage *st = arg;
+    uint64_t t0 = td_clock_ns();
+    td_status ret = td_group_join(st->tgroup, allreduce_member, t);
+    double dt = (double)(td_clock_ns() - t0) * 1e-9;
+    st->comm_s += dt;
+    st->compute_s -= dt;
+    return ret;
+}
+
+static td_status load_part(pipeline *p, int k, td_model **out) {
+    td_strategy *s = p->s;
+    if (p->shards)
+        return td_model_load_part_shard(s->json, s->model_name, p->st[k].dev, s->cfg.dtype,
+                                        s->cfg.seed, p->plan.first[k], p->plan.end[k],
+                                        p->st[k].slots, &p->shards[k], out);
+    return td_model_load_part(s->json, s->model_name, p->st[k].dev, s->cfg.dtype, s->cfg.seed,
+                              p->plan.first[k], p->plan.end[k], p->st[k].slots, out);
+}
+
 static td_status make_stage(pipeline *p, int k) {
     td_strategy *s = p->s;
     stage *st = &p->st[k];
@@ -340,11 +403,14 @@ static td_status make_stage(pipeline *p, int k) {
     if (p->plan.end[k] == p->plan.first[k])
         return TD_OK;
     st->slots = p->plan.slots[k];
-    TD_CHECK(td_model_load_part(s->json, s->model_name, st->dev, s->cfg.dtype, s->cfg.seed,
-                                p->plan.first[k], p->plan.end[k], st->slots, &st->part));
+    TD_CHECK(load_part(p, k, &st->part));
+    if (st->tgroup)
+        td_model_set_reduce_hook(st->part, reduce_in_stage, st);
     TD_CHECK(td_optimizer_create(st->part, &s->cfg.opt, &st->opt));
     if (s->cfg.opt.clip_norm > 0)
         td_optimizer_set_sumsq_reduce(st->opt, td__pp_sum_over_stages, st);
+    /* the layers a split stage holds whole count once in the norm */
+    td_optimizer_set_sumsq_skip_replicated(st->opt, st->shard != 0);
     return TD_OK;
 }
 
@@ -364,15 +430,14 @@ static td_status make_norm_terms(pipeline *p) {
     return TD_OK;
 }
 
-td_status td__pp_build(td_strategy *s, td_group *g, const td_pp_plan *plan, pipeline **out) {
+td_status td__pp_begin(td_strategy *s, td_group *g, pipeline **out) {
     pipeline *p = td__calloc(sizeof *p, "a pipeline");
-    td_pp_need need;
-    int last = -1;
     *out = p;
     if (!p)
         return TD_ERR_OUT_OF_MEMORY;
     p->s = s;
     p->g = g;
+    p->rank_step = 1;
     if (td_group_size(g) > TD_PP_MAX_STAGES)
         return td__error(TD_ERR_INVALID_ARG, "pipeline: %d devices; at most %d", td_group_size(g),
                          TD_PP_MAX_STAGES);
@@ -385,13 +450,19 @@ td_status td__pp_build(td_strategy *s, td_group *g, const td_pp_plan *plan, pipe
     }
     TD_CHECK(check_devices(p));
     TD_CHECK(choose_micro_batches(p));
-    TD_CHECK(describe(p));
-    need = (td_pp_need){s->json,  s->model_name, s->cfg.dtype, s->cfg.seed,     &s->cfg.opt,
-                        &p->info, p->layers,     s->cfg.batch, p->micro_batches};
-    if (plan)
-        p->plan = *plan;
-    else
-        TD_CHECK(td__pp_plan(p->g, &need, &p->plan));
+    return describe(p);
+}
+
+td_status td__pp_measure(pipeline *p, const unsigned char *joined, td_pp_plan *plan) {
+    td_strategy *s = p->s;
+    td_pp_need need = {s->json,  s->model_name, s->cfg.dtype, s->cfg.seed,      &s->cfg.opt,
+                       &p->info, p->layers,     s->cfg.batch, p->micro_batches, joined};
+    return td__pp_plan(p->g, &need, plan);
+}
+
+td_status td__pp_finish(pipeline *p, const td_pp_plan *plan) {
+    int last = -1;
+    p->plan = *plan;
     for (int k = 0; k < p->size; k++) {
         p->prev[k] = p->next[k] = -1;
         if (p->plan.end[k] == p->plan.first[k])
@@ -410,13 +481,24 @@ td_status td__pp_build(td_strategy *s, td_group *g, const td_pp_plan *plan, pipe
     return make_norm_terms(p);
 }
 
+td_status td__pp_build(td_strategy *s, td_group *g, const td_pp_plan *plan, pipeline **out) {
+    td_pp_plan measured;
+    TD_CHECK(td__pp_begin(s, g, out));
+    if (!plan) {
+        TD_CHECK(td__pp_measure(*out, NULL, &measured));
+        plan = &measured;
+    }
+    return td__pp_finish(*out, plan);
+}
+
 static td_status pp_create(td_strategy *s) {
-    int64_t replicas = 1;
+    int64_t replicas = 1, tensor = 1;
     pipeline *p = NULL;
     td_status st;
     TD_CHECK(td__option_count(s, "replicas", 1, &replicas));
-    st =
-        replicas > 1 ? td__pp_mesh_open(s, (int)replicas, &p) : td__pp_build(s, s->group, NULL, &p);
+    TD_CHECK(td__option_count(s, "tensor", 1, &tensor));
+    st = replicas > 1 || tensor > 1 ? td__pp_mesh_open(s, (int)replicas, (int)tensor, &p)
+                                    : td__pp_build(s, s->group, NULL, &p);
     s->impl = p;
     return st;
 }
@@ -429,6 +511,20 @@ static void pp_report(const td_run_figures *f, td_strategy_report *out) {
     snprintf(out->note, sizeof out->note,
              "pipeline: share: of the layers' cost; transfer: activations and their gradients "
              "copied in; idle: the bubble and waiting for the neighbours");
+}
+
+/* Stage k's part, optimizer and rows made again (after new slices). */
+td_status td__pp_remake_stages(pipeline *p) {
+    for (int k = 0; k < p->size; k++) {
+        stage *st = &p->st[k];
+        td_optimizer_destroy(st->opt);
+        td_model_destroy(st->part);
+        td__rows_free(&st->rows);
+        st->opt = NULL;
+        st->part = NULL;
+        TD_CHECK(make_stage(p, k));
+    }
+    return TD_OK;
 }
 
 const td_strategy_ops td__strategy_pipeline = {
@@ -448,5 +544,7 @@ const td_strategy_ops td__strategy_pipeline = {
     .lr = pp_lr,
     .steps = pp_steps,
     .holdings = pp_holdings,
+    .split = td__pp_mesh_split,
+    .adopt_split = td__pp_mesh_adopt_split,
     .decoder = td__pipeline_decoder,
 };

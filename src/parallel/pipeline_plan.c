@@ -149,6 +149,11 @@ static double cut_bytes(const td_pp_need *nd, int members, int a, int b) {
     return stage_bytes(nd, members < nd->micro_batches ? members : nd->micro_batches, a, b);
 }
 
+/* Whether a stage may begin at layer i. */
+static int may_begin(const td_pp_need *nd, int i) {
+    return !nd->joined || i == 0 || i >= nd->info->layers || !nd->joined[i];
+}
+
 /* A step's estimate under pipeline_run.c's schedule, from the stage times
  * s_k (per step). Where the stages carry their tails over
  * (td__pp_tails_carry), a stage pays what it carried while its first input
@@ -193,6 +198,7 @@ static void refine(const td_pp_need *nd, const measure *ms, const double *pre, i
             for (int dir = -1; dir <= 1; dir += 2) {
                 cut[b] += dir;
                 if (cut[b] >= cut[b - 1] && cut[b] <= cut[b + 1] &&
+                    (cut[b] == cut[b + 1] || may_begin(nd, cut[b])) &&
                     cut_bytes(nd, p, cut[b - 1], cut[b]) <=
                         MEM_HEADROOM * (double)ms->mem_free[b - 1] &&
                     cut_bytes(nd, p, cut[b], cut[b + 1]) <=
@@ -264,7 +270,8 @@ static td_status cut(td_group *g, const td_pp_need *nd, const measure *ms, td_pp
             for (int j = i; j >= 0; j--) {
                 double t = pre[(k - 1) * (L + 1) + i] - pre[(k - 1) * (L + 1) + j];
                 double worst = fmax(BEST(k - 1, j), t);
-                if (j < i && cut_bytes(nd, p, j, i) > MEM_HEADROOM * (double)ms->mem_free[k - 1])
+                if (j < i && (cut_bytes(nd, p, j, i) > MEM_HEADROOM * (double)ms->mem_free[k - 1] ||
+                              !may_begin(nd, j)))
                     continue;
                 if (worst < BEST(k, i)) {
                     BEST(k, i) = worst;

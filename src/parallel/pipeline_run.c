@@ -114,6 +114,8 @@ static void abort_all(pipeline *p) {
         /* the other replicas' stage k may be waiting for this one's sum */
         if (p->st[k].across)
             td_group_abort(p->st[k].across, "a stage of another replica failed");
+        if (p->st[k].tgroup) /* likewise the members splitting a stage with it */
+            td_group_abort(p->st[k].tgroup, "another pipeline of the mesh failed");
         pthread_mutex_lock(&p->fwd[k].mu);
         pthread_cond_broadcast(&p->fwd[k].cv);
         pthread_mutex_unlock(&p->fwd[k].mu);
@@ -424,6 +426,12 @@ static td_status run_schedule(pipeline *p, stage *s, int k) {
  * stage's term is not zero in each place, so the sum is exact, and the terms
  * then add up in the model's order: the norm is one device's, bitwise,
  * wherever the cuts fall. */
+static td_status sum_terms_member(td_group *g, td_device *dev, int rank, int size, void *arg) {
+    stage *s = arg;
+    (void)dev, (void)rank, (void)size;
+    return td_allreduce(g, s->terms, 0, s->terms, 0, s->p->nterms, TD_F64, TD_REDUCE_SUM);
+}
+
 td_status td__pp_sum_over_stages(void *arg, const double *terms, size_t n, double *sumsq) {
     stage *s = arg;
     pipeline *p = s->p;
@@ -433,6 +441,8 @@ td_status td__pp_sum_over_stages(void *arg, const double *terms, size_t n, doubl
         memcpy(s->terms_host + s->term_first, terms, sizeof(double) * n);
     TD_CHECK(td_buffer_write(s->terms, 0, s->terms_host, sizeof(double) * p->nterms));
     TD_CHECK(td_allreduce(s->group, s->terms, 0, s->terms, 0, p->nterms, TD_F64, TD_REDUCE_SUM));
+    if (s->tgroup) /* and over the members that split the stages: the shards' terms */
+        TD_CHECK(td_group_join(s->tgroup, sum_terms_member, s));
     TD_CHECK(td_buffer_read(s->terms, 0, s->terms_host, sizeof(double) * p->nterms));
     for (size_t i = 0; i < p->nterms; i++)
         sum += s->terms_host[i];

@@ -47,8 +47,8 @@ typedef struct td_strategy_ops {
     double (*lr)(void *impl);
     int64_t (*steps)(void *impl);
     /* The split this strategy made, as text a checkpoint records after its
-     * name ("0.75 0.25"): enough to cut the same slices again. NULL: it
-     * makes none that changes the numbers. */
+     * name ("0.75 0.25"): enough to cut the same slices again. NULL (or
+     * "" written): it makes none that changes the numbers. */
     void (*split)(void *impl, char *buf, size_t n);
     /* Cuts the slices a checkpoint recorded (the text `split` wrote) in
      * place of those made at creation, before the checkpoint is loaded.

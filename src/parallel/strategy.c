@@ -255,6 +255,8 @@ static void state_to_save(const td_strategy *s, const td_train_state *state, td_
         return;
     used = snprintf(out->split, sizeof out->split, "%s ", s->ops->name);
     s->ops->split(s->impl, out->split + used, sizeof out->split - (size_t)used);
+    if (!out->split[used]) /* no split that changes the numbers this time */
+        out->split[0] = '\0';
 }
 
 td_status td_strategy_save(td_strategy *s, const char *path, const td_train_state *state) {

@@ -211,7 +211,7 @@ static void bad_strategies_are_refused(void **state) {
     refused("--strategy tiles", 2, "--strategy is single, data, pipeline");
     refused("--zero", 1, "single has no option --zero (its options: none)");
     refused("--strategy pipeline --devices 'cpu*2' --zero", 1,
-            "pipeline has no option --zero (its options: --micro-batches, `replicas`)");
+            "pipeline has no option --zero (its options: --micro-batches, `replicas`, `tensor`)");
     refused("--strategy data --strategy-option chunk=3", 1,
             "data has no option `chunk` (its options: --deterministic, --zero, --overlap, "
             "--bucket-bytes)");

@@ -427,7 +427,7 @@ static void bad_micro_batch_counts(void **state) {
     c.options = "micro_batches=4,zero=1";
     TD_ASSERT_STATUS(td_strategy_create(g, mlp_json, "test", &c, &s), TD_ERR_INVALID_ARG);
     td_test_assert_message_contains(
-        "pipeline has no option `zero` (its options: `micro_batches`, `replicas`)");
+        "pipeline has no option `zero` (its options: `micro_batches`, `replicas`, `tensor`)");
     c.options = "micro_batches";
     TD_ASSERT_STATUS(td_strategy_create(g, mlp_json, "test", &c, &s), TD_ERR_INVALID_ARG);
     td_test_assert_message_contains("option `micro_batches` wants a value (micro_batches=M)");

@@ -1,5 +1,6 @@
 /* A run resumed from a mid-run checkpoint ends with a checkpoint byte for
- * byte the uninterrupted run's, under `tensor` and `pipeline` on unequal
+ * byte the uninterrupted run's, under `tensor`, `pipeline` and the mesh
+ * pipeline:1,tensor:2 on unequal
  * devices, even where the resumed run's devices measure otherwise (here:
  * the slow one and the fast one swapped): the split is the checkpoint's,
  * not a new measurement's. --replan (td_train_config.replan) splits as
@@ -156,6 +157,27 @@ static void pipeline_resumes_bit_for_bit_on_swapped_devices(void **state) {
     check_resume("pipeline", "cpu:0,cpu:1{slowdown=3}", "cpu:0{slowdown=3},cpu:1", 0, plan, again);
 }
 
+/* The share of cpu:0 a split stage's plan line names, in percent. */
+static int first_member_percent(const char *plan) {
+    const char *at = strstr(plan, "split by speed over cpu:0 ");
+    int percent = -1;
+    if (!at || sscanf(at + strlen("split by speed over cpu:0 "), "%d%%", &percent) != 1)
+        fail_msg("no split stage in the plan:\n%s", plan);
+    return percent;
+}
+
+/* A stage split over two unequal members (the mesh pipeline:1,tensor:2)
+ * keeps its recorded shares too. */
+static void a_split_stage_resumes_bit_for_bit_on_swapped_devices(void **state) {
+    static char plan[2048], again[2048];
+    (void)state;
+    check_resume("pipeline:1,tensor:2", "cpu:0,cpu:1{slowdown=3}", "cpu:0{slowdown=3},cpu:1", 0,
+                 plan, again);
+    /* the fast first device held most of the stage, and still does */
+    assert_true(first_member_percent(plan) > 50);
+    assert_int_equal(first_member_percent(again), first_member_percent(plan));
+}
+
 /* A checkpoint whose recorded split is not shares is refused, naming it. */
 static void a_corrupt_split_is_refused(void **state) {
     static char plan[2048], again[2048];
@@ -184,6 +206,7 @@ int main(void) {
         cmocka_unit_test(tensor_resumes_bit_for_bit_on_swapped_devices),
         cmocka_unit_test(tensor_replans_when_asked),
         cmocka_unit_test(pipeline_resumes_bit_for_bit_on_swapped_devices),
+        cmocka_unit_test(a_split_stage_resumes_bit_for_bit_on_swapped_devices),
         cmocka_unit_test(a_corrupt_split_is_refused),
     };
     return cmocka_run_group_tests(tests, td_test_tmpdir_setup, td_test_tmpdir_teardown);
