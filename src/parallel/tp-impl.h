@@ -1,37 +1,18 @@
 /* The inside of the `tensor` strategy (tensor parallelism, "tp"):
  * tp_strategy.c runs its steps, tp_plan.c measures the members and cuts
- * the slices, tp_procs.c spans MPI processes, tp_decode.c generates with the
+ * the slices, procs.c spans MPI processes, tp_decode.c generates with the
  * same slices; placement.c writes and reads its checkpoints. */
 #ifndef TD_PARALLEL_TP_IMPL_H
 #define TD_PARALLEL_TP_IMPL_H
 
 #include "parallel/member_rows.h"
+#include "parallel/procs.h"
 #include "parallel/strategy-impl.h"
 #include "tandem/checkpoint.h"
 #include "tandem/comm.h"
 #include "tandem/generate.h"
 #include "tandem/nn.h"
 #include "tandem/parallel.h"
-
-/* Under mpirun (tp_procs.c): this process's members as a group of their
- * own, and for each member k a group of member k of every process. */
-typedef struct td__tp_procs {
-    td_group *local; /* NULL in one process */
-    td_group *across[TD_DP_MAX_MEMBERS];
-    int n, process, nprocs;
-} td__tp_procs;
-
-/* Makes the groups when span reaches other processes (every one must hold
- * as many members); else leaves *pp with nprocs 1 and nothing made. */
-td_status td__tp_procs_open(td_group *span, td__tp_procs *pp);
-void td__tp_procs_close(td__tp_procs *pp);
-/* v[0..n) (n <= 8) reduced by op over member k of every process. */
-td_status td__tp_procs_agree(td__tp_procs *pp, int k, double *v, size_t n, td_reduce_op op);
-/* Member k's gradients in m summed over the processes. */
-td_status td__tp_procs_sum_grads(td__tp_procs *pp, int k, td_model *m);
-/* This process's rows of the global batch; *first: the first one's index. */
-td_batch td__tp_procs_rows(const td__tp_procs *pp, const td_batch *all, const td_model_info *info,
-                           int64_t *first);
 
 /* The tensor strategy's decoder (td_strategy_decoder_create; tp_decode.c). */
 td_status td__tensor_decoder(td_group *g, const char *checkpoint, td_dtype dtype, td_decoder **out);
@@ -59,7 +40,7 @@ typedef struct tensor_par {
     td_strategy *s;
     tp_mesh *mesh; /* replicas of it in this process (data:R,tensor:N; tp_mesh.c); NULL: none */
     td_group *g;   /* this process's members (of this replica) */
-    td__tp_procs procs;
+    td__procs procs;
     int size;
     td_model_info info;
     int64_t lps; /* labels per sample */
@@ -91,8 +72,6 @@ void td__tp_free(tensor_par *p);
  * then, the gradients summed with the other replicas', the update. */
 td_status td__tp_backward_job(td_group *g, td_device *dev, int rank, int size, void *arg);
 td_status td__tp_update_job(td_group *g, td_device *dev, int rank, int size, void *arg);
-/* Rows [lo, hi) of a batch of info's model. */
-td_batch td__tp_rows(const td_batch *all, const td_model_info *info, int64_t lo, int64_t hi);
 
 /* Member k's shard of the model (its plan's slices), optimizer and buffers. */
 td_status td__tp_make_member(tensor_par *p, int k);

@@ -7,7 +7,7 @@
  * member k's gradients are summed over a group of member k of every
  * replica, and the replicas take the update at once, every one on the
  * same gradients: the weights stay equal, and one device's up to the order
- * of the sums. Under mpirun the processes are the replicas (tp_procs.c):
+ * of the sums. Under mpirun the processes are the replicas (procs.c):
  * data:P,tensor:N over P processes of N devices each. */
 #include <assert.h>
 #include <math.h>
@@ -164,7 +164,7 @@ td_status td__tp_mesh_step(tensor_par *p, const td_batch *batch, uint64_t step, 
                                  (long long)batch->n, x->m.replicas);
     for (int r = 0; r < x->m.replicas; r++) {
         int64_t lo = batch->n * r / x->m.replicas, hi = batch->n * (r + 1) / x->m.replicas;
-        rows[r] = td__tp_rows(batch, &p->info, lo, hi);
+        rows[r] = td__batch_rows(batch, &p->info, lo, hi);
         calls[r] = (tp_step_call){x->rep[r], &rows[r], lo, step, 1.0 / (double)(batch->n * p->lps)};
     }
     TD_CHECK(run_replicas(x, td__tp_backward_job, calls));

@@ -349,7 +349,7 @@ td_status td__tp_rebalance(tensor_par *p) {
     sample_free(&smp);
     TD_CHECK(st);
     for (int k = 0; k < p->size; k++) /* the slowest process's, as in agree_speeds */
-        TD_CHECK(td__tp_procs_agree(&p->procs, k, &p->mb[k].shard_s, 1, TD_REDUCE_MAX));
+        TD_CHECK(td__procs_agree(&p->procs, k, &p->mb[k].shard_s, 1, TD_REDUCE_MAX));
     if (!refine_shares(p))
         return TD_OK;
     fit_memory(p);
@@ -366,7 +366,7 @@ td_status td__tp_rebalance(tensor_par *p) {
 static td_status agree_speeds(tensor_par *p) {
     for (int k = 0; k < p->size; k++) {
         double v[2] = {p->mb[k].alone_s, -(double)p->mb[k].mem_free};
-        TD_CHECK(td__tp_procs_agree(&p->procs, k, v, 2, TD_REDUCE_MAX));
+        TD_CHECK(td__procs_agree(&p->procs, k, v, 2, TD_REDUCE_MAX));
         p->mb[k].alone_s = v[0];
         p->mb[k].mem_free = (uint64_t)-v[1];
     }

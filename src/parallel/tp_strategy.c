@@ -23,7 +23,7 @@
  * (and its optimizer state's) into the whole tensor in host memory; loading
  * scatters each member's slices out of the whole tensors (placement.c).
  * Under mpirun each process splits the model over its own devices and takes
- * its rows of the batch (tp_procs.c). */
+ * its rows of the batch (procs.c). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -186,12 +186,12 @@ static void fill_stats(tensor_par *p, const td__member_row *rows, int64_t n, dou
  * step's numbers summed over the processes. */
 static td_status step_across(tp_step_call *c, const td_batch *batch) {
     tensor_par *p = c->p;
-    td_batch rows = td__tp_procs_rows(&p->procs, batch, &p->info, &c->first);
+    td_batch rows = td__procs_rows(&p->procs, batch, &p->info, &c->first);
     c->batch = &rows;
     TD_CHECK(td_group_run(p->g, td__tp_backward_job, c));
     for (int k = 0; k < p->size; k++) {
         uint64_t t0 = td_clock_ns();
-        TD_CHECK(td__tp_procs_sum_grads(&p->procs, k, p->mb[k].m));
+        TD_CHECK(td__procs_sum_grads(&p->procs, k, p->mb[k].m));
         p->mb[k].comm_s += (double)(td_clock_ns() - t0) * 1e-9;
     }
     return td_group_run(p->g, td__tp_update_job, c);
@@ -208,7 +208,7 @@ static td_status tp_step(void *impl, const td_batch *batch, uint64_t step, td_st
     TD_CHECK(p->procs.nprocs > 1 ? step_across(&c, batch) : td_group_run(p->g, step_job, &c));
     TD_CHECK(td__rows_read(&p->mb[0].rows, rows));
     /* every member computed the same loss: member 0's; summed over processes */
-    TD_CHECK(td__tp_procs_agree(&p->procs, 0, &rows[0].loss_sum, 3, TD_REDUCE_SUM));
+    TD_CHECK(td__procs_agree(&p->procs, 0, &rows[0].loss_sum, 3, TD_REDUCE_SUM));
     res->loss_sum = rows[0].loss_sum;
     res->correct = (int64_t)rows[0].correct;
     res->count = (int64_t)rows[0].count;
@@ -341,7 +341,7 @@ void td__tp_free(tensor_par *p) {
         td__tp_drop_member(&p->mb[k]);
         td_buffer_free(p->mb[k].scalar);
     }
-    td__tp_procs_close(&p->procs);
+    td__procs_close(&p->procs);
     free(p);
 }
 
@@ -381,7 +381,7 @@ td_status td__tp_build(td_strategy *s, td_group *g, const double *share, tensor_
     if (!p)
         return TD_ERR_OUT_OF_MEMORY;
     p->s = s;
-    TD_CHECK(td__tp_procs_open(g, &p->procs));
+    TD_CHECK(td__procs_open(g, &p->procs));
     p->g = p->procs.local ? p->procs.local : g;
     p->size = td_group_size(p->g);
     TD_CHECK(check_group(p));
@@ -415,7 +415,7 @@ static td_status tp_create(td_strategy *s) {
     td_status st;
     TD_CHECK(td__option_count(s, "replicas", 1, &replicas));
     if (replicas > 1 && td_group_local_size(s->group) != td_group_size(s->group)) {
-        /* under mpirun each process is a replica (tp_procs.c): data:P,tensor:N */
+        /* under mpirun each process is a replica (procs.c): data:P,tensor:N */
         if (replicas * td_group_local_size(s->group) != td_group_size(s->group))
             return td__error_setting(TD_ERR_UNSUPPORTED, "strategy",
                                      "tensor: %lld replicas over processes of %d devices each: "

@@ -1,15 +1,14 @@
-/* The `tensor` strategy across processes (2-D parallelism): under mpirun
- * each process splits the model over its own devices, as in one process,
- * and the processes share the batch as the `data` strategy does. Member k
- * of every process holds the same slices, so member k's gradients are
- * summed across the processes, over a group of member k of each. Slices
- * follow measured speed; for every process to cut them alike, each member's
- * timings are agreed first: the slowest process's, and the least memory. */
+/* Process groups (procs.h): under mpirun each process runs a strategy
+ * over its own devices, as in one process, and the processes share the
+ * batch as the `data` strategy does. Member k of every process holds the
+ * same slices, so member k's gradients are summed across the processes,
+ * over a group of member k of each. For every process to cut its slices
+ * alike, what each measured is agreed first (td__procs_agree). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
-#include "parallel/tp-impl.h"
+#include "parallel/procs.h"
 
 #define MAX_AGREED 8
 
@@ -58,13 +57,13 @@ static td_status check_even(td_group *span, td_device *writer, int n) {
     TD_CHECK(td_group_run(span, agree_member, &c));
     if (v[0] != n || -v[1] != n)
         return td__error(TD_ERR_INVALID_ARG,
-                         "tensor across processes: every process needs as many devices (this one "
+                         "across processes: every process needs as many devices (this one "
                          "has %d, another %g)",
                          n, v[0] != n ? v[0] : -v[1]);
     return TD_OK;
 }
 
-td_status td__tp_procs_open(td_group *span, td__tp_procs *pp) {
+td_status td__procs_open(td_group *span, td__procs *pp) {
     td_device *devs[TD_DP_MAX_MEMBERS];
     td_group_config cfg = TD_GROUP_CONFIG_INIT;
     int n = 0, first = -1;
@@ -92,36 +91,36 @@ td_status td__tp_procs_open(td_group *span, td__tp_procs *pp) {
     return TD_OK;
 }
 
-void td__tp_procs_close(td__tp_procs *pp) {
+void td__procs_close(td__procs *pp) {
     for (int k = 0; k < pp->n; k++)
         td_group_destroy(pp->across[k]);
     td_group_destroy(pp->local);
     memset(pp, 0, sizeof *pp);
 }
 
-td_status td__tp_procs_agree(td__tp_procs *pp, int k, double *v, size_t n, td_reduce_op op) {
+td_status td__procs_agree(td__procs *pp, int k, double *v, size_t n, td_reduce_op op) {
     agree_call c = {v, n, op, NULL, NULL};
     if (pp->nprocs == 1)
         return TD_OK;
     if (n > MAX_AGREED)
-        return td__error(TD_ERR_INVALID_ARG, "td__tp_procs_agree: %zu numbers", n);
+        return td__error(TD_ERR_INVALID_ARG, "td__procs_agree: %zu numbers", n);
     c.writer = td_group_device(pp->across[k], pp->process);
     return td_group_run(pp->across[k], agree_member, &c);
 }
 
-td_status td__tp_procs_sum_grads(td__tp_procs *pp, int k, td_model *m) {
+td_status td__procs_sum_grads(td__procs *pp, int k, td_model *m) {
     agree_call c = {NULL, 0, TD_REDUCE_SUM, NULL, m};
     return pp->nprocs > 1 ? td_group_run(pp->across[k], sum_grads_member, &c) : TD_OK;
 }
 
-td_batch td__tp_procs_rows(const td__tp_procs *pp, const td_batch *all, const td_model_info *info,
-                           int64_t *first) {
+td_batch td__procs_rows(const td__procs *pp, const td_batch *all, const td_model_info *info,
+                        int64_t *first) {
     int64_t lo = all->n * pp->process / pp->nprocs, hi = all->n * (pp->process + 1) / pp->nprocs;
     *first = lo;
-    return td__tp_rows(all, info, lo, hi);
+    return td__batch_rows(all, info, lo, hi);
 }
 
-td_batch td__tp_rows(const td_batch *all, const td_model_info *info, int64_t lo, int64_t hi) {
+td_batch td__batch_rows(const td_batch *all, const td_model_info *info, int64_t lo, int64_t hi) {
     td_batch b = *all;
     int64_t feats = 1, lps = info->kind == TD_INPUT_TOKENS ? info->in_shape[0] : 1;
     for (int i = 0; i < info->in_ndim; i++)
