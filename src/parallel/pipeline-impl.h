@@ -7,6 +7,7 @@
 #include <pthread.h>
 
 #include "parallel/member_rows.h"
+#include "parallel/procs.h"
 #include "tandem/strategy.h"
 
 #define TD_PP_MAX_STAGES TD_DP_MAX_MEMBERS
@@ -112,6 +113,7 @@ struct pipeline {
     td_group *g;   /* this replica's stages */
     int size;
     int rank0, rank_step;  /* stage k is member rank0 + k rank_step of the strategy's group */
+    td__procs procs;       /* under mpirun, each process a replica (pp_procs.c) */
     td_shard_plan *shards; /* stage k's slices, when a tensor axis splits the stages */
     td_model_info info;
     td_layer_info *layers;
@@ -157,6 +159,14 @@ td_status td__pp_measure(pipeline *p, const unsigned char *joined, td_pp_plan *p
 td_status td__pp_finish(pipeline *p, const td_pp_plan *plan);
 /* What td__pp_build made, not the mesh; NULL-safe. */
 void td__pp_free(pipeline *p);
+
+/* pp_procs.c: data x pipeline over MPI processes, each one replica over
+ * its own devices, cut as process 0 measured. */
+td_status td__pp_procs_open(td_strategy *s, pipeline **out);
+/* This process's rows of the global batch, set up for a step. */
+void td__pp_procs_setup_step(pipeline *p, const td_batch *batch, td_batch *rows, uint64_t step);
+/* The step's numbers summed over the processes. */
+td_status td__pp_procs_results(pipeline *p, td_step_result *res);
 
 /* pp_mesh.c: data x pipeline and pipeline x tensor within one process:
  * `replicas` replicas, or each stage split over `tensor` members. */

@@ -107,11 +107,16 @@ static td_status pp_step(void *impl, const td_batch *batch, uint64_t step, td_st
     uint64_t t0 = td_clock_ns();
     if (p->mesh)
         return td__pp_mesh_step(p, batch, step, res, stats);
-    td__pp_setup_step(p, batch, 0, step, 1.0 / (double)(batch->n * lps));
+    td_batch mine = *batch;
+    if (p->procs.nprocs > 1)
+        td__pp_procs_setup_step(p, batch, &mine, step);
+    else
+        td__pp_setup_step(p, batch, 0, step, 1.0 / (double)(batch->n * lps));
     TD_CHECK(td__pp_run(p));
     TD_CHECK(td__pp_results(p, res, rows));
+    TD_CHECK(td__pp_procs_results(p, res));
     if (stats)
-        fill_stats(p, rows, batch->n, (double)(td_clock_ns() - t0) * 1e-9, stats);
+        fill_stats(p, rows, mine.n, (double)(td_clock_ns() - t0) * 1e-9, stats);
     return TD_OK;
 }
 
@@ -211,6 +216,8 @@ static td_status pp_save(void *impl, const char *path, const td_train_state *sta
     td__holding h[TD_DP_MAX_MEMBERS];
     int n;
     TD_CHECK(settle_all(p));
+    if (p->procs.process != 0) /* every process holds the same model: one writes */
+        return TD_OK;
     if (td__pp_mesh_sliced(p->mesh))
         pp_holdings(p, h, &n);
     else
@@ -308,6 +315,7 @@ void td__pp_free(pipeline *p) {
     }
     free(p->layers);
     free(p->shards);
+    td__procs_close(&p->procs);
     free(p);
 }
 
@@ -356,7 +364,8 @@ static td_status check_devices(pipeline *p) {
     if (strcmp(td_group_transport(p->g), "local") || td_group_local_size(p->g) != p->size)
         return td__error(TD_ERR_UNSUPPORTED,
                          "pipeline: runs within one process (the group's transport is %s); "
-                         "across processes use the data strategy",
+                         "across processes use the mesh data:P,pipeline:N (each process one "
+                         "replica) or the data strategy",
                          td_group_transport(p->g));
     for (int k = 0; k < p->size; k++)
         TD_CHECK(td__tensor_check_dtype(td_group_device(p->g, k), p->s->cfg.dtype));
@@ -497,6 +506,17 @@ static td_status pp_create(td_strategy *s) {
     td_status st;
     TD_CHECK(td__option_count(s, "replicas", 1, &replicas));
     TD_CHECK(td__option_count(s, "tensor", 1, &tensor));
+    if (replicas > 1 && td_group_local_size(s->group) != td_group_size(s->group)) {
+        /* under mpirun each process is a replica (pp_procs.c): data:P,pipeline:N */
+        if (replicas * td_group_local_size(s->group) != td_group_size(s->group) || tensor > 1)
+            return td__error_setting(TD_ERR_UNSUPPORTED, "strategy",
+                                     "pipeline: %lld replicas over processes of %d devices each: "
+                                     "under mpirun each process is one replica",
+                                     (long long)replicas, td_group_local_size(s->group));
+        st = td__pp_procs_open(s, &p);
+        s->impl = p;
+        return st;
+    }
     st = replicas > 1 || tensor > 1 ? td__pp_mesh_open(s, (int)replicas, (int)tensor, &p)
                                     : td__pp_build(s, s->group, NULL, &p);
     s->impl = p;

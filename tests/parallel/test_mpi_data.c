@@ -127,6 +127,32 @@ static void two_processes_split_every_layer_over_their_devices(void **state) {
     }
 }
 
+/* data:2,pipeline:2 under mpirun: each process a two-stage pipeline over
+ * its devices, the stages summing their gradients with their peers; and a
+ * checkpoint of the data:2,tensor:2 run resumes under it. */
+static void two_processes_each_run_a_pipeline(void **state) {
+    double d;
+    (void)state;
+    free(train(2, "cpu*2", "--steps 12 --precision f64 --strategy data:2,pipeline:2", "pp.st"));
+    d = checkpoint_diff("pp.st", "one_f64_sgd.safetensors");
+    printf("data:2,pipeline:2 in 2 processes of 2 devices: %.3g from one device\n", d);
+    if (d > 1e-12)
+        fail_msg("data:2,pipeline:2 over 2 processes differs from one device by %g", d);
+    free(train(2, "cpu*2", "--steps 6 --precision f64 --strategy data:2,tensor:2", "half.st"));
+    {
+        char extra[1024];
+        snprintf(extra, sizeof extra,
+                 "--steps 12 --precision f64 --strategy data:2,pipeline:2 --resume %s/half.st",
+                 td_test_tmpdir());
+        free(train(2, "cpu*2", extra, "resumed.st"));
+    }
+    d = checkpoint_diff("resumed.st", "one_f64_sgd.safetensors");
+    printf("data:2,tensor:2 for 6 steps, then data:2,pipeline:2: %.3g from one device\n", d);
+    if (d > 1e-12)
+        fail_msg("data:2,tensor:2 resumed under data:2,pipeline:2 differs from one device by %g",
+                 d);
+}
+
 /* A device lost in process 1: that process's run fails, and it ends the
  * job, so process 0 stops at once instead of waiting in its next collective
  * for the default timeout (five minutes; `timeout` stops the test long
@@ -154,6 +180,7 @@ int main(void) {
         cmocka_unit_test(two_processes_train_one_model),
         cmocka_unit_test(two_processes_train_with_zero_1),
         cmocka_unit_test(two_processes_split_every_layer_over_their_devices),
+        cmocka_unit_test(two_processes_each_run_a_pipeline),
         cmocka_unit_test(a_failed_process_ends_the_job),
     };
 #ifndef TD_HAVE_MPI
