@@ -191,19 +191,16 @@ static td_status create_member(td_group *g, td_device *dev, int rank, int size, 
     dp_work *w = arg;
     td_dp *dp = w->dp;
     dp_member *mb = td__dp_member(dp, rank);
-    int64_t shape[2] = {size, STAT_WORDS}, words = STAT_WORDS, one = 1;
+    int64_t one = 1;
     td_status st;
     if ((st = td_model_load_string(w->json, w->name, dev, w->dtype, w->seed, &mb->model)) != TD_OK)
         return st;
     if ((st = dp->cfg.zero ? td__dp_create_shard_state(mb, w->opt, rank, size)
                            : td_optimizer_create(mb->model, w->opt, &mb->opt)) != TD_OK)
         return st;
-    if ((st = td_tensor_create(dev, dp->stat_dtype, 1, &words, &mb->stats_send)) != TD_OK)
+    if ((st = td__rows_alloc(dev, size, &mb->rows)) != TD_OK)
         return st;
-    if ((st = td_tensor_create(dev, dp->stat_dtype, 2, shape, &mb->stats_all)) != TD_OK ||
-        (st = td_tensor_create(dev, dp->stat_dtype, 1, &one, &mb->scalar)) != TD_OK)
-        return st;
-    return TD_OK;
+    return td_tensor_create(dev, dp->stat_dtype, 1, &one, &mb->scalar);
 }
 
 static td_status broadcast_replicas(td_group *g, td_device *dev, int rank, int size, void *arg) {
@@ -353,8 +350,7 @@ void td_dp_destroy(td_dp *dp) {
         td__dp_free_chunk_grads(mb, dp->nparams);
         td_tensor_destroy(mb->chunk_results);
         td_tensor_destroy(mb->chunk_results_all);
-        td_tensor_destroy(mb->stats_send);
-        td_tensor_destroy(mb->stats_all);
+        td__rows_free(&mb->rows);
         /* dp->nparams is unset when creation failed before the buckets */
         for (size_t p = 0; mb->shard_grads && p < td_model_param_count(mb->model); p++)
             td_tensor_destroy(mb->shard_grads[p]);
@@ -437,7 +433,7 @@ static td_status step_member(td_group *g, td_device *dev, int run_rank, int size
     td_batch slice = td__dp_slice(dp, w->batch, w->offsets[rank], w->counts[rank]);
     double scale = 1.0 / (double)(w->batch->n * dp->labels_per_sample);
     td_step_result r = {0, 0, 0};
-    double v[STAT_WORDS];
+    td__member_row row;
     uint64_t c0, c1, u0; /* compute, communication and update start */
     td_status st = TD_OK;
 
@@ -467,11 +463,10 @@ static td_status step_member(td_group *g, td_device *dev, int run_rank, int size
         return st;
     if (dp->cfg.zero && (st = td__dp_gather_weights(mb)) != TD_OK)
         return st;
-    v[0] = r.loss_sum;
-    v[1] = (double)r.correct;
-    v[2] = (double)r.count;
-    td__dp_put_times(v, c0, c1, u0);
-    return td__dp_gather_stats(g, mb, w, v);
+    row = (td__member_row){
+        .loss_sum = r.loss_sum, .correct = (double)r.correct, .count = (double)r.count};
+    td__dp_put_times(&row, c0, c1, u0);
+    return td__dp_gather_stats(g, mb, w, &row);
 }
 
 /* The step from tr (td__trace_begin's) on, as idle time on the tracks of
@@ -566,7 +561,7 @@ static td_status step_group(td_dp *dp, td_group **g, int *ranks, int *n) {
 td_status td_dp_step(td_dp *dp, const td_batch *batch, uint64_t step, td_step_result *res,
                      td_step_stats *stats) {
     int64_t counts[TD_DP_MAX_MEMBERS], offsets[TD_DP_MAX_MEMBERS];
-    double rows[TD_DP_MAX_MEMBERS * STAT_WORDS], all[TD_DP_MAX_MEMBERS * STAT_WORDS];
+    td__member_row rows[TD_DP_MAX_MEMBERS], all[TD_DP_MAX_MEMBERS];
     double seconds[TD_DP_MAX_MEMBERS];
     int64_t units, samples[TD_DP_MAX_MEMBERS];
     int ranks[TD_DP_MAX_MEMBERS], nrun;
@@ -612,9 +607,9 @@ td_status td_dp_step(td_dp *dp, const td_batch *batch, uint64_t step, td_step_re
         return st;
     }
     /* Rows by the run's ranks; the parked ones did nothing. */
-    memset(all, 0, sizeof *all * (size_t)dp->size * STAT_WORDS);
+    memset(all, 0, sizeof *all * (size_t)dp->size);
     for (int k = 0; k < nrun; k++)
-        memcpy(&all[ranks[k] * STAT_WORDS], &rows[k * STAT_WORDS], sizeof *rows * STAT_WORDS);
+        all[ranks[k]] = rows[k];
     trace_parked(dp, tr);
     for (int r = 0; r < dp->size; r++)
         if (td__dp_sits_out(dp, r))
@@ -635,14 +630,14 @@ td_status td_dp_step(td_dp *dp, const td_batch *batch, uint64_t step, td_step_re
         }
     } else {
         for (int r = 0; r < dp->size; r++) {
-            res->loss_sum += all[r * STAT_WORDS + 0];
-            res->correct += (int64_t)all[r * STAT_WORDS + 1];
-            res->count += (int64_t)all[r * STAT_WORDS + 2];
+            res->loss_sum += all[r].loss_sum;
+            res->correct += (int64_t)all[r].correct;
+            res->count += (int64_t)all[r].count;
             samples[r] = counts[r];
         }
     }
     for (int r = 0; r < dp->size; r++)
-        seconds[r] = all[r * STAT_WORDS + 3];
+        seconds[r] = all[r].compute_s;
     if (dp->cfg.rebalance) {
         /* The caller shows the report (stats) or the log does. */
         if (td_balancer_observe(dp->balancer, samples, seconds, report, sizeof report) > 0 &&

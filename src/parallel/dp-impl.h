@@ -13,12 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "parallel/member_rows.h"
 #include "tandem/parallel.h"
-
-/* Per rank and step, gathered on every member: loss sum, correct, count,
- * compute seconds, communication seconds (calibration: the quarter batch's
- * seconds) and the update's seconds. */
-#define STAT_WORDS 6
 
 typedef struct bucket {
     size_t first, count; /* parameters [first, first + count) */
@@ -30,8 +26,7 @@ typedef struct dp_member {
     int cpu; /* no TD_DEVICE_CAP_ASYNC_COPY (a CPU device): reduces with the cores it computes on */
     td_model *model;
     td_optimizer *opt;
-    td_tensor *stats_send; /* (STAT_WORDS) f64 */
-    td_tensor *stats_all;  /* (size, STAT_WORDS) f64 */
+    td__rows rows; /* the run's row of every member, gathered */
 
     /* ZeRO-1: where the reduce-scatter puts this member's shard of each
      * gradient (NULL where the shard is empty; one per parameter, since
@@ -95,8 +90,8 @@ typedef struct dp_work {
     const int64_t *counts;   /* samples (or chunks) per rank */
     const int64_t *offsets;  /* first sample (or chunk) per rank */
     const int *ranks;        /* rank in the group run -> rank in dp->g; NULL: the same */
-    const dp_member *reader; /* the member that copies the gathered numbers to rows */
-    double *rows;            /* (dp->size, STAT_WORDS) */
+    const dp_member *reader; /* the member that copies the gathered rows to `rows` */
+    td__member_row *rows;    /* (dp->size): a row per rank of the run, then earlier runs' */
     double *chunk_rows;      /* deterministic mode: (chunks, 3) */
     int root;                /* broadcast_replicas: the rank whose state the others take */
     uint64_t step;
@@ -135,9 +130,9 @@ void td__dp_free_chunk_grads(dp_member *mb, size_t nparams);
 
 /* Numbers and timings (dp_stats.c). */
 td_status td__dp_gather_stats(td_group *g, dp_member *mb, const dp_work *w,
-                              const double v[STAT_WORDS]);
-void td__dp_put_times(double v[STAT_WORDS], uint64_t c0, uint64_t c1, uint64_t u0);
-void td__dp_fill_stats(td_dp *dp, const double *all, const int64_t *counts, double step_s,
+                              const td__member_row *row);
+void td__dp_put_times(td__member_row *row, uint64_t c0, uint64_t c1, uint64_t u0);
+void td__dp_fill_stats(td_dp *dp, const td__member_row *all, const int64_t *counts, double step_s,
                        int64_t total, td_step_stats *stats);
 
 #endif

@@ -58,7 +58,8 @@ td_status td__dp_step_member_deterministic(td_group *g, td_device *dev, int rank
     const int64_t nchunks = (B + C - 1) / C;
     double scale = 1.0 / (double)(B * dp->labels_per_sample);
     int64_t res_shape[2] = {nchunks, 3};
-    double *res = NULL, v[STAT_WORDS] = {0};
+    double *res = NULL;
+    td__member_row row = {0};
     uint64_t c0, c1, u0; /* compute, communication and update start */
     td_status st;
 
@@ -112,7 +113,7 @@ td_status td__dp_step_member_deterministic(td_group *g, td_device *dev, int rank
     }
     u0 = td_clock_ns();
     TD_TRY(td_optimizer_step(mb->opt, NULL));
-    td__dp_put_times(v, c0, c1, u0);
+    td__dp_put_times(&row, c0, c1, u0);
     /* Each chunk's numbers come from one rank and zeros from the others, so
      * the sum is exact; the fold over chunks happens in order on the host. */
     TD_TRY(td_tensor_write_f64(mb->chunk_results, res, (size_t)nchunks * 3));
@@ -121,7 +122,7 @@ td_status td__dp_step_member_deterministic(td_group *g, td_device *dev, int rank
                         dp->stat_dtype, TD_REDUCE_SUM));
     if (mb == w->reader)
         TD_TRY(td_tensor_read_f64(mb->chunk_results_all, w->chunk_rows, (size_t)nchunks * 3));
-    st = td__dp_gather_stats(g, mb, w, v);
+    st = td__dp_gather_stats(g, mb, w, &row);
 fail:
     free(res);
     return st;

@@ -12,23 +12,15 @@
 
 /* Sharing per-rank numbers ------------------------------------------------------ */
 
-/* Every member contributes STAT_WORDS numbers; all get everyone's. The
- * run's reader (one member) also copies them to the host, here on its own
- * thread: read from the caller's, they would cost a round trip to it. The
- * host copy has a row per rank of the run, then rows left from earlier runs,
- * dp->size in all. */
+/* Every member contributes its row; all get everyone's. The run's reader
+ * (one member) also copies them to the host, here on its own thread: read
+ * from the caller's, they would cost a round trip to it. The host copy has
+ * a row per rank of the run, then rows left from earlier runs, dp->size in
+ * all. */
 td_status td__dp_gather_stats(td_group *g, dp_member *mb, const dp_work *w,
-                              const double v[STAT_WORDS]) {
-    td_status st;
-    if ((st = td_tensor_write_f64(mb->stats_send, v, STAT_WORDS)) != TD_OK)
-        return st;
-    if ((st = td_allgather(g, td_tensor_buffer(mb->stats_send, NULL), 0,
-                           td_tensor_buffer(mb->stats_all, NULL), 0, STAT_WORDS,
-                           td_tensor_dtype(mb->stats_send))) != TD_OK)
-        return st;
-    if (mb != w->reader)
-        return TD_OK;
-    return td_tensor_read_f64(mb->stats_all, w->rows, (size_t)mb->dp->size * STAT_WORDS);
+                              const td__member_row *row) {
+    TD_CHECK(td__rows_gather(g, &mb->rows, row));
+    return mb == w->reader ? td__rows_read(&mb->rows, w->rows) : TD_OK;
 }
 
 /* Calibration ----------------------------------------------------------------- */
@@ -58,13 +50,13 @@ static td_status calibrate_member(td_group *g, td_device *dev, int rank, int siz
     dp_member *mb = td__dp_member(w->dp, rank);
     td_batch part =
         td__dp_slice(w->dp, w->batch, 0, w->batch->n >= 4 ? w->batch->n / 4 : w->batch->n);
-    double v[STAT_WORDS] = {0};
+    td__member_row row = {0};
     td_status st;
     td_model_set_grad_hook(mb->model, NULL, NULL);
-    if ((st = time_passes(mb, w->batch, &v[3])) != TD_OK ||
-        (st = time_passes(mb, &part, &v[4])) != TD_OK)
+    if ((st = time_passes(mb, w->batch, &row.compute_s)) != TD_OK ||
+        (st = time_passes(mb, &part, &row.part_s)) != TD_OK)
         return st;
-    return td__dp_gather_stats(g, mb, w, v);
+    return td__dp_gather_stats(g, mb, w, &row);
 }
 
 /* The line through (n1, t1) and (n2, t2), n1 > n2: fixed + per_sample * n,
@@ -89,7 +81,8 @@ static void fit_costs(double n1, double t1, double n2, double t2, double *fixed,
 
 td_status td_dp_calibrate(td_dp *dp, const td_batch *batch) {
     dp_work w;
-    double all[TD_DP_MAX_MEMBERS * STAT_WORDS], fixed[TD_DP_MAX_MEMBERS], per[TD_DP_MAX_MEMBERS];
+    td__member_row all[TD_DP_MAX_MEMBERS];
+    double fixed[TD_DP_MAX_MEMBERS], per[TD_DP_MAX_MEMBERS];
     double n1, n2;
     td_status st;
     if (!dp || !batch || batch->n < 1)
@@ -107,8 +100,8 @@ td_status td_dp_calibrate(td_dp *dp, const td_batch *batch) {
     n1 = (double)batch->n;
     n2 = (double)(batch->n >= 4 ? batch->n / 4 : batch->n);
     for (int r = 0; r < dp->size; r++)
-        fit_costs(n1, fmax(all[r * STAT_WORDS + 3], 1e-9), n2, fmax(all[r * STAT_WORDS + 4], 1e-9),
-                  &fixed[r], &per[r]);
+        fit_costs(n1, fmax(all[r].compute_s, 1e-9), n2, fmax(all[r].part_s, 1e-9), &fixed[r],
+                  &per[r]);
     if ((st = td_balancer_set_costs(dp->balancer, fixed, per)) != TD_OK)
         return st;
     for (int r = 0; r < dp->size; r++)
@@ -122,13 +115,13 @@ td_status td_dp_calibrate(td_dp *dp, const td_batch *batch) {
 
 /* A member's timings into its step numbers: compute from c0, communication
  * from c1, and the update from u0 until now. */
-void td__dp_put_times(double v[STAT_WORDS], uint64_t c0, uint64_t c1, uint64_t u0) {
-    v[3] = (double)(c1 - c0) * 1e-9;
-    v[4] = (double)(u0 - c1) * 1e-9;
-    v[5] = (double)(td_clock_ns() - u0) * 1e-9;
+void td__dp_put_times(td__member_row *row, uint64_t c0, uint64_t c1, uint64_t u0) {
+    row->compute_s = (double)(c1 - c0) * 1e-9;
+    row->comm_s = (double)(u0 - c1) * 1e-9;
+    row->update_s = (double)(td_clock_ns() - u0) * 1e-9;
 }
 
-void td__dp_fill_stats(td_dp *dp, const double *all, const int64_t *counts, double step_s,
+void td__dp_fill_stats(td_dp *dp, const td__member_row *all, const int64_t *counts, double step_s,
                        int64_t total, td_step_stats *stats) {
     /* The share of its reductions' time that ran before backward ended, on
      * the member of this process whose backward ended last: the others'
@@ -144,12 +137,10 @@ void td__dp_fill_stats(td_dp *dp, const double *all, const int64_t *counts, doub
         m->samples = counts[r];
         m->share = total ? (double)counts[r] / (double)total : 0;
         m->parked = td__dp_is_parked(dp, r);
-        /* A member that sat the step out has a row of zeros. */
-        m->compute_s = all[r * STAT_WORDS + 3];
-        m->comm_s = all[r * STAT_WORDS + 4];
-        m->update_s = all[r * STAT_WORDS + 5];
-        m->wait_s =
-            td__dp_sits_out(dp, r) ? 0 : fmax(0.0, step_s - m->compute_s - m->comm_s - m->update_s);
+        /* A member that sat the step out has a row of zeros, and no wait. */
+        td__rows_to_stats(&all[r], 1, step_s, m);
+        if (td__dp_sits_out(dp, r))
+            m->wait_s = 0;
         if (mb && !m->parked && (!last || mb->all_started_ns > last->all_started_ns))
             last = mb;
     }

@@ -10,6 +10,8 @@
 typedef struct td__member_row {
     double compute_s, comm_s, update_s; /* where its step went */
     double loss_sum, correct, count;    /* what its part of the batch gave */
+    double part_s; /* calibrating the data strategy: a pass over a quarter of the batch (and
+                      compute_s, over all of it) */
 } td__member_row;
 
 #define TD__ROW_WORDS (sizeof(td__member_row) / sizeof(double))

@@ -451,8 +451,12 @@ td_status td__pp_sum_over_stages(void *arg, const double *terms, size_t n, doubl
 }
 
 static td_status gather_stats(td_group *g, stage *s) {
-    td__member_row row = {s->compute_s,           s->comm_s,           s->update_s, s->res.loss_sum,
-                          (double)s->res.correct, (double)s->res.count};
+    td__member_row row = {.compute_s = s->compute_s,
+                          .comm_s = s->comm_s,
+                          .update_s = s->update_s,
+                          .loss_sum = s->res.loss_sum,
+                          .correct = (double)s->res.correct,
+                          .count = (double)s->res.count};
     return td__rows_gather(g, &s->rows, &row);
 }
 

@@ -64,8 +64,12 @@ static td_status sum_over_members(void *arg, const double *terms, size_t n, doub
 /* Steps ------------------------------------------------------------------------ */
 
 static td_status gather_stats(td_group *g, tp_member *m) {
-    td__member_row row = {m->compute_s,           m->comm_s,           m->update_s, m->res.loss_sum,
-                          (double)m->res.correct, (double)m->res.count};
+    td__member_row row = {.compute_s = m->compute_s,
+                          .comm_s = m->comm_s,
+                          .update_s = m->update_s,
+                          .loss_sum = m->res.loss_sum,
+                          .correct = (double)m->res.correct,
+                          .count = (double)m->res.count};
     return td__rows_gather(g, &m->rows, &row);
 }
 
