@@ -1,0 +1,266 @@
+/* A step of the `mirror` strategy (mirror-impl.h). Every member runs
+ * forward and backward on the whole batch, flips a bit where fault
+ * injection says so, and digests its loss and gradients (and, every
+ * check_weights steps, its weights) on its own thread. The caller sorts the
+ * members by agreement: one class, and every member takes its optimizer
+ * step; otherwise nobody updates yet. A majority names the others, which
+ * are dropped as a lost device is; without one (two members) the step is
+ * computed again, and the member whose digest changed had computed it
+ * wrong the first time; members that still disagree stop the run. */
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "parallel/mirror-impl.h"
+
+typedef struct pass_args {
+    td__mirror *p;
+    const td_batch *batch;
+    uint64_t step;      /* keys dropout */
+    int64_t fault_step; /* the step fault items name: step + 1 */
+    double grad_scale;
+    int weights; /* digest the weights too */
+    td_step_result res[TD_DP_MAX_MEMBERS];
+    uint64_t compute_ns[TD_DP_MAX_MEMBERS], digest_ns[TD_DP_MAX_MEMBERS];
+} pass_args;
+
+/* Forward, backward and the digest on member `rank`'s thread, with the bit
+ * flips planned for it at this step. */
+static td_status member_pass(td_group *g, td_device *dev, int rank, int size, void *arg) {
+    pass_args *a = arg;
+    td__mirror *p = a->p;
+    td_model *m = p->m[rank];
+    td_batch b = *a->batch;
+    uint64_t t0, t1;
+    (void)dev;
+    (void)size;
+    assert(rank >= 0 && rank < p->n);
+    if (td_group_fault_flip(g, rank, TD_FLIP_WEIGHT, a->fault_step))
+        TD_CHECK(td__flip_tensor(td_model_param(m, 0), p->scratch[rank]));
+    if (td_group_fault_flip(g, rank, TD_FLIP_ACT, a->fault_step))
+        td__flip_batch(a->batch, (size_t)a->batch->n * p->input_values, p->xcopy[rank],
+                       p->tcopy[rank], &b);
+    t0 = td_clock_ns();
+    TD_CHECK(td_model_train_step(m, &b, a->grad_scale, 0, a->step, &a->res[rank]));
+    t1 = td_clock_ns();
+    if (td_group_fault_flip(g, rank, TD_FLIP_GRAD, a->fault_step))
+        TD_CHECK(td__flip_tensor(td_model_grad(m, 0), p->scratch[rank]));
+    TD_CHECK(
+        td__digest_model(m, a->res[rank].loss_sum, a->weights, p->scratch[rank], &p->dg[rank]));
+    a->compute_ns[rank] = t1 - t0;
+    a->digest_ns[rank] = td_clock_ns() - t1;
+    return TD_OK;
+}
+
+typedef struct update_args {
+    td__mirror *p;
+    uint64_t update_ns[TD_DP_MAX_MEMBERS];
+} update_args;
+
+static td_status member_update(td_group *g, td_device *dev, int rank, int size, void *arg) {
+    update_args *a = arg;
+    uint64_t t0 = td_clock_ns();
+    td_status st;
+    (void)g;
+    (void)dev;
+    (void)size;
+    st = td_optimizer_step(a->p->opt[rank], NULL);
+    a->update_ns[rank] = td_clock_ns() - t0;
+    return st;
+}
+
+/* Room for a flipped copy of a batch of n samples on every member. */
+static td_status ensure_capacity(td__mirror *p, int64_t n) {
+    size_t values = (size_t)n * p->input_values;
+    if (n <= p->capacity)
+        return TD_OK;
+    for (int r = 0; r < p->n; r++) {
+        free(p->xcopy[r]);
+        free(p->tcopy[r]);
+        p->xcopy[r] = td__calloc(values * sizeof *p->xcopy[r] + 1, "a mirror input copy");
+        p->tcopy[r] = td__calloc(values * sizeof *p->tcopy[r] + 1, "a mirror input copy");
+        if (!p->xcopy[r] || !p->tcopy[r])
+            return TD_ERR_OUT_OF_MEMORY;
+    }
+    p->capacity = n;
+    return TD_OK;
+}
+
+/* cls[r]: the first member that r agrees with (r itself when none before
+ * it does); the number of classes. *entry: what the first disagreement seen
+ * was about. */
+static int sort_into_classes(const td__mirror *p, int *cls, int *entry) {
+    int classes = 0;
+    for (int r = 0; r < p->n; r++) {
+        cls[r] = r;
+        for (int q = 0; q < r; q++) {
+            int e;
+            if (cls[q] != q)
+                continue;
+            if (td__digest_agree(&p->dg[q], &p->dg[r], p->rule, &e)) {
+                cls[r] = q;
+                break;
+            }
+            *entry = e;
+        }
+        classes += cls[r] == r;
+    }
+    return classes;
+}
+
+/* The class more than half the members are in, or -1. */
+static int majority_class(const int *cls, int n) {
+    for (int c = 0; c < n; c++) {
+        int members = 0;
+        for (int r = 0; r < n; r++)
+            members += cls[r] == c;
+        if (2 * members > n)
+            return c;
+    }
+    return -1;
+}
+
+/* "cpu:0, cpu:1 and cpu:2": the members r with pick[r], into buf. */
+static const char *member_names(const td__mirror *p, const int *pick, char *buf, size_t n) {
+    int chosen[TD_DP_MAX_MEMBERS], k = 0;
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int r = 0; r < p->n; r++)
+        if (pick[r])
+            chosen[k++] = r;
+    for (int i = 0; i < k && used < n; i++)
+        used += (size_t)snprintf(buf + used, n - used, "%s%s",
+                                 i == 0       ? ""
+                                 : i == k - 1 ? " and "
+                                              : ", ",
+                                 td_device_name(td_group_device(p->g, chosen[i])));
+    return buf;
+}
+
+static void note_found(td__mirror *p, uint64_t step, const char *who, const char *what,
+                       const char *outcome) {
+    size_t used = strlen(p->counts.found);
+    if (used + 1 < sizeof p->counts.found)
+        snprintf(p->counts.found + used, sizeof p->counts.found - used, "step %llu: %s (%s), %s; ",
+                 (unsigned long long)step + 1, who, what, outcome);
+}
+
+/* The members outside the majority class `rep` are marked odd and the step
+ * fails as a lost device's would, naming them. */
+static td_status drop_odd(td__mirror *p, const int *cls, int rep, uint64_t step) {
+    int odd[TD_DP_MAX_MEMBERS] = {0}, e = 0, first = -1, k = 0;
+    char who[256], what[160];
+    for (int r = 0; r < p->n; r++)
+        if ((odd[r] = p->odd[r] = cls[r] != rep)) {
+            first = first < 0 ? r : first;
+            k++;
+        }
+    assert(first >= 0);
+    td__digest_agree(&p->dg[rep], &p->dg[first], p->rule, &e);
+    td__digest_entry_name(p->m[rep], e, what, sizeof what);
+    member_names(p, odd, who, sizeof who);
+    p->counts.dropped += k;
+    note_found(p, step, who, what, "dropped");
+    return td__error(TD_ERR_DEVICE_LOST,
+                     "mirror: step %llu: %s computed %s unlike the %d other members, which agree; "
+                     "%s dropped and the step computed again without %s",
+                     (unsigned long long)step + 1, who, what, p->n - k,
+                     k == 1 ? "it is" : "they are", k == 1 ? "it" : "them");
+}
+
+/* No majority: every member computes the step again. A member whose digest
+ * changed computed it wrong the first time; if they now agree the step
+ * goes on, else the run stops naming them all. */
+static td_status recompute(td__mirror *p, pass_args *a, int entry, uint64_t step) {
+    int cls[TD_DP_MAX_MEMBERS], changed[TD_DP_MAX_MEMBERS], all[TD_DP_MAX_MEMBERS], e = 0, any = 0;
+    char who[256], what[160];
+    td__digest_entry_name(p->m[0], entry, what, sizeof what);
+    for (int r = 0; r < p->n; r++)
+        td__digest_swap(&p->dg[r], &p->first[r]);
+    TD_CHECK(td_group_run(p->g, member_pass, a));
+    for (int r = 0; r < p->n; r++) {
+        any |= changed[r] = !td__digest_agree(&p->first[r], &p->dg[r], p->rule, &e);
+        all[r] = 1;
+    }
+    if (sort_into_classes(p, cls, &e) == 1) {
+        p->counts.recomputed++;
+        member_names(p, changed, who, sizeof who);
+        note_found(p, step, any ? who : "no member changed", what, "recomputed");
+        TD_LOG_WARN("mirror: step %llu: the members disagreed on %s; computed again, they agree: "
+                    "%s had computed it wrong",
+                    (unsigned long long)step + 1, what, any ? who : "none of them");
+        return TD_OK;
+    }
+    td__digest_entry_name(p->m[0], e, what, sizeof what);
+    member_names(p, all, who, sizeof who);
+    note_found(p, step, who, what, "stopped");
+    return td__error(TD_ERR_DEVICE,
+                     "mirror: step %llu: %s disagree on %s, and still do after computing the step "
+                     "again: one of them computes wrong numbers. The run stops before the step's "
+                     "update; the last checkpoint written stays as it was",
+                     (unsigned long long)step + 1, who, what);
+}
+
+static void fill_stats(const td__mirror *p, const pass_args *a, const update_args *u, int64_t n,
+                       double step_s, double compare_s, td_step_stats *stats) {
+    memset(stats, 0, sizeof *stats);
+    stats->members = p->n;
+    stats->step_s = step_s;
+    stats->ideal_s = step_s;
+    for (int r = 0; r < p->n; r++) {
+        td_member_stats *m = &stats->m[r];
+        m->samples = n;
+        m->share = 1.0;
+        m->compute_s = (double)a->compute_ns[r] * 1e-9;
+        m->comm_s = (double)a->digest_ns[r] * 1e-9 + compare_s;
+        m->update_s = (double)u->update_ns[r] * 1e-9;
+        m->wait_s = step_s - m->compute_s - m->comm_s - m->update_s;
+        m->wait_s = m->wait_s > 0 ? m->wait_s : 0;
+    }
+}
+
+td_status td__mirror_step(td__mirror *p, const td_batch *batch, uint64_t step, td_step_result *res,
+                          td_step_stats *stats) {
+    pass_args *a = td__calloc(sizeof *a, "a mirror step");
+    update_args u;
+    int cls[TD_DP_MAX_MEMBERS], entry = 0;
+    uint64_t t0 = td_clock_ns(), c0, c1, slowest = 0;
+    td_status st;
+    if (!a)
+        return TD_ERR_OUT_OF_MEMORY;
+    memset(&u, 0, sizeof u);
+    u.p = a->p = p;
+    a->batch = batch;
+    a->step = step;
+    a->fault_step = (int64_t)step + 1;
+    a->grad_scale = 1.0 / (double)(batch->n * p->labels_per_sample);
+    a->weights = p->check_weights > 0 && td_optimizer_steps(p->opt[0]) % p->check_weights == 0;
+    TD_TRY(ensure_capacity(p, batch->n));
+    TD_TRY(td_group_run(p->g, member_pass, a));
+    c0 = td_clock_ns();
+    if (sort_into_classes(p, cls, &entry) > 1) {
+        int rep = majority_class(cls, p->n);
+        p->counts.disagreements++;
+        TD_TRY(rep >= 0 ? drop_odd(p, cls, rep, step) : recompute(p, a, entry, step));
+    }
+    c1 = td_clock_ns();
+    TD_TRY(td_group_run(p->g, member_update, &u));
+    for (int r = 0; r < p->n; r++)
+        slowest = a->digest_ns[r] > slowest ? a->digest_ns[r] : slowest;
+    p->counts.steps++;
+    p->counts.weight_checks += a->weights;
+    p->counts.check_s += (double)(slowest + (c1 - c0)) * 1e-9;
+    p->counts.step_s += (double)(td_clock_ns() - t0) * 1e-9;
+    *res = a->res[0];
+    if (stats)
+        fill_stats(p, a, &u, batch->n, (double)(td_clock_ns() - t0) * 1e-9,
+                   (double)(c1 - c0) * 1e-9, stats);
+    st = TD_OK;
+fail:
+    free(a);
+    return st;
+}
