@@ -41,8 +41,10 @@ void td__digest_swap(td__digest *a, td__digest *b);
 
 /* The digest of m's gradients and loss_sum (and its weights when `weights`)
  * into d, reading each tensor through scratch (at least the largest
- * tensor's bytes). On m's device's thread. */
-td_status td__digest_model(td_model *m, double loss_sum, int weights, void *scratch, td__digest *d);
+ * tensor's bytes); hashes alone when the comparison will be exact. On m's
+ * device's thread. */
+td_status td__digest_model(td_model *m, double loss_sum, int weights, int exact, void *scratch,
+                           td__digest *d);
 
 /* 1 when a and b agree under rule; else 0 with *entry the first entry that
  * differs. Weights count only when both digests have them. */

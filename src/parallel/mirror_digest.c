@@ -54,17 +54,37 @@ static uint64_t mix(uint64_t x) {
     return x ^ (x >> 31);
 }
 
+static uint64_t rotl(uint64_t x, int r) {
+    return (x << r) | (x >> (64 - r));
+}
+
+/* xxHash64's round: bijective in w for a given acc, so words that differ
+ * leave lanes that differ. */
+static uint64_t hash_round(uint64_t acc, uint64_t w) {
+    acc += w * 0xc2b2ae3d27d4eb4full;
+    return rotl(acc, 31) * 0x9e3779b185ebca87ull;
+}
+
+/* Four independent lanes, so the multiplies overlap: the digest of a
+ * replica's gradients runs at memory speed, not at one multiply's latency
+ * per word. */
 static uint64_t hash_bytes(const void *p, size_t n) {
     const unsigned char *b = p;
-    uint64_t h = 0x9e3779b97f4a7c15ull ^ n, w;
+    uint64_t v[4] = {1, 2, 3, 4}, w[4], tail = 0;
     size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        memcpy(&w, b + i, 8);
-        h = mix(h ^ w) + i;
+    for (; i + 32 <= n; i += 32) {
+        memcpy(w, b + i, 32);
+        for (int k = 0; k < 4; k++)
+            v[k] = hash_round(v[k], w[k]);
     }
-    for (w = 0; i < n; i++)
-        w = (w << 8) | b[i];
-    return mix(h ^ w);
+    for (; i + 8 <= n; i += 8) {
+        memcpy(w, b + i, 8);
+        v[0] = hash_round(v[0], w[0]);
+    }
+    for (; i < n; i++)
+        tail = (tail << 8) | b[i];
+    v[1] = hash_round(v[1], tail);
+    return mix(v[0] ^ rotl(v[1], 7) ^ rotl(v[2], 12) ^ rotl(v[3], 18) ^ n);
 }
 
 /* The projection's sign for element i: the top bit of a Fibonacci hash. */
@@ -72,10 +92,11 @@ static double sign_of(size_t i) {
     return ((uint64_t)i * 0x9e3779b97f4a7c15ull) >> 63 ? -1.0 : 1.0;
 }
 
-/* Entry e of d from n values of dtype dt at p. */
-static void digest_values(td__digest *d, int e, const void *p, size_t n, td_dtype dt) {
+/* Entry e of d from n values of dtype dt at p; the projection only for a
+ * comparison within a tolerance (not exact). */
+static void digest_values(td__digest *d, int e, const void *p, size_t n, td_dtype dt, int exact) {
     double proj = 0, scale = 0;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; !exact && i < n; i++) {
         double v = dt == TD_F64 ? ((const double *)p)[i] : (double)((const float *)p)[i];
         proj += sign_of(i) * v;
         scale += fabs(v);
@@ -85,21 +106,21 @@ static void digest_values(td__digest *d, int e, const void *p, size_t n, td_dtyp
     d->scale[e] = scale;
 }
 
-td_status td__digest_model(td_model *m, double loss_sum, int weights, void *scratch,
+td_status td__digest_model(td_model *m, double loss_sum, int weights, int exact, void *scratch,
                            td__digest *d) {
     int P = d->params;
     assert((size_t)P == td_model_param_count(m));
-    digest_values(d, 0, &loss_sum, 1, TD_F64);
+    digest_values(d, 0, &loss_sum, 1, TD_F64, exact);
     for (int i = 0; i < P; i++) {
         td_tensor *g = td_model_grad(m, (size_t)i);
         TD_CHECK(td_tensor_read(g, scratch, td_tensor_nbytes(g)));
-        digest_values(d, 1 + i, scratch, td_tensor_numel(g), td_tensor_dtype(g));
+        digest_values(d, 1 + i, scratch, td_tensor_numel(g), td_tensor_dtype(g), exact);
     }
     d->has_weights = weights;
     for (int i = 0; weights && i < P; i++) {
         td_tensor *w = td_model_param(m, (size_t)i);
         TD_CHECK(td_tensor_read(w, scratch, td_tensor_nbytes(w)));
-        digest_values(d, 1 + P + i, scratch, td_tensor_numel(w), td_tensor_dtype(w));
+        digest_values(d, 1 + P + i, scratch, td_tensor_numel(w), td_tensor_dtype(w), exact);
     }
     return TD_OK;
 }

@@ -49,8 +49,8 @@ static td_status member_pass(td_group *g, td_device *dev, int rank, int size, vo
     t1 = td_clock_ns();
     if (td_group_fault_flip(g, rank, TD_FLIP_GRAD, a->fault_step))
         TD_CHECK(td__flip_tensor(td_model_grad(m, 0), p->scratch[rank]));
-    TD_CHECK(
-        td__digest_model(m, a->res[rank].loss_sum, a->weights, p->scratch[rank], &p->dg[rank]));
+    TD_CHECK(td__digest_model(m, a->res[rank].loss_sum, a->weights, p->rule.exact, p->scratch[rank],
+                              &p->dg[rank]));
     a->compute_ns[rank] = t1 - t0;
     a->digest_ns[rank] = td_clock_ns() - t1;
     return TD_OK;

@@ -70,7 +70,8 @@ static td_strategy *carry_on(td_strategy *s, td_group **g, td_group *first, cons
 
 /* Runs the check's steps on `spec` with the fault item `fault` ("cpu:1@grad:3")
  * that strikes `device` at step 3; checks what was caught and named. */
-static void a_flip_is_caught(const char *spec, const char *fault, const char *device) {
+static void a_flip_is_caught_with(const char *spec, const char *fault, const char *device,
+                                  const char *options) {
     td_dp_data *d = td_dp_check_data();
     td_group_config gc = TD_GROUP_CONFIG_INIT;
     td_strategy_report words;
@@ -80,6 +81,7 @@ static void a_flip_is_caught(const char *spec, const char *fault, const char *de
     char json[512];
     td_strategy_config c = config(json, sizeof json);
     td_device_list *one = NULL;
+    c.options = options;
     td_model *ref = reference(json, &c, d, &one);
     int members, lasting = strstr(fault, "@weight") != NULL, stopped = 0;
     gc.fault = fault;
@@ -129,6 +131,10 @@ static void a_flip_is_caught(const char *spec, const char *fault, const char *de
     td_dp_data_destroy(d);
 }
 
+static void a_flip_is_caught(const char *spec, const char *fault, const char *device) {
+    a_flip_is_caught_with(spec, fault, device, "check_weights=2");
+}
+
 static void every_flip_is_caught_among_three(void **state) {
     (void)state;
     a_flip_is_caught("cpu*3", "cpu:1@grad:3", "cpu:1");
@@ -141,6 +147,9 @@ static void every_flip_is_caught_between_two(void **state) {
     a_flip_is_caught("cpu*2", "cpu:1@grad:3", "cpu:1");
     a_flip_is_caught("cpu:0,cpu:1{slowdown=3}", "cpu:0@act:3", "cpu:0");
     a_flip_is_caught("cpu*2", "cpu:1@weight:3:flip", "cpu:1");
+    /* compared within the tolerance (1e-9 of a tensor's magnitude in f64) */
+    a_flip_is_caught_with("cpu*2", "cpu:0@grad:3", "cpu:0", "deterministic=0");
+    a_flip_is_caught_with("cpu*3", "cpu:2@act:3", "cpu:2", "deterministic=0");
 }
 
 static void bad_input_is_refused(void **state) {
