@@ -1,0 +1,141 @@
+/* The tiles strategy: each image's conv layers on overlap tiles that the
+ * devices pull from a queue. The stitched feature map equals the whole
+ * image's, so evaluation gives one device's loss and counts bit for bit
+ * (f64 and f32; LeNet-5 and a net with strides 2 and paddings on 40x40
+ * images), on cpu*2, cpu*3 and a slowed pair; every tile is taken once;
+ * a checkpoint moves through it; a model with nothing to tile is refused. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "support/dp_check.h"
+#include "support/support.h"
+#include "tandem/strategy.h"
+
+#define SEED 11
+
+/* conv 3x3 pad 1, max-pool, conv 3x3 stride 2 pad 1, relu, conv 5x5, then a classifier */
+static const char *strided_json =
+    "{\"name\": \"strided\", \"input\": {\"shape\": [2, 40, 40]}, \"layers\": ["
+    "{\"type\": \"conv2d\", \"out\": 4, \"kernel\": 3, \"padding\": 1}, {\"type\": \"relu\"},"
+    "{\"type\": \"maxpool\", \"kernel\": 2},"
+    "{\"type\": \"conv2d\", \"out\": 6, \"kernel\": 3, \"stride\": 2, \"padding\": 1},"
+    "{\"type\": \"relu\"}, {\"type\": \"conv2d\", \"out\": 5, \"kernel\": 3},"
+    "{\"type\": \"avgpool\", \"kernel\": 2, \"stride\": 1},"
+    "{\"type\": \"flatten\"}, {\"type\": \"linear\", \"out\": 7}]}";
+
+static char *lenet_json(void) {
+    char path[512];
+    size_t n;
+    snprintf(path, sizeof path, "%s/examples/lenet5.json", TD_SOURCE_DIR);
+    return (char *)td_test_read_file(path, &n);
+}
+
+/* `strategy` over spec evaluates the batches of d into res. */
+static void evaluate(const char *strategy, const char *spec, const char *json, td_dtype dt,
+                     const char *options, const td_dp_data *d, td_step_result *res,
+                     td_strategy_report *words) {
+    td_strategy_config c = TD_STRATEGY_CONFIG_INIT;
+    td_run_figures f = {0};
+    td_group *g = NULL;
+    td_strategy *s = NULL;
+    char plan[1024];
+    c.name = strategy;
+    c.dtype = dt;
+    c.seed = SEED;
+    c.options = options;
+    TD_ASSERT_OK(td_group_create_spec(spec, NULL, &g));
+    TD_ASSERT_OK(td_strategy_create(g, json, "tiles_test", &c, &s));
+    if (words) {
+        printf("%s", td_strategy_plan(s, plan, sizeof plan));
+        TD_ASSERT_OK(td_strategy_save(s, td_test_tmp("tiles.safetensors"), NULL));
+        TD_ASSERT_OK(td_strategy_load(s, td_test_tmp("tiles.safetensors"), NULL));
+    }
+    TD_ASSERT_OK(td_strategy_evaluate(s, d->batch, (size_t)d->steps, res));
+    if (words)
+        td_strategy_report_make(s, &f, words);
+    td_strategy_destroy(s);
+    td_group_destroy(g);
+}
+
+/* The tiles' total in a report's note: the numbers after each device. */
+static long long tiles_taken(const char *note) {
+    long long sum = 0;
+    const char *at = strstr(note, "took:");
+    assert_non_null(at);
+    for (at += 5; *at;) {
+        const char *sp = strchr(at + 1, ' ');
+        if (!sp)
+            break;
+        sum += strtoll(sp + 1, NULL, 10);
+        at = strchr(sp + 1, ' ') ? strchr(sp + 1, ' ') : sp + strlen(sp);
+    }
+    return sum;
+}
+
+static void equal_to_one_device(const char *json, int features, const char *options,
+                                int tiles_an_image) {
+    static const char *const specs[] = {"cpu*2", "cpu*3", "cpu:0,cpu:1{slowdown=3}"};
+    td_dp_data *d = td_dp_data_create(3, 5, features, 7, 21, 22);
+    for (int dt = 1; dt >= 0; dt--)
+        for (size_t k = 0; k < sizeof specs / sizeof *specs; k++) {
+            td_step_result one[3], tiled[3];
+            td_strategy_report words;
+            evaluate("single", "cpu:0", json, (td_dtype)dt, NULL, d, one, NULL);
+            evaluate("tiles", specs[k], json, (td_dtype)dt, options, d, tiled, &words);
+            printf("%s, %s: %s\n", specs[k], dt ? "f64" : "f32", words.note);
+            for (int b = 0; b < d->steps; b++) {
+                printf("  batch %d: loss sum %.17g, one device %.17g\n", b, tiled[b].loss_sum,
+                       one[b].loss_sum);
+                assert_true(tiled[b].loss_sum == one[b].loss_sum);
+                assert_int_equal(tiled[b].correct, one[b].correct);
+                assert_int_equal(tiled[b].count, one[b].count);
+            }
+            assert_int_equal(tiles_taken(words.note), (long long)tiles_an_image * d->steps);
+        }
+    td_dp_data_destroy(d);
+}
+
+static void lenet_tiled_equals_one_device(void **state) {
+    char *json = lenet_json();
+    (void)state;
+    equal_to_one_device(json, 28 * 28, NULL, 9); /* a 5x5 map in tiles of 2: 3x3 */
+    free(json);
+}
+
+static void strides_and_paddings_tiled_equal_one_device(void **state) {
+    (void)state;
+    /* 40 -> 40 -> 20 -> 10 -> 8 -> 7: tiles of 2 in a 4x4 grid */
+    equal_to_one_device(strided_json, 2 * 40 * 40, "grid=4", 16);
+}
+
+static void nothing_to_tile_is_refused(void **state) {
+    char path[512], *mlp;
+    size_t n;
+    td_strategy_config c = TD_STRATEGY_CONFIG_INIT;
+    td_group *g = NULL;
+    td_strategy *s = NULL;
+    (void)state;
+    snprintf(path, sizeof path, "%s/examples/mnist_mlp.json", TD_SOURCE_DIR);
+    mlp = (char *)td_test_read_file(path, &n);
+    c.name = "tiles";
+    TD_ASSERT_OK(td_group_create_spec("cpu*2", NULL, &g));
+    TD_ASSERT_STATUS(td_strategy_create(g, mlp, "mnist_mlp", &c, &s), TD_ERR_UNSUPPORTED);
+    printf("%s\n", td_last_error());
+    assert_non_null(strstr(td_last_error(), "does not read images"));
+    c.options = "grid=1";
+    TD_ASSERT_STATUS(td_strategy_create(g, strided_json, "strided", &c, &s), TD_ERR_INVALID_ARG);
+    printf("%s\n", td_last_error());
+    assert_non_null(strstr(td_last_error(), "no more than the 2 devices"));
+    td_group_destroy(g);
+    free(mlp);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(lenet_tiled_equals_one_device),
+        cmocka_unit_test(strides_and_paddings_tiled_equal_one_device),
+        cmocka_unit_test(nothing_to_tile_is_refused),
+    };
+    return cmocka_run_group_tests(tests, td_test_tmpdir_setup, td_test_tmpdir_teardown);
+}
