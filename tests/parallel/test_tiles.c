@@ -131,11 +131,80 @@ static void nothing_to_tile_is_refused(void **state) {
     free(mlp);
 }
 
+/* `tandem ARGS`: its exit status, standard output and error (freed by the caller). */
+static int tandem(const char *args, char **out, char **err) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s %s", TD_TANDEM_EXE, args);
+    return td_test_run_command(cmd, out, err);
+}
+
+/* `tandem eval` of ckpt's first 300 test images: the loss (to 9 digits
+ * with --json in extra), and the output in *note. */
+static double eval_loss(const char *ckpt, const char *devices, const char *extra, char **note) {
+    char args[1024], *out = NULL, *err = NULL, *at;
+    double loss;
+    snprintf(args, sizeof args,
+             "eval --checkpoint %s --data %s/data/mnist --samples 300 --batch 100 --devices '%s' "
+             "%s",
+             td_test_tmp(ckpt), TD_SOURCE_DIR, devices, extra);
+    if (tandem(args, &out, &err) != 0)
+        fail_msg("tandem %s: %s", args, err ? err : "");
+    printf("%s", out);
+    at = strstr(out, "loss");
+    assert_non_null(at);
+    loss = strtod(at + 6, NULL);
+    *note = out;
+    free(err);
+    return loss;
+}
+
+static void tandem_eval_tiles(void **state) {
+    char args[1024], *out = NULL, *err = NULL, *note = NULL;
+    double one, tiled;
+    (void)state;
+    snprintf(args, sizeof args,
+             "train --model %s/examples/lenet5.json --data %s/data/mnist --steps 3 --batch 32 "
+             "--precision f64 --quiet --eval-samples 100 --no-epoch-eval --checkpoint %s",
+             TD_SOURCE_DIR, TD_SOURCE_DIR, td_test_tmp("lenet.safetensors"));
+    assert_int_equal(tandem(args, &out, &err), 0);
+    free(out);
+    free(err);
+    one = eval_loss("lenet.safetensors", "cpu:0", "--json", &note);
+    free(note);
+    tiled = eval_loss("lenet.safetensors", "cpu:0,cpu:1{slowdown=3}",
+                      "--json --strategy tiles --strategy-option grid=3", &note);
+    printf("loss %.9g on one device, %.9g tiled\n", one, tiled);
+    assert_true(tiled == one);
+    free(note);
+    eval_loss("lenet.safetensors", "cpu:0,cpu:1{slowdown=3}",
+              "--strategy tiles --strategy-option grid=3", &note);
+    assert_non_null(strstr(note, "tiles: 9 an image, 300 images; tiles each device took: cpu:0 "));
+    free(note);
+    /* a model with nothing to tile: exit 1 and why */
+    snprintf(args, sizeof args,
+             "train --model %s/examples/mnist_mlp.json --data %s/data/mnist --steps 1 --quiet "
+             "--eval-samples 100 --no-epoch-eval --checkpoint %s",
+             TD_SOURCE_DIR, TD_SOURCE_DIR, td_test_tmp("mlp.safetensors"));
+    assert_int_equal(tandem(args, &out, &err), 0);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args,
+             "eval --checkpoint %s --data %s/data/mnist --devices cpu*2 --strategy tiles",
+             td_test_tmp("mlp.safetensors"), TD_SOURCE_DIR);
+    assert_int_equal(tandem(args, &out, &err), 1);
+    printf("%s", err);
+    assert_non_null(strstr(err, "tiles: "));
+    assert_non_null(strstr(err, "does not read images"));
+    free(out);
+    free(err);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(lenet_tiled_equals_one_device),
         cmocka_unit_test(strides_and_paddings_tiled_equal_one_device),
         cmocka_unit_test(nothing_to_tile_is_refused),
+        cmocka_unit_test(tandem_eval_tiles),
     };
     return cmocka_run_group_tests(tests, td_test_tmpdir_setup, td_test_tmpdir_teardown);
 }
