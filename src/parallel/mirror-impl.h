@@ -13,17 +13,25 @@
 #include "tandem/parallel.h"
 #include "tandem/strategy.h"
 
+/* Values per block of the comparison with a tolerance: a flipped bit that
+ * doubles a tensor's largest value moves its block's projection by at
+ * least 1/64 of the block's magnitude, far above the tolerance, where
+ * over a whole tensor of 100k values it would be lost in it. */
+#define TD_DIGEST_BLOCK 64
+
 /* One member's digest of a step. Entry 0 is the loss, entry 1 + i parameter
  * i's gradient, entry 1 + P + i parameter i's weight (filled on the steps
  * that check weights). Each entry has a hash of its bytes (the bitwise
- * comparison) and, for the comparison with a tolerance, a projection of its
- * values on a fixed ±1 vector and the sum of their magnitudes. */
+ * comparison) and, for the comparison with a tolerance, per block of
+ * TD_DIGEST_BLOCK values a projection on a fixed ±1 vector and the sum of
+ * their magnitudes. */
 typedef struct td__digest {
     int params;      /* P */
     int has_weights; /* entries 1 + P .. 1 + 2P are filled */
     uint64_t *hash;  /* (1 + 2P) */
-    double *proj;    /* (1 + 2P) */
-    double *scale;   /* (1 + 2P) */
+    size_t *first;   /* (2 + 2P): entry e's blocks are [first[e], first[e + 1]) */
+    double *proj;    /* (blocks) */
+    double *scale;   /* (blocks) */
 } td__digest;
 
 /* How two digests are compared: bitwise (exact), or each entry's
@@ -33,8 +41,8 @@ typedef struct td__digest_rule {
     double tol;
 } td__digest_rule;
 
-/* Allocates d for a model of `params` parameters; TD_ERR_OUT_OF_MEMORY. */
-td_status td__digest_init(td__digest *d, int params);
+/* Allocates d for the parameters of m; TD_ERR_OUT_OF_MEMORY. */
+td_status td__digest_init(td__digest *d, td_model *m);
 /* NULL-safe on a zeroed digest. */
 void td__digest_deinit(td__digest *d);
 void td__digest_swap(td__digest *a, td__digest *b);

@@ -62,8 +62,8 @@ static td_status make_member(td_strategy *s, td__mirror *p, int r) {
     for (int i = 0; i < P; i++)
         if (td_tensor_nbytes(td_model_param(p->m[r], (size_t)i)) > largest)
             largest = td_tensor_nbytes(td_model_param(p->m[r], (size_t)i));
-    TD_CHECK(td__digest_init(&p->dg[r], P));
-    TD_CHECK(td__digest_init(&p->first[r], P));
+    TD_CHECK(td__digest_init(&p->dg[r], p->m[r]));
+    TD_CHECK(td__digest_init(&p->first[r], p->m[r]));
     if (!(p->scratch[r] = td__calloc(largest + 8, "a mirror member's scratch")))
         return TD_ERR_OUT_OF_MEMORY;
     return TD_OK;

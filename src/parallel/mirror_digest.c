@@ -2,12 +2,12 @@
  * fault injection plans (mirror-impl.h).
  *
  * A digest reads every gradient (and on some steps every weight) back to
- * the host once: a hash of the bytes decides bitwise equality, and a
- * projection on a fixed ±1 vector with the sum of magnitudes decides
- * equality within a tolerance, for devices whose sums round differently.
- * A flipped bit moves the projection by the changed value itself, so a
- * flip is caught under a tolerance as soon as the value it changed is
- * larger than the tolerance's share of the tensor's magnitude. */
+ * the host once: a hash of the bytes decides bitwise equality, and per
+ * block of 64 values a projection on a fixed ±1 vector with the sum of
+ * magnitudes decides equality within a tolerance, for devices whose sums
+ * round differently. A flipped bit moves its block's projection by the
+ * change itself, so a flip is caught under a tolerance as soon as the
+ * change is larger than the tolerance's share of its block's magnitude. */
 #include <assert.h>
 #include <math.h>
 #include <stdio.h>
@@ -18,14 +18,25 @@
 #include "core/error.h"
 #include "parallel/mirror-impl.h"
 
-td_status td__digest_init(td__digest *d, int params) {
-    size_t entries = 1 + 2 * (size_t)params;
+td_status td__digest_init(td__digest *d, td_model *m) {
+    int P = (int)td_model_param_count(m);
+    size_t entries = 1 + 2 * (size_t)P;
     memset(d, 0, sizeof *d);
-    d->params = params;
+    d->params = P;
     d->hash = td__calloc(entries * sizeof *d->hash, "a mirror digest");
-    d->proj = td__calloc(entries * sizeof *d->proj, "a mirror digest");
-    d->scale = td__calloc(entries * sizeof *d->scale, "a mirror digest");
-    if (!d->hash || !d->proj || !d->scale) {
+    d->first = td__calloc((entries + 1) * sizeof *d->first, "a mirror digest");
+    if (!d->hash || !d->first) {
+        td__digest_deinit(d);
+        return TD_ERR_OUT_OF_MEMORY;
+    }
+    d->first[1] = 1; /* the loss */
+    for (size_t e = 1; e < entries; e++) {
+        size_t n = td_tensor_numel(td_model_param(m, (e - 1) % (size_t)P));
+        d->first[e + 1] = d->first[e] + (n + TD_DIGEST_BLOCK - 1) / TD_DIGEST_BLOCK;
+    }
+    d->proj = td__calloc(d->first[entries] * sizeof *d->proj, "a mirror digest");
+    d->scale = td__calloc(d->first[entries] * sizeof *d->scale, "a mirror digest");
+    if (!d->proj || !d->scale) {
         td__digest_deinit(d);
         return TD_ERR_OUT_OF_MEMORY;
     }
@@ -34,6 +45,7 @@ td_status td__digest_init(td__digest *d, int params) {
 
 void td__digest_deinit(td__digest *d) {
     free(d->hash);
+    free(d->first);
     free(d->proj);
     free(d->scale);
     memset(d, 0, sizeof *d);
@@ -92,18 +104,23 @@ static double sign_of(size_t i) {
     return ((uint64_t)i * 0x9e3779b97f4a7c15ull) >> 63 ? -1.0 : 1.0;
 }
 
-/* Entry e of d from n values of dtype dt at p; the projection only for a
- * comparison within a tolerance (not exact). */
+/* Entry e of d from n values of dtype dt at p; the blocks' projections
+ * only for a comparison within a tolerance (not exact). */
 static void digest_values(td__digest *d, int e, const void *p, size_t n, td_dtype dt, int exact) {
-    double proj = 0, scale = 0;
-    for (size_t i = 0; !exact && i < n; i++) {
-        double v = dt == TD_F64 ? ((const double *)p)[i] : (double)((const float *)p)[i];
-        proj += sign_of(i) * v;
-        scale += fabs(v);
+    assert(d->first[e] + (n + TD_DIGEST_BLOCK - 1) / TD_DIGEST_BLOCK == d->first[e + 1]);
+    for (size_t i = 0; !exact && i < n; i += TD_DIGEST_BLOCK) {
+        size_t b = d->first[e] + i / TD_DIGEST_BLOCK,
+               end = i + TD_DIGEST_BLOCK < n ? i + TD_DIGEST_BLOCK : n;
+        double proj = 0, scale = 0;
+        for (size_t j = i; j < end; j++) {
+            double v = dt == TD_F64 ? ((const double *)p)[j] : (double)((const float *)p)[j];
+            proj += sign_of(j) * v;
+            scale += fabs(v);
+        }
+        d->proj[b] = proj;
+        d->scale[b] = scale;
     }
     d->hash[e] = hash_bytes(p, n * td_dtype_size(dt));
-    d->proj[e] = proj;
-    d->scale[e] = scale;
 }
 
 td_status td__digest_model(td_model *m, double loss_sum, int weights, int exact, void *scratch,
@@ -126,10 +143,14 @@ td_status td__digest_model(td_model *m, double loss_sum, int weights, int exact,
 }
 
 static int entry_agrees(const td__digest *a, const td__digest *b, int e, td__digest_rule rule) {
-    double scale = fmax(a->scale[e], b->scale[e]);
     if (a->hash[e] == b->hash[e])
         return 1;
-    return !rule.exact && fabs(a->proj[e] - b->proj[e]) <= rule.tol * scale;
+    if (rule.exact)
+        return 0;
+    for (size_t k = a->first[e]; k < a->first[e + 1]; k++)
+        if (!(fabs(a->proj[k] - b->proj[k]) <= rule.tol * fmax(a->scale[k], b->scale[k])))
+            return 0;
+    return 1;
 }
 
 int td__digest_agree(const td__digest *a, const td__digest *b, td__digest_rule rule, int *entry) {
