@@ -7,9 +7,10 @@
  *
  * Members of one kind (one backend and model) must agree bitwise, which
  * tandem's kernels give for the same inputs on the same kind of device;
- * members of several kinds compare within a tolerance (1e-9 of a tensor's
- * magnitude in f64, 1e-3 in f32), as do members of one kind with
- * deterministic=0 (for kernels that sum in a varying order). */
+ * members of several kinds compare within a tolerance (1e-9 of the
+ * magnitude of each block of 64 values in f64, 1e-3 in f32), as do members
+ * of one kind with deterministic=0 (for kernels that sum in a varying
+ * order). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
