@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "parallel/tiles-impl.h"
 #include "support/dp_check.h"
 #include "support/support.h"
 #include "tandem/strategy.h"
@@ -109,6 +110,84 @@ static void strides_and_paddings_tiled_equal_one_device(void **state) {
     equal_to_one_device(strided_json, 2 * 40 * 40, "grid=4", 16);
 }
 
+/* A random conv net into json: 2 to 4 windows (conv2d of kernel 1, 3 or 5,
+ * stride 1 or 2, any padding up to half the kernel; max or average pools
+ * of 2 or 3), relus between, on a (c, h, w) image of 24 to 63 pixels a
+ * side, then a classifier. */
+static void random_net(uint64_t *r, char *json, size_t n, int *features) {
+    int c = 1 + (int)(*r % 2), h = 24 + (int)((*r >> 8) % 40), w = 24 + (int)((*r >> 16) % 40);
+    int windows = 2 + (int)((*r >> 24) % 3);
+    size_t used = (size_t)snprintf(json, n,
+                                   "{\"name\": \"random\", \"input\": {\"shape\": [%d, %d, %d]}, "
+                                   "\"layers\": [",
+                                   c, h, w);
+    *features = c * h * w;
+    for (int l = 0; l < windows; l++) {
+        int k, s;
+        *r = *r * 6364136223846793005ull + 1442695040888963407ull;
+        k = 1 + 2 * (int)((*r >> 33) % 3);
+        s = 1 + (int)((*r >> 40) % 2);
+        if ((*r >> 45) % 3 == 0)
+            used +=
+                (size_t)snprintf(json + used, n - used, "{\"type\": \"%s\", \"kernel\": %d},",
+                                 (*r >> 50) % 2 ? "maxpool" : "avgpool", 2 + (int)((*r >> 52) % 2));
+        else
+            used += (size_t)snprintf(json + used, n - used,
+                                     "{\"type\": \"conv2d\", \"out\": 3, \"kernel\": %d, "
+                                     "\"stride\": %d, \"padding\": %d}, {\"type\": \"relu\"},",
+                                     k, s, (int)((*r >> 55) % (unsigned)(k / 2 + 1)));
+    }
+    snprintf(json + used, n - used,
+             "{\"type\": \"flatten\"}, {\"type\": \"linear\", \"out\": 7}]}");
+}
+
+/* Random nets: every plan checks that each crop covers its tile's
+ * receptive field (td__tiles_plan fails otherwise), and the tiles cover the
+ * feature map once; the first few also evaluate as one device does. */
+static void random_nets_tile_exactly(void **state) {
+    uint64_t r = 12345;
+    int planned = 0, evaluated = 0;
+    (void)state;
+    for (int i = 0; i < 300; i++) {
+        char json[2048], *crop = NULL;
+        int features, covered = 0;
+        td__tile_plan p;
+        td_model_info info;
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        random_net(&r, json, sizeof json, &features);
+        if (td_model_describe(json, "random", &info, NULL, 0) != TD_OK)
+            continue; /* a map that shrank to nothing */
+        if (td__tiles_plan(json, "random", 1 + (int)(r % 6), 1, &p, &crop) == TD_ERR_INVALID_ARG)
+            continue; /* one tile only */
+        TD_ASSERT_OK(td__tiles_plan(json, "random", 1 + (int)(r % 6), 1, &p, &crop));
+        for (int t = 0; t < p.tiles; t++) {
+            td__tile tl;
+            td__tile_get(&p, t, &tl);
+            assert_true(tl.ch0 >= 0 && tl.ch0 + p.crop_h <= p.h);
+            assert_true(tl.cw0 >= 0 && tl.cw0 + p.crop_w <= p.w);
+            covered += (int)((tl.oh1 - tl.oh0) * (tl.ow1 - tl.ow0));
+        }
+        assert_int_equal(covered, p.out_h * p.out_w);
+        free(crop);
+        planned++;
+        if (evaluated < 6) {
+            char opts[32];
+            td_dp_data *d = td_dp_data_create(1, 3, features, 7, 31, 32);
+            td_step_result one, tiled;
+            snprintf(opts, sizeof opts, "grid=%d", p.grid_h > p.grid_w ? p.grid_h : p.grid_w);
+            evaluate("single", "cpu:0", json, TD_F64, NULL, d, &one, NULL);
+            evaluate("tiles", "cpu*2", json, TD_F64, opts, d, &tiled, NULL);
+            printf("%s: %d tiles, loss sum %.17g, one device %.17g\n", json, p.tiles,
+                   tiled.loss_sum, one.loss_sum);
+            assert_true(tiled.loss_sum == one.loss_sum);
+            td_dp_data_destroy(d);
+            evaluated++;
+        }
+    }
+    printf("%d random nets planned, %d evaluated\n", planned, evaluated);
+    assert_true(planned >= 100 && evaluated == 6);
+}
+
 static void nothing_to_tile_is_refused(void **state) {
     char path[512], *mlp;
     size_t n;
@@ -203,6 +282,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(lenet_tiled_equals_one_device),
         cmocka_unit_test(strides_and_paddings_tiled_equal_one_device),
+        cmocka_unit_test(random_nets_tile_exactly),
         cmocka_unit_test(nothing_to_tile_is_refused),
         cmocka_unit_test(tandem_eval_tiles),
     };
