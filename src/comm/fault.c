@@ -113,9 +113,9 @@ static td_status parse_item(const char *item, td__fault *f) {
     nth = strtol(colon + 1, &end, 10);
     if (end != colon + 1 && nth < 1)
         return td__error(TD_ERR_PARSE,
-                         "fault injection item '%s': collectives count from 1, so a count of %ld "
-                         "could never fire",
-                         item, nth);
+                         "fault injection item '%s': %s count from 1, so a count of %ld could "
+                         "never fire",
+                         item, f->kind >= TD__FAULT_FLIP_KIND ? "steps" : "collectives", nth);
     if (end == colon + 1 || nth > 1000000000)
         goto bad;
     f->nth = (int)nth;

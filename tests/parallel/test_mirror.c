@@ -166,6 +166,7 @@ static void bad_input_is_refused(void **state) {
     td_group_destroy(g);
     gc.fault = "cpu:1@grad:0";
     TD_ASSERT_STATUS(td_group_create_spec("cpu*2", &gc, &g), TD_ERR_PARSE);
+    assert_non_null(strstr(td_last_error(), "steps count from 1, so a count of 0"));
     gc.fault = "cpu:1@weight:2:hang";
     TD_ASSERT_STATUS(td_group_create_spec("cpu*2", &gc, &g), TD_ERR_PARSE);
     printf("a flip that hangs: %s\n", td_last_error());
