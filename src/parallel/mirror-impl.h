@@ -94,6 +94,7 @@ typedef struct td__mirror {
     td__digest dg[TD_DP_MAX_MEMBERS];    /* this pass's digests */
     td__digest first[TD_DP_MAX_MEMBERS]; /* the first pass's, while recomputing */
     void *scratch[TD_DP_MAX_MEMBERS];    /* the largest tensor's bytes */
+    td_buffer *sync[TD_DP_MAX_MEMBERS];  /* one f32 on each device: the digests' barrier */
     float *xcopy[TD_DP_MAX_MEMBERS];     /* a flipped input: (batch, input...) */
     int32_t *tcopy[TD_DP_MAX_MEMBERS];   /* or its tokens: (batch, T) */
     size_t input_values;                 /* values per sample of the input */

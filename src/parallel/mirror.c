@@ -67,7 +67,7 @@ static td_status make_member(td_strategy *s, td__mirror *p, int r) {
     TD_CHECK(td__digest_init(&p->first[r], p->m[r]));
     if (!(p->scratch[r] = td__calloc(largest + 8, "a mirror member's scratch")))
         return TD_ERR_OUT_OF_MEMORY;
-    return TD_OK;
+    return td_buffer_alloc(dev, sizeof(float), &p->sync[r]);
 }
 
 static void mirror_destroy(void *impl) {
@@ -80,6 +80,7 @@ static void mirror_destroy(void *impl) {
         td__digest_deinit(&p->dg[r]);
         td__digest_deinit(&p->first[r]);
         free(p->scratch[r]);
+        td_buffer_free(p->sync[r]);
         free(p->xcopy[r]);
         free(p->tcopy[r]);
     }

@@ -1,12 +1,16 @@
 /* A step of the `mirror` strategy (mirror-impl.h). Every member runs
  * forward and backward on the whole batch, flips a bit where fault
  * injection says so, and digests its loss and gradients (and, every
- * check_weights steps, its weights) on its own thread. The caller sorts the
- * members by agreement: one class, and every member takes its optimizer
- * step; otherwise nobody updates yet. A majority names the others, which
- * are dropped as a lost device is; without one (two members) the step is
- * computed again, and the member whose digest changed had computed it
- * wrong the first time; members that still disagree stop the run. */
+ * check_weights steps, its weights) on its own thread. A one-float
+ * all-reduce is the members' barrier: past it every digest is written,
+ * each member sorts the members by agreement (the same sort everywhere)
+ * and, with one class, takes its optimizer step in the same run, so a step
+ * that agrees costs the caller one hand-off, as one device's step does.
+ * Otherwise nobody updates, and the caller settles it: a majority names
+ * the others, which are dropped as a lost device is; without one (two
+ * members) the step is computed again, and the member whose digest
+ * changed had computed it wrong the first time; members that still
+ * disagree stop the run. */
 #include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,9 +28,34 @@ typedef struct pass_args {
     int64_t fault_step; /* the step fault items name: step + 1 */
     double grad_scale;
     int weights; /* digest the weights too */
+    int update;  /* compare at the barrier and update when all agree */
     td_step_result res[TD_DP_MAX_MEMBERS];
     uint64_t compute_ns[TD_DP_MAX_MEMBERS], digest_ns[TD_DP_MAX_MEMBERS];
+    uint64_t compare_ns[TD_DP_MAX_MEMBERS], update_ns[TD_DP_MAX_MEMBERS];
+    int updated[TD_DP_MAX_MEMBERS];
 } pass_args;
+
+static int sort_into_classes(const td__mirror *p, int *cls, int *entry);
+
+/* Past the barrier: every member's digest is written. Member `rank` takes
+ * its optimizer step when all agree. */
+static td_status compare_and_update(td_group *g, int rank, pass_args *a) {
+    td__mirror *p = a->p;
+    int cls[TD_DP_MAX_MEMBERS], entry = 0, agree;
+    uint64_t t0, t1;
+    td_status st;
+    TD_CHECK(td_allreduce(g, p->sync[rank], 0, p->sync[rank], 0, 1, TD_F32, TD_REDUCE_SUM));
+    t0 = td_clock_ns(); /* the wait at the barrier is the slower member's compute, not ours */
+    agree = sort_into_classes(p, cls, &entry) == 1;
+    t1 = td_clock_ns();
+    a->compare_ns[rank] = t1 - t0;
+    if (!agree)
+        return TD_OK;
+    st = td_optimizer_step(p->opt[rank], NULL);
+    a->update_ns[rank] = td_clock_ns() - t1;
+    a->updated[rank] = st == TD_OK;
+    return st;
+}
 
 /* Forward, backward and the digest on member `rank`'s thread, with the bit
  * flips planned for it at this step. */
@@ -53,7 +82,7 @@ static td_status member_pass(td_group *g, td_device *dev, int rank, int size, vo
                               &p->dg[rank]));
     a->compute_ns[rank] = t1 - t0;
     a->digest_ns[rank] = td_clock_ns() - t1;
-    return TD_OK;
+    return a->update ? compare_and_update(g, rank, a) : TD_OK;
 }
 
 typedef struct update_args {
@@ -205,8 +234,8 @@ static td_status recompute(td__mirror *p, pass_args *a, int entry, uint64_t step
                      (unsigned long long)step + 1, who, what);
 }
 
-static void fill_stats(const td__mirror *p, const pass_args *a, const update_args *u, int64_t n,
-                       double step_s, double compare_s, td_step_stats *stats) {
+static void fill_stats(const td__mirror *p, const pass_args *a, const uint64_t *update_ns,
+                       int64_t n, double step_s, double compare_s, td_step_stats *stats) {
     memset(stats, 0, sizeof *stats);
     stats->members = p->n;
     stats->step_s = step_s;
@@ -216,8 +245,8 @@ static void fill_stats(const td__mirror *p, const pass_args *a, const update_arg
         m->samples = n;
         m->share = 1.0;
         m->compute_s = (double)a->compute_ns[r] * 1e-9;
-        m->comm_s = (double)a->digest_ns[r] * 1e-9 + compare_s;
-        m->update_s = (double)u->update_ns[r] * 1e-9;
+        m->comm_s = (double)(a->digest_ns[r] + a->compare_ns[r]) * 1e-9 + compare_s;
+        m->update_s = (double)update_ns[r] * 1e-9;
         m->wait_s = step_s - m->compute_s - m->comm_s - m->update_s;
         m->wait_s = m->wait_s > 0 ? m->wait_s : 0;
     }
@@ -227,7 +256,8 @@ td_status td__mirror_step(td__mirror *p, const td_batch *batch, uint64_t step, t
                           td_step_stats *stats) {
     pass_args *a = td__calloc(sizeof *a, "a mirror step");
     update_args u;
-    int cls[TD_DP_MAX_MEMBERS], entry = 0;
+    const uint64_t *update_ns;
+    int cls[TD_DP_MAX_MEMBERS], entry = 0, agreed = 1;
     uint64_t t0 = td_clock_ns(), c0, c1, slowest = 0;
     td_status st;
     if (!a)
@@ -239,25 +269,34 @@ td_status td__mirror_step(td__mirror *p, const td_batch *batch, uint64_t step, t
     a->fault_step = (int64_t)step + 1;
     a->grad_scale = 1.0 / (double)(batch->n * p->labels_per_sample);
     a->weights = p->check_weights > 0 && td_optimizer_steps(p->opt[0]) % p->check_weights == 0;
+    a->update = 1;
     TD_TRY(ensure_capacity(p, batch->n));
     TD_TRY(td_group_run(p->g, member_pass, a));
     c0 = td_clock_ns();
-    if (sort_into_classes(p, cls, &entry) > 1) {
-        int rep = majority_class(cls, p->n);
+    for (int r = 0; r < p->n; r++)
+        agreed &= a->updated[r];
+    a->update = 0; /* a pass computed again leaves the update to the caller */
+    if (!agreed) {
+        int rep;
+        sort_into_classes(p, cls, &entry); /* as the members did: more than one class */
+        rep = majority_class(cls, p->n);
         p->counts.disagreements++;
         TD_TRY(rep >= 0 ? drop_odd(p, cls, rep, step) : recompute(p, a, entry, step));
     }
     c1 = td_clock_ns();
-    TD_TRY(td_group_run(p->g, member_update, &u));
+    if (!agreed)
+        TD_TRY(td_group_run(p->g, member_update, &u));
+    update_ns = agreed ? a->update_ns : u.update_ns;
     for (int r = 0; r < p->n; r++)
-        slowest = a->digest_ns[r] > slowest ? a->digest_ns[r] : slowest;
+        slowest = a->digest_ns[r] + a->compare_ns[r] > slowest ? a->digest_ns[r] + a->compare_ns[r]
+                                                               : slowest;
     p->counts.steps++;
     p->counts.weight_checks += a->weights;
     p->counts.check_s += (double)(slowest + (c1 - c0)) * 1e-9;
     p->counts.step_s += (double)(td_clock_ns() - t0) * 1e-9;
     *res = a->res[0];
     if (stats)
-        fill_stats(p, a, &u, batch->n, (double)(td_clock_ns() - t0) * 1e-9,
+        fill_stats(p, a, update_ns, batch->n, (double)(td_clock_ns() - t0) * 1e-9,
                    (double)(c1 - c0) * 1e-9, stats);
     st = TD_OK;
 fail:
