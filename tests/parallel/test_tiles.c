@@ -202,6 +202,14 @@ static void nothing_to_tile_is_refused(void **state) {
     TD_ASSERT_STATUS(td_strategy_create(g, mlp, "mnist_mlp", &c, &s), TD_ERR_UNSUPPORTED);
     printf("%s\n", td_last_error());
     assert_non_null(strstr(td_last_error(), "does not read images"));
+    TD_ASSERT_STATUS(td_strategy_create(g,
+                                        "{\"input\": {\"shape\": [1, 28, 28]}, \"layers\": ["
+                                        "{\"type\": \"flatten\"}, {\"type\": \"linear\", "
+                                        "\"out\": 10}]}",
+                                        "flat", &c, &s),
+                     TD_ERR_UNSUPPORTED);
+    printf("%s\n", td_last_error());
+    assert_non_null(strstr(td_last_error(), "flat has no spatial layers to tile"));
     c.options = "grid=1";
     TD_ASSERT_STATUS(td_strategy_create(g, strided_json, "strided", &c, &s), TD_ERR_INVALID_ARG);
     printf("%s\n", td_last_error());
