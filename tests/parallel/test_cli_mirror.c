@@ -1,7 +1,8 @@
 /* The mirror strategy through `tandem train`, as users run it: one
  * device's weights on cpu*2 and cpu*3 (f64, 1e-12); a flipped gradient on
  * cpu*3 drops the device that computed it, named, and the run ends with one
- * device's weights; a flipped weight on cpu*2 stops the run with exit 1
+ * device's weights; a run saved on one device resumes under mirror as if
+ * it never stopped; a flipped weight on cpu*2 stops the run with exit 1
  * naming both devices, and the checkpoint written before the disagreement
  * stays; one device is refused. */
 #include <stdio.h>
@@ -66,6 +67,28 @@ static void mirror_matches_one_device_and_drops_a_liar(void **state) {
     assert_true(d2 <= 1e-12 && d3 <= 1e-12 && dl <= 1e-12);
 }
 
+/* Half a run on one device, the rest under mirror: one device's run. */
+static void a_run_resumes_under_mirror(void **state) {
+    char *out = NULL, *err = NULL, *json = NULL, extra[1024];
+    td_train_state st;
+    td_dtype dt;
+    (void)state;
+    train_ok("", "--devices cpu:0 --steps 6", "half.safetensors", &out, &err);
+    free(out);
+    free(err);
+    TD_ASSERT_OK(td_checkpoint_read_meta(td_test_tmp("half.safetensors"), &json, &dt, &st));
+    assert_int_equal(st.step, 6); /* the later --steps wins */
+    free(json);
+    snprintf(extra, sizeof extra, "--devices cpu*2 --strategy mirror --resume %s",
+             td_test_tmp("half.safetensors"));
+    train_ok("", extra, "resumed.safetensors", &out, &err);
+    free(out);
+    free(err);
+    printf("resumed under mirror: differs from one device by %g\n",
+           diff("resumed.safetensors", "one.safetensors"));
+    assert_true(diff("resumed.safetensors", "one.safetensors") <= 1e-12);
+}
+
 static void two_that_keep_disagreeing_stop_the_run(void **state) {
     char *out = NULL, *err = NULL, *json = NULL;
     td_train_state st;
@@ -99,6 +122,7 @@ static void one_device_is_refused(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(mirror_matches_one_device_and_drops_a_liar),
+        cmocka_unit_test(a_run_resumes_under_mirror),
         cmocka_unit_test(two_that_keep_disagreeing_stop_the_run),
         cmocka_unit_test(one_device_is_refused),
     };
