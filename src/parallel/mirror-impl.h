@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "parallel/strategy-impl.h"
 #include "tandem/comm.h"
 #include "tandem/nn.h"
 #include "tandem/parallel.h"
@@ -84,11 +85,17 @@ typedef struct td__mirror_counts {
     char found[256];       /* "step 3: cpu:1 (the gradient of layers.0.weight), recomputed; " */
 } td__mirror_counts;
 
-/* The strategy's state: a whole replica and optimizer per member. */
+/* The strategy's state: a whole replica and optimizer per member. In a
+ * mesh (data:R,mirror:M) the members are R data-parallel replicas of M
+ * mirrored members each: replica r, members [r M, (r + 1) M), takes its
+ * rows of each batch, its members compare among themselves, and member j
+ * of every replica sums its gradients with the others' (mesh.across[j]). */
 typedef struct td__mirror {
     td_strategy *s;
     td_group *g;
     int n;
+    int replicas, per; /* R, and M = n / R members each */
+    td__mesh mesh;     /* R > 1 */
     td_model *m[TD_DP_MAX_MEMBERS];
     td_optimizer *opt[TD_DP_MAX_MEMBERS];
     td__digest dg[TD_DP_MAX_MEMBERS];    /* this pass's digests */

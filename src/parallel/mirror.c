@@ -25,6 +25,7 @@ static const td_strategy_option mirror_options[] = {
     {"check_weights", "N", "compare the weights every N steps too (default 16; 0: never)"},
     {"deterministic", "0|1",
      "1 (default): members of one kind must agree bitwise; 0: within the tolerance"},
+    {"replicas", "R", "set by the mesh data:R,mirror:M: R replicas of M mirrored devices"},
     {NULL, NULL, NULL},
 };
 
@@ -42,8 +43,20 @@ static int one_kind(td_group *g) {
 
 static td_status read_options(td_strategy *s, td__mirror *p) {
     int deterministic = 1;
+    int64_t replicas = 1;
     p->check_weights = 16;
     TD_CHECK(td__option_count(s, "check_weights", 0, &p->check_weights));
+    TD_CHECK(td__option_count(s, "replicas", 1, &replicas));
+    if (replicas > 1) {
+        TD_CHECK(td__mesh_open(p->g, (int)replicas, "mirror", &p->mesh));
+        if (p->n / replicas < 2)
+            return td__error_setting(TD_ERR_INVALID_ARG, "strategy",
+                                     "mirror: each of the %lld replicas needs 2 devices at least; "
+                                     "the group has %d",
+                                     (long long)replicas, p->n);
+    }
+    p->replicas = (int)replicas;
+    p->per = p->n / p->replicas;
     TD_CHECK(td__option_flag(s, "deterministic", &deterministic));
     p->rule.exact = deterministic && one_kind(p->g);
     p->rule.tol = s->cfg.dtype == TD_F64 ? 1e-9 : 1e-3;
@@ -84,6 +97,7 @@ static void mirror_destroy(void *impl) {
         free(p->xcopy[r]);
         free(p->tcopy[r]);
     }
+    td__mesh_close(&p->mesh);
     free(p);
 }
 
@@ -161,8 +175,16 @@ static const char *mirror_plan(void *impl, char *buf, size_t n) {
     buf[0] = '\0';
     for (int r = 0; r < p->n && used < n; r++)
         used += (size_t)snprintf(buf + used, n - used,
-                                 "%s: a replica of the whole model, every batch whole\n",
-                                 td_device_name(td_group_device(p->g, r)));
+                                 "%s: a replica of the whole model, %s rows of every batch\n",
+                                 td_device_name(td_group_device(p->g, r)),
+                                 p->replicas == 1 ? "all"
+                                 : r / p->per     ? "the later"
+                                                  : "the first");
+    if (p->replicas > 1 && used < n)
+        used += (size_t)snprintf(buf + used, n - used,
+                                 "%d groups of %d mirrored devices, each its share of a batch, "
+                                 "their gradients summed\n",
+                                 p->replicas, p->per);
     if (used < n)
         snprintf(buf + used, n - used, "digests compared %s; weights every %lld steps\n",
                  p->rule.exact ? "bitwise" : "within a tolerance", (long long)p->check_weights);
@@ -187,6 +209,21 @@ static td_status mirror_survivors(void *impl, td_group **out) {
     return td_group_shrink(p->g, exclude, (size_t)k, out);
 }
 
+/* Removes the `replicas` items from options ("k=v,k=v"), in place. */
+static void drop_replicas(char *options) {
+    char *at = options;
+    while (at && *at) {
+        char *end = strchr(at, ',');
+        size_t len = end ? (size_t)(end - at) + 1 : strlen(at);
+        if (!strncmp(at, "replicas=", 9))
+            memmove(at, at + len, strlen(at + len) + 1);
+        else
+            at = end ? end + 1 : NULL;
+    }
+    if (options && *options && options[strlen(options) - 1] == ',')
+        options[strlen(options) - 1] = '\0';
+}
+
 /* Replicas over the survivors from a survivor's replica. Nobody updated in
  * the step that named the odd member, so the step is taken again. */
 static td_status mirror_carry_on(td_strategy *s, td_group *survivors, int64_t steps_before,
@@ -199,6 +236,7 @@ static td_status mirror_carry_on(td_strategy *s, td_group *survivors, int64_t st
         *why = "mirror compares two devices at least, and one is left";
         return td__error(TD_ERR_UNSUPPORTED, "mirror: %s", *why);
     }
+    drop_replicas(next->options); /* a mesh less a member carries on as one mirror */
     TD_CHECK(mirror_create(next));
     q = next->impl;
     q->counts = p->counts;

@@ -37,6 +37,45 @@ typedef struct pass_args {
 
 static int sort_into_classes(const td__mirror *p, int *cls, int *entry);
 
+/* Member `rank`'s rows of b: its replica's share, [*first, *first + n). */
+static td_batch rows_of(const td__mirror *p, const td_batch *b, int rank, int64_t *first) {
+    int64_t r = rank / p->per, lo = b->n * r / p->replicas, hi = b->n * (r + 1) / p->replicas;
+    int64_t lps = p->labels_per_sample;
+    td_batch out = {hi - lo, NULL, NULL, b->labels + lo * lps};
+    out.x = b->x ? b->x + (size_t)lo * p->input_values : NULL;
+    out.tokens = b->tokens ? b->tokens + lo * lps : NULL;
+    *first = lo;
+    return out;
+}
+
+typedef struct sum_args {
+    td__mirror *p;
+    int member; /* its rank in the whole group */
+} sum_args;
+
+/* In member j's group across the replicas: its gradients summed. */
+static td_status sum_grads(td_group *g, td_device *dev, int rank, int size, void *arg) {
+    sum_args *a = arg;
+    td_model *m = a->p->m[a->member];
+    (void)dev;
+    (void)rank;
+    (void)size;
+    for (size_t i = 0; i < td_model_param_count(m); i++)
+        TD_CHECK(td_allreduce_tensor(g, td_model_grad(m, i), TD_REDUCE_SUM));
+    return TD_OK;
+}
+
+/* Member `rank`'s update: in a mesh, its gradients summed over the
+ * replicas first (member j of each agreed with its own group, so every
+ * member j adds the same numbers in the same order). */
+static td_status update_member(td__mirror *p, int rank) {
+    if (p->replicas > 1) {
+        sum_args s = {p, rank};
+        TD_CHECK(td_group_join(p->mesh.across[rank % p->per], sum_grads, &s));
+    }
+    return td_optimizer_step(p->opt[rank], NULL);
+}
+
 /* Past the barrier: every member's digest is written. Member `rank` takes
  * its optimizer step when all agree. */
 static td_status compare_and_update(td_group *g, int rank, pass_args *a) {
@@ -46,12 +85,12 @@ static td_status compare_and_update(td_group *g, int rank, pass_args *a) {
     td_status st;
     TD_CHECK(td_allreduce(g, p->sync[rank], 0, p->sync[rank], 0, 1, TD_F32, TD_REDUCE_SUM));
     t0 = td_clock_ns(); /* the wait at the barrier is the slower member's compute, not ours */
-    agree = sort_into_classes(p, cls, &entry) == 1;
+    agree = sort_into_classes(p, cls, &entry) == p->replicas;
     t1 = td_clock_ns();
     a->compare_ns[rank] = t1 - t0;
     if (!agree)
         return TD_OK;
-    st = td_optimizer_step(p->opt[rank], NULL);
+    st = update_member(p, rank);
     a->update_ns[rank] = td_clock_ns() - t1;
     a->updated[rank] = st == TD_OK;
     return st;
@@ -63,7 +102,8 @@ static td_status member_pass(td_group *g, td_device *dev, int rank, int size, vo
     pass_args *a = arg;
     td__mirror *p = a->p;
     td_model *m = p->m[rank];
-    td_batch b = *a->batch;
+    int64_t first;
+    td_batch rows = rows_of(p, a->batch, rank, &first), b = rows;
     uint64_t t0, t1;
     (void)dev;
     (void)size;
@@ -71,10 +111,9 @@ static td_status member_pass(td_group *g, td_device *dev, int rank, int size, vo
     if (td_group_fault_flip(g, rank, TD_FLIP_WEIGHT, a->fault_step))
         TD_CHECK(td__flip_tensor(td_model_param(m, 0), p->scratch[rank]));
     if (td_group_fault_flip(g, rank, TD_FLIP_ACT, a->fault_step))
-        td__flip_batch(a->batch, (size_t)a->batch->n * p->input_values, p->xcopy[rank],
-                       p->tcopy[rank], &b);
+        td__flip_batch(&rows, (size_t)rows.n * p->input_values, p->xcopy[rank], p->tcopy[rank], &b);
     t0 = td_clock_ns();
-    TD_CHECK(td_model_train_step(m, &b, a->grad_scale, 0, a->step, &a->res[rank]));
+    TD_CHECK(td_model_train_slice(m, &b, first, a->grad_scale, 0, a->step, &a->res[rank]));
     t1 = td_clock_ns();
     if (td_group_fault_flip(g, rank, TD_FLIP_GRAD, a->fault_step))
         TD_CHECK(td__flip_tensor(td_model_grad(m, 0), p->scratch[rank]));
@@ -97,7 +136,7 @@ static td_status member_update(td_group *g, td_device *dev, int rank, int size, 
     (void)g;
     (void)dev;
     (void)size;
-    st = td_optimizer_step(a->p->opt[rank], NULL);
+    st = update_member(a->p, rank);
     a->update_ns[rank] = td_clock_ns() - t0;
     return st;
 }
@@ -126,7 +165,7 @@ static int sort_into_classes(const td__mirror *p, int *cls, int *entry) {
     int classes = 0;
     for (int r = 0; r < p->n; r++) {
         cls[r] = r;
-        for (int q = 0; q < r; q++) {
+        for (int q = r - r % p->per; q < r; q++) { /* the members of r's replica */
             int e;
             if (cls[q] != q)
                 continue;
@@ -141,16 +180,23 @@ static int sort_into_classes(const td__mirror *p, int *cls, int *entry) {
     return classes;
 }
 
-/* The class more than half the members are in, or -1. */
-static int majority_class(const int *cls, int n) {
-    for (int c = 0; c < n; c++) {
-        int members = 0;
-        for (int r = 0; r < n; r++)
-            members += cls[r] == c;
-        if (2 * members > n)
-            return c;
+/* rep[g]: the class more than half of group g's members are in (a group:
+ * one replica's mirrored members), or -1; 1 when every group has one. */
+static int majorities(const td__mirror *p, const int *cls, int *rep) {
+    int all = 1;
+    for (int g = 0; g < p->replicas; g++) {
+        int lo = g * p->per, hi = lo + p->per;
+        rep[g] = -1;
+        for (int c = lo; c < hi && rep[g] < 0; c++) {
+            int members = 0;
+            for (int r = lo; r < hi; r++)
+                members += cls[r] == c;
+            if (2 * members > p->per)
+                rep[g] = c;
+        }
+        all &= rep[g] >= 0;
     }
-    return -1;
+    return all;
 }
 
 /* "cpu:0, cpu:1 and cpu:2": the members r with pick[r], into buf. */
@@ -178,34 +224,38 @@ static void note_found(td__mirror *p, uint64_t step, const char *who, const char
                  (unsigned long long)step + 1, who, what, outcome);
 }
 
-/* The members outside the majority class `rep` are marked odd and the step
- * fails as a lost device's would, naming them. */
-static td_status drop_odd(td__mirror *p, const int *cls, int rep, uint64_t step) {
-    int odd[TD_DP_MAX_MEMBERS] = {0}, e = 0, first = -1, k = 0;
+/* The members outside their group's majority class (rep[g]) are marked
+ * odd and the step fails as a lost device's would, naming them. */
+static td_status drop_odd(td__mirror *p, const int *cls, const int *rep, uint64_t step) {
+    int odd[TD_DP_MAX_MEMBERS] = {0}, e = 0, first = -1, k = 0, agree = 0, r0;
     char who[256], what[160];
     for (int r = 0; r < p->n; r++)
-        if ((odd[r] = p->odd[r] = cls[r] != rep)) {
+        if ((odd[r] = p->odd[r] = cls[r] != rep[r / p->per])) {
             first = first < 0 ? r : first;
             k++;
         }
     assert(first >= 0);
-    td__digest_agree(&p->dg[rep], &p->dg[first], p->rule, &e);
-    td__digest_entry_name(p->m[rep], e, what, sizeof what);
+    r0 = rep[first / p->per];
+    for (int r = first - first % p->per; r < first - first % p->per + p->per; r++)
+        agree += cls[r] == r0;
+    td__digest_agree(&p->dg[r0], &p->dg[first], p->rule, &e);
+    td__digest_entry_name(p->m[r0], e, what, sizeof what);
     member_names(p, odd, who, sizeof who);
     p->counts.dropped += k;
     note_found(p, step, who, what, "dropped");
     return td__error(TD_ERR_DEVICE_LOST,
                      "mirror: step %llu: %s computed %s unlike the %d other members, which agree; "
                      "%s dropped and the step computed again without %s",
-                     (unsigned long long)step + 1, who, what, p->n - k,
-                     k == 1 ? "it is" : "they are", k == 1 ? "it" : "them");
+                     (unsigned long long)step + 1, who, what, agree, k == 1 ? "it is" : "they are",
+                     k == 1 ? "it" : "them");
 }
 
 /* No majority: every member computes the step again. A member whose digest
  * changed computed it wrong the first time; if they now agree the step
  * goes on, else the run stops naming them all. */
 static td_status recompute(td__mirror *p, pass_args *a, int entry, uint64_t step) {
-    int cls[TD_DP_MAX_MEMBERS], changed[TD_DP_MAX_MEMBERS], all[TD_DP_MAX_MEMBERS], e = 0, any = 0;
+    int cls[TD_DP_MAX_MEMBERS], changed[TD_DP_MAX_MEMBERS] = {0}, all[TD_DP_MAX_MEMBERS] = {0},
+                                e = 0, any = 0;
     char who[256], what[160];
     td__digest_entry_name(p->m[0], entry, what, sizeof what);
     for (int r = 0; r < p->n; r++)
@@ -215,7 +265,7 @@ static td_status recompute(td__mirror *p, pass_args *a, int entry, uint64_t step
         any |= changed[r] = !td__digest_agree(&p->first[r], &p->dg[r], p->rule, &e);
         all[r] = 1;
     }
-    if (sort_into_classes(p, cls, &e) == 1) {
+    if (sort_into_classes(p, cls, &e) == p->replicas) {
         p->counts.recomputed++;
         member_names(p, changed, who, sizeof who);
         note_found(p, step, any ? who : "no member changed", what, "recomputed");
@@ -235,15 +285,16 @@ static td_status recompute(td__mirror *p, pass_args *a, int entry, uint64_t step
 }
 
 static void fill_stats(const td__mirror *p, const pass_args *a, const uint64_t *update_ns,
-                       int64_t n, double step_s, double compare_s, td_step_stats *stats) {
+                       double step_s, double compare_s, td_step_stats *stats) {
     memset(stats, 0, sizeof *stats);
     stats->members = p->n;
     stats->step_s = step_s;
     stats->ideal_s = step_s;
     for (int r = 0; r < p->n; r++) {
         td_member_stats *m = &stats->m[r];
-        m->samples = n;
-        m->share = 1.0;
+        int64_t first;
+        m->samples = rows_of(p, a->batch, r, &first).n;
+        m->share = 1.0 / p->replicas;
         m->compute_s = (double)a->compute_ns[r] * 1e-9;
         m->comm_s = (double)(a->digest_ns[r] + a->compare_ns[r]) * 1e-9 + compare_s;
         m->update_s = (double)update_ns[r] * 1e-9;
@@ -277,11 +328,11 @@ td_status td__mirror_step(td__mirror *p, const td_batch *batch, uint64_t step, t
         agreed &= a->updated[r];
     a->update = 0; /* a pass computed again leaves the update to the caller */
     if (!agreed) {
-        int rep;
-        sort_into_classes(p, cls, &entry); /* as the members did: more than one class */
-        rep = majority_class(cls, p->n);
+        int rep[TD_DP_MAX_MEMBERS];
+        sort_into_classes(p, cls, &entry); /* as the members did: a group split in classes */
         p->counts.disagreements++;
-        TD_TRY(rep >= 0 ? drop_odd(p, cls, rep, step) : recompute(p, a, entry, step));
+        TD_TRY(majorities(p, cls, rep) ? drop_odd(p, cls, rep, step)
+                                       : recompute(p, a, entry, step));
     }
     c1 = td_clock_ns();
     if (!agreed)
@@ -294,10 +345,15 @@ td_status td__mirror_step(td__mirror *p, const td_batch *batch, uint64_t step, t
     p->counts.weight_checks += a->weights;
     p->counts.check_s += (double)(slowest + (c1 - c0)) * 1e-9;
     p->counts.step_s += (double)(td_clock_ns() - t0) * 1e-9;
-    *res = a->res[0];
+    memset(res, 0, sizeof *res);
+    for (int g = 0; g < p->replicas; g++) { /* each group's first member: its rows */
+        res->loss_sum += a->res[g * p->per].loss_sum;
+        res->correct += a->res[g * p->per].correct;
+        res->count += a->res[g * p->per].count;
+    }
     if (stats)
-        fill_stats(p, a, update_ns, batch->n, (double)(td_clock_ns() - t0) * 1e-9,
-                   (double)(c1 - c0) * 1e-9, stats);
+        fill_stats(p, a, update_ns, (double)(td_clock_ns() - t0) * 1e-9, (double)(c1 - c0) * 1e-9,
+                   stats);
     st = TD_OK;
 fail:
     free(a);

@@ -153,13 +153,14 @@ static void meshes_not_built_are_refused(void **state) {
     TD_ASSERT_OK(td_group_create_spec("cpu*4", NULL, &g));
     TD_ASSERT_STATUS(td_strategy_create(g, gpt_json, "mesh_gpt", &c, &s), TD_ERR_UNSUPPORTED);
     td_test_assert_message_contains("mesh 'pipeline:2,tensor:2': of the compositions "
-                                    "data:R,tensor:N and data:R,pipeline:N run yet");
+                                    "data:R,tensor:N, data:R,pipeline:N and data:R,mirror:M run "
+                                    "yet");
     c.name = "data:3,tensor:2";
     TD_ASSERT_STATUS(td_strategy_create(g, gpt_json, "mesh_gpt", &c, &s), TD_ERR_INVALID_ARG);
     td_test_assert_message_contains("the mesh data:3,tensor:2 names 6 devices; the group has 4");
     c.name = "data:2,diagonal:2";
     TD_ASSERT_STATUS(td_strategy_create(g, gpt_json, "mesh_gpt", &c, &s), TD_ERR_INVALID_ARG);
-    td_test_assert_message_contains("no axis 'diagonal' (axes: data, tensor, pipeline)");
+    td_test_assert_message_contains("no axis 'diagonal' (axes: data, tensor, pipeline, mirror)");
     c.name = "data:x";
     TD_ASSERT_STATUS(td_strategy_create(g, gpt_json, "mesh_gpt", &c, &s), TD_ERR_INVALID_ARG);
     td_test_assert_message_contains("the size of axis data is not a whole number");

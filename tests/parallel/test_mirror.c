@@ -70,8 +70,10 @@ static td_strategy *carry_on(td_strategy *s, td_group **g, td_group *first, cons
 
 /* Runs the check's steps on `spec` with the fault item `fault` ("cpu:1@grad:3")
  * that strikes `device` at step 3; checks what was caught and named. */
-static void a_flip_is_caught_with(const char *spec, const char *fault, const char *device,
-                                  const char *options) {
+/* The same under `strategy` (mirror, or a mesh data:R,mirror:M whose groups
+ * have `per` members each). */
+static void a_flip_is_caught_in(const char *strategy, int per, const char *spec, const char *fault,
+                                const char *device, const char *options) {
     td_dp_data *d = td_dp_check_data();
     td_group_config gc = TD_GROUP_CONFIG_INIT;
     td_strategy_report words;
@@ -82,12 +84,13 @@ static void a_flip_is_caught_with(const char *spec, const char *fault, const cha
     td_strategy_config c = config(json, sizeof json);
     td_device_list *one = NULL;
     c.options = options;
+    c.name = strategy;
     td_model *ref = reference(json, &c, d, &one);
     int members, lasting = strstr(fault, "@weight") != NULL, stopped = 0;
     gc.fault = fault;
     TD_ASSERT_OK(td_group_create_spec(spec, &gc, &g));
     first = g;
-    members = td_group_size(g);
+    members = per ? per : td_group_size(g);
     TD_ASSERT_OK(td_strategy_create(g, json, "mirror_flip", &c, &s));
     for (int k = 0; k < TD_DP_CHECK_STEPS && !stopped; k++) {
         td_step_result res;
@@ -131,6 +134,11 @@ static void a_flip_is_caught_with(const char *spec, const char *fault, const cha
     td_dp_data_destroy(d);
 }
 
+static void a_flip_is_caught_with(const char *spec, const char *fault, const char *device,
+                                  const char *options) {
+    a_flip_is_caught_in("mirror", 0, spec, fault, device, options);
+}
+
 static void a_flip_is_caught(const char *spec, const char *fault, const char *device) {
     a_flip_is_caught_with(spec, fault, device, "check_weights=2");
 }
@@ -150,6 +158,17 @@ static void every_flip_is_caught_between_two(void **state) {
     /* compared within the tolerance (1e-9 of a tensor's magnitude in f64) */
     a_flip_is_caught_with("cpu*2", "cpu:0@grad:3", "cpu:0", "deterministic=0");
     a_flip_is_caught_with("cpu*3", "cpu:2@act:3", "cpu:2", "deterministic=0");
+}
+
+/* data:R,mirror:M: R groups of M mirrored devices, each group its rows of
+ * a batch, gradients summed across the groups: one device's weights; a
+ * flip is settled within its group (computed again between two, the odd
+ * one dropped among three, the survivors carrying on as one mirror). */
+static void mirror_composes_with_data(void **state) {
+    (void)state;
+    td_strategy_check_equals_one_device("data:2,mirror:2", "cpu*4", "mirror_mesh");
+    a_flip_is_caught_in("data:2,mirror:2", 2, "cpu*4", "cpu:3@grad:3", "cpu:3", NULL);
+    a_flip_is_caught_in("data:2,mirror:3", 3, "cpu*6", "cpu:4@act:3", "cpu:4", NULL);
 }
 
 static void bad_input_is_refused(void **state) {
@@ -180,6 +199,7 @@ int main(void) {
         cmocka_unit_test(mirror_trains_as_one_device),
         cmocka_unit_test(every_flip_is_caught_among_three),
         cmocka_unit_test(every_flip_is_caught_between_two),
+        cmocka_unit_test(mirror_composes_with_data),
         cmocka_unit_test(bad_input_is_refused),
     };
     return cmocka_run_group_tests(tests, td_test_tmpdir_setup, td_test_tmpdir_teardown);
