@@ -31,7 +31,11 @@
  *   N       the device fails at its N-th collective of that kind (1-based)
  *   MODE    hang (default): it stops answering, so its peers time out and
  *           name it; error: it fails at once and tells its peers.
- * Example: TANDEM_FAULT=cpu:1@allreduce:5 */
+ * or a bit flip, for a strategy that checks its members' numbers (mirror):
+ *   KIND    grad, act or weight: one bit of a gradient, of the step's input
+ *           activations or of a weight on DEVICE
+ *   N       the step (from 1) in which it flips; MODE flip (the default)
+ * Examples: TANDEM_FAULT=cpu:1@allreduce:5, TANDEM_FAULT=cpu:2@grad:3 */
 #ifndef TANDEM_COMM_H
 #define TANDEM_COMM_H
 
@@ -85,6 +89,14 @@ typedef enum td_collective_kind {
 
 /* "allreduce", "broadcast", "reduce", "allgather", "reducescatter". Static. */
 TD_API const char *td_collective_name(td_collective_kind kind);
+
+/* What an injected bit flip strikes (TANDEM_FAULT's KIND grad, act, weight). */
+typedef enum td_flip_target {
+    TD_FLIP_GRAD = 0,
+    TD_FLIP_ACT = 1,
+    TD_FLIP_WEIGHT = 2
+} td_flip_target;
+#define TD_FLIP_TARGETS 3
 
 typedef struct td_group_config {
     td_transport transport;
@@ -195,6 +207,13 @@ TD_API td_status td_group_shrink(td_group *g, const int *exclude, size_t n_exclu
  * it never arrived). Written into buf (truncated to n bytes); returns buf.
  * The same text is logged when a collective times out. */
 TD_API const char *td_group_record(td_group *g, char *buf, size_t n);
+
+/* For a strategy that checks its members' numbers: 1 when fault injection
+ * plans a bit flip in `what` on the device of member `rank` (of this
+ * process) at step `step` (from 1), else 0. The item then counts as fired
+ * and strikes no more, in g and in the groups shrunk from it; the caller
+ * flips the bit. Safe from the member's host thread. */
+TD_API int td_group_fault_flip(td_group *g, int rank, td_flip_target what, int64_t step);
 
 /* Measures the direct exchange and the large-message all-reduce (the shared
  * queue locally, the ring otherwise) on this group over sizes 64 B to 1 MiB

@@ -10,6 +10,11 @@
  *   tensor    each layer split across the devices (an MLP pair by hidden
  *             features, attention by heads, sized by measured speed; the
  *             rest replicated), partial results all-reduced: batch size 1
+ *   mirror    every device computes the same step; digests of the loss,
+ *             gradients and weights are compared to catch a device that
+ *             computes wrong numbers (Super-AA)
+ *   tiles     evaluation: each image's conv layers on overlap tiles the
+ *             devices pull from a queue, stitched exactly (SuperTiling)
  *
  * The trainer, `tandem eval` and C programs drive each the same way: create
  * it over a group, step, evaluate, save and load whole-model checkpoints. A

@@ -27,8 +27,10 @@ static void usage(FILE *out) {
                  "  --strategy S       single (default: the first device), alternate or data\n"
                  "                     (whole batches round-robin over every device, weighted\n"
                  "                     by speed), pipeline (the layers cut into stages, one\n"
-                 "                     per device) or tensor (each layer split across the\n"
-                 "                     devices)\n"
+                 "                     per device), tensor (each layer split across the\n"
+                 "                     devices) or tiles (each image's conv layers on\n"
+                 "                     overlap tiles the devices pull from a queue)\n"
+                 "  --strategy-option K=V  one of the strategy's options (tiles: grid=N)\n"
                  "  --json             print one JSON object\n"
                  "  --help             show this help\n");
 }
@@ -44,6 +46,7 @@ static const struct option options[] = {
     {"samples", required_argument, NULL, 'n'},
     {"devices", required_argument, NULL, 'D'},
     {"strategy", required_argument, NULL, 'S'},
+    {"strategy-option", required_argument, NULL, 'O'},
     {"json", no_argument, NULL, 'j'},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
@@ -52,15 +55,16 @@ static const struct option options[] = {
 /* The checkpoint's model under strategy `name` over every device, its
  * shares (if any) from a calibration on the first training samples. The
  * strategy's optimizer is the checkpoint's (saved), whose state it loads. */
-static td_status make_strategy(td_device_list *devs, const char *name, const char *ckpt,
-                               const char *json, td_dtype dtype, const td_train_state *saved,
-                               int64_t batch, const td_dataset *calib, td_group **group,
-                               td_strategy **s) {
+static td_status make_strategy(td_device_list *devs, const char *name, const char *strategy_options,
+                               const char *ckpt, const char *json, td_dtype dtype,
+                               const td_train_state *saved, int64_t batch, const td_dataset *calib,
+                               td_group **group, td_strategy **s) {
     td_strategy_config cfg = TD_STRATEGY_CONFIG_INIT;
     td_loader *l = NULL;
     td_batch b;
     td_status st;
     cfg.name = name;
+    cfg.options = strategy_options;
     cfg.dtype = dtype;
     cfg.batch = batch;
     cfg.opt = saved->opt;
@@ -76,6 +80,19 @@ static td_status make_strategy(td_device_list *devs, const char *name, const cha
         st = td_strategy_calibrate(*s, &b);
     td_loader_destroy(l);
     return st;
+}
+
+/* An evaluation-only strategy's note on what its devices did ("tiles each
+ * device took: ..."), on stdout. */
+static void print_note(const td_strategy *s) {
+    td_strategy_about about;
+    td_strategy_report words;
+    td_run_figures none = {0};
+    if (td_strategy_about_get(td_strategy_name(s), &about) != TD_OK || about.trains)
+        return;
+    td_strategy_report_make(s, &none, &words);
+    if (words.note[0])
+        printf("%s\n", words.note);
 }
 
 static int known_strategy(const char *name) {
@@ -113,7 +130,7 @@ int td_cli_eval(int argc, char **argv) {
     long long batch = 0, samples = 0;
     int c, json = 0;
     td_device_list *devs = NULL;
-    char *model_json = NULL;
+    char *model_json = NULL, strategy_options[512] = "";
     td_dtype dtype;
     td_train_state saved;
     td_model_info info;
@@ -148,6 +165,11 @@ int td_cli_eval(int argc, char **argv) {
                 return 2;
             }
             strategy = optarg;
+            break;
+        case 'O':
+            snprintf(strategy_options + strlen(strategy_options),
+                     sizeof strategy_options - strlen(strategy_options), "%s%s",
+                     strategy_options[0] ? "," : "", optarg);
             break;
         case 'j': json = 1; break;
         case 'b':
@@ -189,8 +211,8 @@ int td_cli_eval(int argc, char **argv) {
     if (st == TD_OK)
         st = td_devices_open(devices, &devs);
     if (st == TD_OK)
-        st = make_strategy(devs, strategy, ckpt, model_json, dtype, &saved, batch, train, &group,
-                           &strat);
+        st = make_strategy(devs, strategy, strategy_options, ckpt, model_json, dtype, &saved, batch,
+                           train, &group, &strat);
     if (st != TD_OK) {
         rc = td_cli_fail("eval", st);
         goto done;
@@ -212,6 +234,8 @@ int td_cli_eval(int argc, char **argv) {
                split, r.count ? r.loss_sum / (double)r.count : NAN,
                r.count ? 100.0 * (double)r.correct / (double)r.count : NAN, (long long)r.count,
                secs);
+    if (!json)
+        print_note(strat);
     rc = 0;
 done:
     td_strategy_destroy(strat);

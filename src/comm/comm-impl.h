@@ -73,11 +73,15 @@ typedef struct td__record_entry {
 typedef struct td__fault {
     char device[32];
     int process; /* -1: any */
-    int kind;    /* td_collective_kind or -1 for any */
-    int nth;
-    /* fail loudly; stop answering until the peers gave up; or for good */
-    enum { TD__FAULT_ERROR, TD__FAULT_HANG, TD__FAULT_STUCK } mode;
+    int kind;    /* td_collective_kind, -1 for any, or TD__FAULT_FLIP_KIND + td_flip_target */
+    int nth;     /* the N-th collective of that kind; for a flip, the step (from 1) */
+    /* fail loudly; stop answering until the peers gave up; or for good; flip
+     * one bit of a number (the strategy asks td_group_fault_flip) */
+    enum { TD__FAULT_ERROR, TD__FAULT_HANG, TD__FAULT_STUCK, TD__FAULT_FLIP } mode;
 } td__fault;
+
+/* Flip items' kinds: past every collective kind, so a collective never matches one. */
+#define TD__FAULT_FLIP_KIND 100
 
 typedef struct td__engine td__engine; /* a member's async engine (collectives.c) */
 /* Faults planned for a group and shared with the groups shrunk from it (fault.c). */

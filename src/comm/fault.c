@@ -10,7 +10,14 @@
  * peers time out and name it, and its host thread comes back once they
  * gave up), stuck (the same, but its host thread never comes back, as with a
  * GPU hung for good) or error (it fails at once and tells its peers).
- * "cpu:1@allreduce:5" makes cpu:1 stop at its 5th all-reduce. An item that
+ * "cpu:1@allreduce:5" makes cpu:1 stop at its 5th all-reduce.
+ *
+ * KIND may instead be grad, act or weight: a bit flip, a device that
+ * computes a wrong number without failing. N is then the step (from 1)
+ * and MODE flip (the default, the only one). The group cannot reach into a
+ * model, so the strategy asks td_group_fault_flip on each member's thread
+ * at each step and flips the bit itself (mirror: the lowest exponent bit of
+ * the largest element, which doubles or halves it). An item that
  * could never fire (a device not in the group, a count of 0) is refused. One
  * that did not fire by the time the group (and those shrunk from it) is
  * destroyed is named in a warning with what its device ran instead: which
@@ -56,6 +63,14 @@ const char *td_collective_name(td_collective_kind kind) {
     return (unsigned)kind < TD_COLL_KINDS ? kind_names[kind] : "?";
 }
 
+static const char *const flip_names[TD_FLIP_TARGETS] = {"grad", "act", "weight"};
+
+/* The mode after a flip item's step: flip, or nothing. */
+static int parse_flip_mode(const char *rest, td__fault *f) {
+    f->mode = TD__FAULT_FLIP;
+    return !*rest || !strcmp(rest, ":flip");
+}
+
 static td_status parse_item(const char *item, td__fault *f) {
     char buf[128], *at, *kind, *colon, *end;
     long nth;
@@ -86,20 +101,29 @@ static td_status parse_item(const char *item, td__fault *f) {
     for (int k = 0; k < TD_COLL_KINDS; k++)
         if (!strcmp(kind, kind_names[k]))
             f->kind = k;
+    for (int k = 0; k < TD_FLIP_TARGETS; k++)
+        if (!strcmp(kind, flip_names[k]))
+            f->kind = TD__FAULT_FLIP_KIND + k;
     if (f->kind == -2)
         return td__error(TD_ERR_PARSE,
                          "fault injection item '%s': '%s' is not a collective (allreduce, "
-                         "broadcast, reduce, allgather, reducescatter or any)",
+                         "broadcast, reduce, allgather, reducescatter or any) nor a bit flip's "
+                         "target (grad, act or weight)",
                          item, kind);
     nth = strtol(colon + 1, &end, 10);
     if (end != colon + 1 && nth < 1)
         return td__error(TD_ERR_PARSE,
-                         "fault injection item '%s': collectives count from 1, so a count of %ld "
-                         "could never fire",
-                         item, nth);
+                         "fault injection item '%s': %s count from 1, so a count of %ld could "
+                         "never fire",
+                         item, f->kind >= TD__FAULT_FLIP_KIND ? "steps" : "collectives", nth);
     if (end == colon + 1 || nth > 1000000000)
         goto bad;
     f->nth = (int)nth;
+    if (f->kind >= TD__FAULT_FLIP_KIND) {
+        if (!parse_flip_mode(end, f))
+            goto bad;
+        return TD_OK;
+    }
     f->mode = TD__FAULT_HANG;
     if (*end == ':') {
         if (!strcmp(end + 1, "error"))
@@ -117,7 +141,8 @@ bad:
         TD_ERR_PARSE,
         "fault injection item '%s' is malformed: expected "
         "[pP/]DEVICE@KIND:N[:hang|:stuck|:error], KIND one of allreduce, broadcast, reduce, "
-        "allgather, reducescatter, any (as in cpu:1@allreduce:5)",
+        "allgather, reducescatter, any (as in cpu:1@allreduce:5), or a bit flip "
+        "DEVICE@grad|act|weight:STEP[:flip] (as in cpu:1@grad:3)",
         item);
 }
 
@@ -229,6 +254,13 @@ static void report_unfired(const td__fault_plan *p) {
         int d = p->item_slot[i], kinds, all;
         if (atomic_load(&p->fired[i]) || d < 0 || (f->process >= 0 && f->process != p->process))
             continue;
+        if (f->mode == TD__FAULT_FLIP) {
+            TD_LOG_WARN("TANDEM_FAULT item '%s' never fired: no step %d flipped a bit of %s on "
+                        "%s (the strategy did not take that step there, or checks no numbers)",
+                        p->item_text[i], f->nth, flip_names[f->kind - TD__FAULT_FLIP_KIND],
+                        f->device);
+            continue;
+        }
         all = atomic_load(&p->calls[d][TD_COLL_KINDS]);
         kinds = f->kind < 0 ? all : atomic_load(&p->calls[d][f->kind]);
         if (f->kind < 0)
@@ -271,7 +303,8 @@ td_status td__fault_check(td__member *m, td_collective_kind kind) {
     n_any = atomic_fetch_add(&p->calls[m->fault_slot][TD_COLL_KINDS], 1) + 1;
     for (int i = 0; i < p->nitems; i++) {
         const td__fault *f = &p->items[i];
-        if (strcmp(f->device, td_device_name(m->dev)) || !this_process(g, f->process))
+        if (f->mode == TD__FAULT_FLIP || strcmp(f->device, td_device_name(m->dev)) ||
+            !this_process(g, f->process))
             continue;
         if ((f->kind < 0 ? n_any : f->kind == (int)kind ? n_kind : -1) != f->nth)
             continue;
@@ -308,4 +341,21 @@ td_status td__fault_check(td__member *m, td_collective_kind kind) {
                          f->kind < 0 ? "collective" : td_collective_name(kind), f->nth, p->text);
     }
     return TD_OK;
+}
+
+int td_group_fault_flip(td_group *g, int rank, td_flip_target what, int64_t step) {
+    td__fault_plan *p = g ? g->faults : NULL;
+    td_device *dev = g ? td_group_device(g, rank) : NULL;
+    if (!p || !dev)
+        return 0;
+    for (int i = 0; i < p->nitems; i++) {
+        const td__fault *f = &p->items[i];
+        if (f->mode != TD__FAULT_FLIP || f->kind != TD__FAULT_FLIP_KIND + (int)what ||
+            f->nth != step || strcmp(f->device, td_device_name(dev)) ||
+            !this_process(g, f->process))
+            continue;
+        if (!atomic_exchange(&p->fired[i], 1))
+            return 1;
+    }
+    return 0;
 }

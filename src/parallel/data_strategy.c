@@ -253,7 +253,8 @@ static void data_holdings(void *impl, td__holding *h, int *n) {
             h[(*n)++] = (td__holding){td_dp_model(d->dp, r), td_dp_optimizer(d->dp, r), r};
 }
 
-static void data_report(const td_run_figures *f, td_strategy_report *out) {
+static void data_report(void *impl, const td_run_figures *f, td_strategy_report *out) {
+    (void)impl;
     snprintf(out->note, sizeof out->note,
              "gradient reduction: %d bucket%s, %d started during backward, %.0f%% of its time "
              "hidden behind backward; step time %.2fx the ideal",

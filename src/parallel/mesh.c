@@ -3,9 +3,10 @@
  * members form the innermost axis (here, cpu:0 and cpu:1 split the model,
  * as do cpu:2 and cpu:3, and the two pairs are data-parallel replicas). A
  * single axis is its strategy ("tensor:4" is tensor on 4 devices). Of the
- * compositions, data × tensor and data × pipeline run: the tensor or
- * pipeline strategy with `replicas` (tp_mesh.c, pp_mesh.c), each replica
- * taking its rows of the batch and member k of every replica summing its
+ * compositions, data × tensor, data × pipeline and data × mirror run: the
+ * tensor, pipeline or mirror strategy with `replicas` (tp_mesh.c,
+ * pp_mesh.c, mirror_step.c), each replica taking its rows of the batch and
+ * member k of every replica summing its
  * gradients with the others' before the update; and pipeline × tensor:
  * the pipeline strategy with `tensor` (pp_mesh.c), each stage's layers
  * split over its consecutive members. Three axes are refused by name. */
@@ -71,22 +72,25 @@ td_status td__mesh_resolve(const char *name, const char **strategy, char *option
         return TD_ERR_INVALID_ARG;
     for (int i = 0; i < count; i++)
         if (strcmp(ax[i].name, "data") && strcmp(ax[i].name, "tensor") &&
-            strcmp(ax[i].name, "pipeline"))
+            strcmp(ax[i].name, "pipeline") && strcmp(ax[i].name, "mirror"))
             return td__error_setting(TD_ERR_INVALID_ARG, "strategy",
-                                     "mesh '%s': no axis '%s' (axes: data, tensor, pipeline)", name,
-                                     ax[i].name);
+                                     "mesh '%s': no axis '%s' (axes: data, tensor, pipeline, "
+                                     "mirror)",
+                                     name, ax[i].name);
     *devices = 1;
     for (int i = 0; i < count; i++)
         *devices *= (int)ax[i].size;
     if (count == 1) {
-        *strategy = !strcmp(ax[0].name, "data")     ? "data"
-                    : !strcmp(ax[0].name, "tensor") ? "tensor"
-                                                    : "pipeline";
+        *strategy = ax[0].name[0] == 'd'   ? "data"
+                    : ax[0].name[0] == 't' ? "tensor"
+                    : ax[0].name[0] == 'p' ? "pipeline"
+                                           : "mirror";
         return TD_OK;
     }
     if (count == 2 && !strcmp(ax[0].name, "data") &&
-        (!strcmp(ax[1].name, "tensor") || !strcmp(ax[1].name, "pipeline"))) {
-        *strategy = !strcmp(ax[1].name, "tensor") ? "tensor" : "pipeline";
+        (!strcmp(ax[1].name, "tensor") || !strcmp(ax[1].name, "pipeline") ||
+         !strcmp(ax[1].name, "mirror"))) {
+        *strategy = ax[1].name[0] == 't' ? "tensor" : ax[1].name[0] == 'p' ? "pipeline" : "mirror";
         snprintf(options, n, "replicas=%ld", ax[0].size);
         return TD_OK;
     }
@@ -102,7 +106,8 @@ td_status td__mesh_resolve(const char *name, const char **strategy, char *option
                                  name, ax[1].size, ax[0].size);
     return td__error_setting(TD_ERR_UNSUPPORTED, "strategy",
                              "mesh '%s': of the compositions data:R,tensor:N, "
-                             "data:R,pipeline:N and pipeline:P,tensor:N run yet",
+                             "data:R,pipeline:N, data:R,mirror:M and pipeline:P,tensor:N run "
+                             "yet",
                              name);
 }
 

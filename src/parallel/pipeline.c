@@ -523,7 +523,8 @@ static td_status pp_create(td_strategy *s) {
     return st;
 }
 
-static void pp_report(const td_run_figures *f, td_strategy_report *out) {
+static void pp_report(void *impl, const td_run_figures *f, td_strategy_report *out) {
+    (void)impl;
     (void)f;
     out->show_plan = 1;
     snprintf(out->comm_label, sizeof out->comm_label, "transfer s");

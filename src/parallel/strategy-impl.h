@@ -31,7 +31,7 @@ typedef struct td_strategy_ops {
     const td_strategy_option *options; /* its own, NULL-terminated by name; NULL: none */
     /* The words of the run's report (td_strategy_report_make); NULL: the
      * plain member table with no note. */
-    void (*report)(const td_run_figures *f, td_strategy_report *out);
+    void (*report)(void *impl, const td_run_figures *f, td_strategy_report *out);
     /* Builds the strategy's state over s->group from s->json and s->cfg into
      * s->impl; on failure leaves nothing s->ops->destroy cannot free. */
     td_status (*create)(td_strategy *s);
@@ -141,5 +141,7 @@ extern const td_strategy_ops td__strategy_data;
 extern const td_strategy_ops td__strategy_pipeline;
 extern const td_strategy_ops td__strategy_tensor;
 extern const td_strategy_ops td__strategy_alternate;
+extern const td_strategy_ops td__strategy_mirror;
+extern const td_strategy_ops td__strategy_tiles;
 
 #endif

@@ -14,8 +14,8 @@
 #include "parallel/strategy-impl.h"
 
 static const td_strategy_ops *const strategies[] = {
-    &td__strategy_single, &td__strategy_data,      &td__strategy_pipeline,
-    &td__strategy_tensor, &td__strategy_alternate,
+    &td__strategy_single,    &td__strategy_data,   &td__strategy_pipeline, &td__strategy_tensor,
+    &td__strategy_alternate, &td__strategy_mirror, &td__strategy_tiles,
 };
 
 #define NSTRATEGIES (sizeof strategies / sizeof *strategies)
@@ -102,7 +102,7 @@ void td_strategy_report_make(const td_strategy *s, const td_run_figures *f,
     snprintf(out->comm_label, sizeof out->comm_label, "comm s");
     snprintf(out->wait_label, sizeof out->wait_label, "wait s");
     if (s && f && s->ops->report)
-        s->ops->report(f, out);
+        s->ops->report(s->impl, f, out);
 }
 
 /* TD_ERR_INVALID_ARG unless g's size suits ops. */

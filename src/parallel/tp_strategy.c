@@ -480,7 +480,8 @@ static td_status tp_carry_on(td_strategy *s, td_group *survivors, int64_t steps_
     return TD_OK;
 }
 
-static void tp_report(const td_run_figures *f, td_strategy_report *out) {
+static void tp_report(void *impl, const td_run_figures *f, td_strategy_report *out) {
+    (void)impl;
     (void)f;
     out->show_plan = 1;
     snprintf(out->note, sizeof out->note,

@@ -208,7 +208,8 @@ static void refused(const char *args, int code, const char *why) {
 }
 
 static void bad_strategies_are_refused(void **state) {
-    refused("--strategy tiles", 2, "--strategy is single, data, pipeline");
+    refused("--strategy diagonal", 2, "--strategy is single, data, pipeline");
+    refused("--strategy tiles --devices 'cpu*2'", 1, "tiles does not train");
     refused("--zero", 1, "single has no option --zero (its options: none)");
     refused("--strategy pipeline --devices 'cpu*2' --zero", 1,
             "pipeline has no option --zero (its options: --micro-batches, `replicas`, `tensor`)");

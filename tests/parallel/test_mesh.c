@@ -165,13 +165,13 @@ static void meshes_not_built_are_refused(void **state) {
     td_test_assert_message_contains("pipeline:2,tensor:2");
     c.name = "data:1,pipeline:2,tensor:2";
     TD_ASSERT_STATUS(td_strategy_create(g, gpt_json, "mesh_gpt", &c, &s), TD_ERR_UNSUPPORTED);
-    td_test_assert_message_contains("pipeline:P,tensor:N run yet");
+    td_test_assert_message_contains("data:R,mirror:M and pipeline:P,tensor:N run yet");
     c.name = "data:3,tensor:2";
     TD_ASSERT_STATUS(td_strategy_create(g, gpt_json, "mesh_gpt", &c, &s), TD_ERR_INVALID_ARG);
     td_test_assert_message_contains("the mesh data:3,tensor:2 names 6 devices; the group has 4");
     c.name = "data:2,diagonal:2";
     TD_ASSERT_STATUS(td_strategy_create(g, gpt_json, "mesh_gpt", &c, &s), TD_ERR_INVALID_ARG);
-    td_test_assert_message_contains("no axis 'diagonal' (axes: data, tensor, pipeline)");
+    td_test_assert_message_contains("no axis 'diagonal' (axes: data, tensor, pipeline, mirror)");
     c.name = "data:x";
     TD_ASSERT_STATUS(td_strategy_create(g, gpt_json, "mesh_gpt", &c, &s), TD_ERR_INVALID_ARG);
     td_test_assert_message_contains("the size of axis data is not a whole number");

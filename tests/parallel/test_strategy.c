@@ -182,7 +182,7 @@ static void evaluation_equals_one_device(void **state) {
 }
 
 static void the_dispatcher_checks_and_defaults(void **state) {
-    td_strategy_config c = config("tiles");
+    td_strategy_config c = config("diagonal");
     const char *const *names = td_strategy_names();
     td_group *g = NULL, *left = NULL;
     td_strategy *s = NULL, *next = NULL;
@@ -198,7 +198,7 @@ static void the_dispatcher_checks_and_defaults(void **state) {
     TD_ASSERT_OK(td_group_create_spec("cpu*2", NULL, &g));
     TD_ASSERT_STATUS(td_strategy_create(g, model_json, "strategy_test", &c, &s),
                      TD_ERR_INVALID_ARG);
-    td_test_assert_message_contains("unknown strategy 'tiles'");
+    td_test_assert_message_contains("unknown strategy 'diagonal'");
     td_test_assert_message_contains("single, data, pipeline");
     assert_null(s);
     td_strategy_destroy(NULL);
@@ -247,8 +247,14 @@ static void the_table_describes_each_strategy(void **state) {
     TD_ASSERT_OK(td_strategy_about_get(NULL, &a));
     assert_string_equal(a.name, "single");
     assert_int_equal(a.max_members, 1);
-    TD_ASSERT_STATUS(td_strategy_about_get("tiles", &a), TD_ERR_INVALID_ARG);
-    td_test_assert_message_contains("unknown strategy 'tiles'");
+    TD_ASSERT_OK(td_strategy_about_get("tiles", &a));
+    assert_false(a.trains);
+    assert_string_equal(a.option_name[0], "grid");
+    TD_ASSERT_OK(td_strategy_about_get("mirror", &a));
+    assert_true(a.trains);
+    assert_int_equal(a.min_members, 2);
+    TD_ASSERT_STATUS(td_strategy_about_get("diagonal", &a), TD_ERR_INVALID_ARG);
+    td_test_assert_message_contains("unknown strategy 'diagonal'");
     TD_ASSERT_OK(td_strategy_check_options("data", "zero=1,overlap=off"));
     TD_ASSERT_OK(td_strategy_check_options("pipeline", ""));
     TD_ASSERT_STATUS(td_strategy_check_options("tensor", "zero=1"), TD_ERR_INVALID_ARG);
