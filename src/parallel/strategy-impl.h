@@ -141,5 +141,6 @@ extern const td_strategy_ops td__strategy_data;
 extern const td_strategy_ops td__strategy_pipeline;
 extern const td_strategy_ops td__strategy_tensor;
 extern const td_strategy_ops td__strategy_alternate;
+extern const td_strategy_ops td__strategy_spatial;
 
 #endif
