@@ -1,0 +1,248 @@
+/* The `spatial` strategy (split-frame) against one device training on the
+ * same batches: small conv nets whose conv2d, pool and activation layers
+ * run on horizontal bands of each image, with padding, strides, max and
+ * average pooling, on 2 and 3 devices and on two of which one is three
+ * times slower (whose band must be a quarter of the rows), at batch 1 and
+ * 2, in f64 (1e-12) and f32 (1e-5); evaluation alike; a band thinner than a
+ * kernel's halo refused by name; checkpoints that move to and from
+ * `single`. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "support/dp_check.h"
+#include "support/model_data.h"
+#include "support/support.h"
+#include "tandem/checkpoint.h"
+#include "tandem/strategy.h"
+
+#define STEPS 3
+
+/* conv (padding 1), relu, max-pool, conv (padding 1), tanh, flatten, linear. */
+static const char *plain_json =
+    "{\"name\": \"sp_plain\", \"input\": {\"shape\": [2, 24, 10]}, \"layers\": ["
+    "{\"type\": \"conv2d\", \"out\": 4, \"kernel\": 3, \"padding\": 1},"
+    "{\"type\": \"relu\"}, {\"type\": \"maxpool\", \"kernel\": 2},"
+    "{\"type\": \"conv2d\", \"out\": 3, \"kernel\": 3, \"padding\": 1},"
+    "{\"type\": \"tanh\"}, {\"type\": \"flatten\"}, {\"type\": \"linear\", \"out\": 5}]}";
+
+/* Strides and padding that do not divide the rows evenly: a 5x5 conv of
+ * stride 2 and padding 2, an unpadded 3x3, a padded 3x3 average pool of
+ * stride 1, a padded 3x3 max pool of stride 2, an activation first. */
+static const char *strided_json =
+    "{\"name\": \"sp_strided\", \"input\": {\"shape\": [1, 31, 9]}, \"layers\": ["
+    "{\"type\": \"sigmoid\"},"
+    "{\"type\": \"conv2d\", \"out\": 3, \"kernel\": 5, \"stride\": 2, \"padding\": 2},"
+    "{\"type\": \"relu\"},"
+    "{\"type\": \"conv2d\", \"out\": 4, \"kernel\": 3},"
+    "{\"type\": \"avgpool\", \"kernel\": 3, \"stride\": 1, \"padding\": 1},"
+    "{\"type\": \"maxpool\", \"kernel\": 3, \"stride\": 2, \"padding\": 1},"
+    "{\"type\": \"flatten\"}, {\"type\": \"linear\", \"out\": 4}]}";
+
+/* Eight rows pooled to four, then a 5x5 kernel: on four devices each band
+ * holds one row and the kernel reads two beyond it. */
+static const char *thin_json =
+    "{\"name\": \"sp_thin\", \"input\": {\"shape\": [1, 8, 8]}, \"layers\": ["
+    "{\"type\": \"conv2d\", \"out\": 2, \"kernel\": 3, \"padding\": 1},"
+    "{\"type\": \"maxpool\", \"kernel\": 2},"
+    "{\"type\": \"conv2d\", \"out\": 2, \"kernel\": 5, \"padding\": 2},"
+    "{\"type\": \"flatten\"}, {\"type\": \"linear\", \"out\": 3}]}";
+
+static td_strategy_config config(const char *name, td_dtype dt, int64_t batch) {
+    td_strategy_config c = TD_STRATEGY_CONFIG_INIT;
+    c.name = name;
+    c.dtype = dt;
+    c.seed = 7;
+    c.opt.kind = TD_OPT_SGD;
+    c.opt.lr = 0.1;
+    c.opt.momentum = 0.9;
+    c.opt.weight_decay = 0.01;
+    c.batch = batch;
+    return c;
+}
+
+/* Trains `name` on spec over d's batches. */
+static td_strategy *train(const char *name, const char *spec, const char *json, td_dtype dt,
+                          const td_test_data *d, td_group **g, td_step_result *last,
+                          td_step_stats *stats) {
+    td_strategy *s = NULL;
+    td_strategy_config c = config(name, dt, d->n);
+    char plan[4096];
+    TD_ASSERT_OK(td_group_create_spec(spec, NULL, g));
+    TD_ASSERT_OK(td_strategy_create(*g, json, "test", &c, &s));
+    printf("%s on %s:\n%s", name, spec, td_strategy_plan(s, plan, sizeof plan));
+    for (int k = 0; k < d->steps; k++)
+        TD_ASSERT_OK(td_strategy_step(s, &d->b[k], (uint64_t)k, last, stats));
+    return s;
+}
+
+/* Trains single and spatial alike and compares weights, the last loss and
+ * an evaluation; want_plan (NULL: none) must be in spatial's plan. */
+static void check_like_one_device(const char *json, const char *spec, td_dtype dt, int64_t batch,
+                                  double tol, const char *want_plan) {
+    td_test_data *d = td_test_data_create(json, STEPS, batch);
+    td_group *g1 = NULL, *g = NULL;
+    td_step_result r1, r, e1[STEPS], e[STEPS];
+    td_step_stats stats;
+    td_strategy *one = train("single", "cpu:0", json, dt, d, &g1, &r1, NULL);
+    td_strategy *sp = train("spatial", spec, json, dt, d, &g, &r, &stats);
+    char plan[4096];
+    double diff;
+    TD_ASSERT_OK(td_strategy_save(one, td_test_tmp("one.safetensors"), NULL));
+    TD_ASSERT_OK(td_strategy_save(sp, td_test_tmp("sp.safetensors"), NULL));
+    diff = td_dp_checkpoint_diff(td_test_tmp("one.safetensors"), td_test_tmp("sp.safetensors"));
+    printf("spatial on %s, %s, batch %lld: weights differ by %.3g (tol %g), loss %.17g vs %.17g; "
+           "member 0: compute %.3f ms, exchanges %.3f ms (halo %.3f ms)\n",
+           spec, dt == TD_F64 ? "f64" : "f32", (long long)batch, diff, tol, r.loss_sum, r1.loss_sum,
+           stats.m[0].compute_s * 1e3, stats.m[0].comm_s * 1e3, stats.m[0].halo_s * 1e3);
+    assert_true(diff <= tol);
+    assert_true(fabs(r.loss_sum - r1.loss_sum) <= 10 * tol * fabs(r1.loss_sum));
+    assert_int_equal(r.count, r1.count);
+    assert_int_equal(stats.members, td_group_size(g));
+    if (stats.members > 1)
+        assert_true(stats.m[0].comm_s > 0);
+    TD_ASSERT_OK(td_strategy_evaluate(one, d->b, STEPS, e1));
+    TD_ASSERT_OK(td_strategy_evaluate(sp, d->b, STEPS, e));
+    for (int k = 0; k < STEPS; k++) {
+        assert_true(fabs(e[k].loss_sum - e1[k].loss_sum) <= 10 * tol * fabs(e1[k].loss_sum));
+        assert_int_equal(e[k].correct, e1[k].correct);
+    }
+    td_strategy_plan(sp, plan, sizeof plan);
+    if (want_plan && !strstr(plan, want_plan))
+        fail_msg("the plan does not say \"%s\":\n%s", want_plan, plan);
+    td_strategy_destroy(sp);
+    td_strategy_destroy(one);
+    td_group_destroy(g);
+    td_group_destroy(g1);
+    td_test_data_destroy(d);
+}
+
+static void plain_like_one_device(void **state) {
+    (void)state;
+    for (int b = 1; b <= 2; b++) {
+        check_like_one_device(plain_json, "cpu*2", TD_F64, b, 1e-12, NULL);
+        check_like_one_device(plain_json, "cpu*3", TD_F64, b, 1e-12, NULL);
+    }
+    check_like_one_device(plain_json, "cpu*3", TD_F32, 2, 1e-5, NULL);
+}
+
+static void strided_like_one_device(void **state) {
+    (void)state;
+    check_like_one_device(strided_json, "cpu*2", TD_F64, 1, 1e-12, NULL);
+    check_like_one_device(strided_json, "cpu*3", TD_F64, 2, 1e-12, NULL);
+    check_like_one_device(strided_json, "cpu*2", TD_F32, 1, 1e-5, NULL);
+}
+
+/* Large enough that compute, not fixed costs, decides the measured speeds. */
+static const char *wide_json =
+    "{\"name\": \"sp_wide\", \"input\": {\"shape\": [3, 64, 48]}, \"layers\": ["
+    "{\"type\": \"conv2d\", \"out\": 8, \"kernel\": 3, \"padding\": 1},"
+    "{\"type\": \"relu\"},"
+    "{\"type\": \"conv2d\", \"out\": 8, \"kernel\": 3, \"padding\": 1},"
+    "{\"type\": \"maxpool\", \"kernel\": 2},"
+    "{\"type\": \"flatten\"}, {\"type\": \"linear\", \"out\": 5}]}";
+
+/* One device three times slower: the larger band goes to the faster one
+ * (three quarters of the rows on an idle machine; how much more follows
+ * the speeds measured, which a loaded machine blurs). */
+static void unequal_bands_like_one_device(void **state) {
+    td_group *g = NULL;
+    td_strategy *s = NULL;
+    td_strategy_config c = config("spatial", TD_F64, 1);
+    char plan[4096];
+    long long fast = 0, all = 0;
+    const char *line;
+    (void)state;
+    check_like_one_device(plain_json, "cpu:0,cpu:1{slowdown=3}", TD_F64, 1, 1e-12, NULL);
+    check_like_one_device(wide_json, "cpu:0,cpu:1{slowdown=3}", TD_F64, 1, 1e-12, NULL);
+    TD_ASSERT_OK(td_group_create_spec("cpu:0,cpu:1{slowdown=3}", NULL, &g));
+    TD_ASSERT_OK(td_strategy_create(g, wide_json, "wide", &c, &s));
+    td_strategy_plan(s, plan, sizeof plan);
+    printf("%s", plan);
+    line = strstr(plan, "cpu:0: ");
+    if (!line || sscanf(line, "cpu:0: rows [0, %lld) of %lld", &fast, &all) != 2 || 2 * fast <= all)
+        fail_msg("cpu:0 does not hold more than half the rows:\n%s", plan);
+    td_strategy_destroy(s);
+    td_group_destroy(g);
+}
+
+static void thin_band_refused(void **state) {
+    td_group *g = NULL;
+    td_strategy *s = NULL;
+    td_strategy_config c = config("spatial", TD_F64, 1);
+    (void)state;
+    TD_ASSERT_OK(td_group_create_spec("cpu*4", NULL, &g));
+    assert_int_equal(td_strategy_create(g, thin_json, "thin", &c, &s), TD_ERR_INVALID_ARG);
+    assert_null(s);
+    printf("refused: %s\n", td_last_error());
+    /* which layer is named first follows the measured shares */
+    assert_non_null(strstr(td_last_error(), "spatial: layer "));
+    assert_non_null(strstr(td_last_error(), "thinner than the kernel's halo"));
+    td_group_destroy(g);
+}
+
+/* A model with no conv or pool before its dense layers is refused too. */
+static void nothing_to_band_refused(void **state) {
+    td_group *g = NULL;
+    td_strategy *s = NULL;
+    td_strategy_config c = config("spatial", TD_F64, 1);
+    const char *mlp = "{\"input\": {\"shape\": [6]}, \"layers\": [{\"type\": \"linear\", "
+                      "\"out\": 3}]}";
+    (void)state;
+    TD_ASSERT_OK(td_group_create_spec("cpu*2", NULL, &g));
+    assert_int_equal(td_strategy_create(g, mlp, "mlp", &c, &s), TD_ERR_UNSUPPORTED);
+    printf("refused: %s\n", td_last_error());
+    assert_non_null(strstr(td_last_error(), "images"));
+    td_group_destroy(g);
+}
+
+/* A checkpoint of spatial resumes under single and the other way round,
+ * with the same numbers as a run that never moved. */
+static void checkpoints_move(void **state) {
+    td_test_data *d = td_test_data_create(plain_json, STEPS, 1);
+    td_group *g1 = NULL, *g = NULL, *g2 = NULL;
+    td_strategy *one = NULL, *sp = NULL, *back = NULL;
+    td_strategy_config c = config("single", TD_F64, 1), cs = config("spatial", TD_F64, 1);
+    td_step_result r;
+    (void)state;
+    TD_ASSERT_OK(td_group_create_spec("cpu:0", NULL, &g1));
+    TD_ASSERT_OK(td_group_create_spec("cpu*2", NULL, &g));
+    TD_ASSERT_OK(td_group_create_spec("cpu:0", NULL, &g2));
+    TD_ASSERT_OK(td_strategy_create(g1, plain_json, "test", &c, &one));
+    for (int k = 0; k < STEPS; k++)
+        TD_ASSERT_OK(td_strategy_step(one, &d->b[k], (uint64_t)k, &r, NULL));
+    /* spatial takes over after the first step, single after the second */
+    TD_ASSERT_OK(td_strategy_create(g2, plain_json, "test", &c, &back));
+    TD_ASSERT_OK(td_strategy_step(back, &d->b[0], 0, &r, NULL));
+    TD_ASSERT_OK(td_strategy_save(back, td_test_tmp("first.safetensors"), NULL));
+    td_strategy_destroy(back);
+    TD_ASSERT_OK(td_strategy_create(g, plain_json, "test", &cs, &sp));
+    TD_ASSERT_OK(td_strategy_load(sp, td_test_tmp("first.safetensors"), NULL));
+    TD_ASSERT_OK(td_strategy_step(sp, &d->b[1], 1, &r, NULL));
+    TD_ASSERT_OK(td_strategy_save(sp, td_test_tmp("second.safetensors"), NULL));
+    TD_ASSERT_OK(td_strategy_create(g2, plain_json, "test", &c, &back));
+    TD_ASSERT_OK(td_strategy_load(back, td_test_tmp("second.safetensors"), NULL));
+    assert_int_equal(td_strategy_steps(back), 2);
+    TD_ASSERT_OK(td_strategy_step(back, &d->b[2], 2, &r, NULL));
+    TD_ASSERT_OK(td_strategy_save(back, td_test_tmp("moved.safetensors"), NULL));
+    TD_ASSERT_OK(td_strategy_save(one, td_test_tmp("stayed.safetensors"), NULL));
+    assert_true(td_dp_checkpoint_diff(td_test_tmp("stayed.safetensors"),
+                                      td_test_tmp("moved.safetensors")) <= 1e-12);
+    td_strategy_destroy(back);
+    td_strategy_destroy(sp);
+    td_strategy_destroy(one);
+    td_group_destroy(g);
+    td_group_destroy(g1);
+    td_group_destroy(g2);
+    td_test_data_destroy(d);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(plain_like_one_device),         cmocka_unit_test(strided_like_one_device),
+        cmocka_unit_test(unequal_bands_like_one_device), cmocka_unit_test(thin_band_refused),
+        cmocka_unit_test(nothing_to_band_refused),       cmocka_unit_test(checkpoints_move),
+    };
+    return cmocka_run_group_tests(tests, td_test_tmpdir_setup, td_test_tmpdir_teardown);
+}
