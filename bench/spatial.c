@@ -26,7 +26,7 @@
 
 #define MAX_ROUNDS 16
 
-enum { ONE, ONE_SLOWED, SPATIAL, SPATIAL_SLOWED, NCONFIGS };
+enum { ONE, ONE_SLOWED, SPATIAL, SPATIAL_SLOWED, SPATIAL_ONE, NCONFIGS };
 
 typedef struct config {
     const char *label, *devices, *strategy;
@@ -125,6 +125,8 @@ int main(int argc, char **argv) {
         [ONE_SLOWED] = CONFIG("cpu:1{slowdown=3}", "single"),
         [SPATIAL] = CONFIG("cpu*2", "spatial"),
         [SPATIAL_SLOWED] = CONFIG("cpu:0,cpu:1{slowdown=3}", "spatial"),
+        /* one band: what the band machinery costs beside a plain step */
+        [SPATIAL_ONE] = CONFIG("cpu:0", "spatial"),
     };
 #undef CONFIG
     int32_t label = 0;

@@ -238,11 +238,64 @@ static void checkpoints_move(void **state) {
     td_test_data_destroy(d);
 }
 
+/* The CLI: `tandem train --strategy spatial` on cpu*2 over a data set that
+ * scripts/make_shapes writes (64x64 images here), against --strategy
+ * single: the same checkpoint within 1e-12 in f64. */
+static char *train_cli(const char *model, const char *data, const char *devices,
+                       const char *strategy, const char *ckpt) {
+    char cmd[2048], *out = NULL, *err = NULL;
+    int rc;
+    snprintf(cmd, sizeof cmd,
+             "%s train --model %s --data %s/x.npy,%s/y.npy --batch 1 --steps 4 --precision f64 "
+             "--no-epoch-eval --devices '%s' --strategy %s --checkpoint %s/%s",
+             TD_TANDEM_EXE, model, data, data, devices, strategy, td_test_tmpdir(), ckpt);
+    rc = td_test_run_command(cmd, &out, &err);
+    if (rc != 0)
+        fail_msg("'%s' exited %d: %s", cmd, rc, err ? err : "");
+    free(err);
+    return out;
+}
+
+static void cli_trains_spatial(void **state) {
+    char data[1024], model[1024], cmd[2048], one[1024], two[1024], *out, *err = NULL;
+    FILE *f;
+    (void)state;
+    snprintf(data, sizeof data, "%s/shapes", td_test_tmpdir());
+    snprintf(cmd, sizeof cmd, "python3 %s/scripts/make_shapes %s --n 8 --size 64", TD_SOURCE_DIR,
+             data);
+    out = NULL;
+    if (td_test_run_command(cmd, &out, &err) != 0)
+        fail_msg("'%s' failed: %s", cmd, err ? err : "");
+    free(out);
+    free(err);
+    snprintf(model, sizeof model, "%s/shapes64.json", td_test_tmpdir());
+    assert_non_null(f = fopen(model, "w"));
+    fputs("{\"input\": {\"shape\": [1, 64, 64]}, \"layers\": ["
+          "{\"type\": \"conv2d\", \"out\": 4, \"kernel\": 5, \"stride\": 2, \"padding\": 2},"
+          "{\"type\": \"relu\"}, {\"type\": \"conv2d\", \"out\": 4, \"kernel\": 3, "
+          "\"padding\": 1}, {\"type\": \"maxpool\", \"kernel\": 4},"
+          "{\"type\": \"flatten\"}, {\"type\": \"linear\", \"out\": 4}]}",
+          f);
+    fclose(f);
+    free(train_cli(model, data, "cpu:0", "single", "cli_one.safetensors"));
+    out = train_cli(model, data, "cpu*2", "spatial", "cli_sp.safetensors");
+    printf("%s", out);
+    assert_non_null(strstr(out, "rows [0, "));
+    free(out);
+    snprintf(one, sizeof one, "%s/cli_one.safetensors", td_test_tmpdir());
+    snprintf(two, sizeof two, "%s/cli_sp.safetensors", td_test_tmpdir());
+    assert_true(td_dp_checkpoint_diff(one, two) <= 1e-12);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(plain_like_one_device),         cmocka_unit_test(strided_like_one_device),
-        cmocka_unit_test(unequal_bands_like_one_device), cmocka_unit_test(thin_band_refused),
-        cmocka_unit_test(nothing_to_band_refused),       cmocka_unit_test(checkpoints_move),
+        cmocka_unit_test(plain_like_one_device),
+        cmocka_unit_test(strided_like_one_device),
+        cmocka_unit_test(unequal_bands_like_one_device),
+        cmocka_unit_test(thin_band_refused),
+        cmocka_unit_test(nothing_to_band_refused),
+        cmocka_unit_test(checkpoints_move),
+        cmocka_unit_test(cli_trains_spatial),
     };
     return cmocka_run_group_tests(tests, td_test_tmpdir_setup, td_test_tmpdir_teardown);
 }
