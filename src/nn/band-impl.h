@@ -39,8 +39,12 @@ typedef struct td__band_layer {
     /* The rows the neighbours take from this member: the band above's
      * [nb_below0, nb_below1), the band below's [nb_above0, nb_above1). */
     int64_t nb_below0, nb_below1, nb_above0, nb_above1;
-    /* Per batch (n samples), owned: */
-    td_tensor *out, *dout;  /* (n, oc, hi - lo, ow) */
+    /* out and dout hold rows [row0, row0 + rows) of each plane: a windowed
+     * layer's are its kernel's output on X' (yw, dyw), which holds a few
+     * rows beside its own; an element-wise layer's, its input's rows. */
+    int64_t rows, row0;
+    /* Per batch (n samples), owned (out and dout only when not yw and dyw): */
+    td_tensor *out, *dout;  /* (n, oc, rows, ow) */
     td_tensor *xw, *dxw;    /* (n, c, end - base, w) */
     td_tensor *yw, *dyw;    /* (n, oc, yh, ow) */
     td_buffer *argmax;      /* max-pooling: (n, oc, yh, ow) int32 */
@@ -53,6 +57,7 @@ struct td__bands {
     int64_t n;                /* the batch the buffers are made for (0: none) */
     int64_t gather_rows;      /* the most rows any band holds of the head's output */
     td_tensor *gsend, *grecv; /* (planes, gather_rows, ow), (members, planes, ...) */
+    td_tensor *grads;         /* every head weight gradient end to end: one reduction for all */
     td_gather_fn gather;
     void *gather_arg;
     td__band_layer bl[TD_BAND_MAX_LAYERS];

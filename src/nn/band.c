@@ -176,6 +176,14 @@ static td_status layer_geometry(struct td__bands *b, td_layer *l, int i) {
         bl->yh = (bl->end - bl->base + 2 * d->pad - d->kh) / d->stride + 1;
         bl->y0 = bl->lo - bl->base / d->stride;
         assert(bl->y0 >= 0 && bl->y0 + bl->hi - bl->lo <= bl->yh);
+        bl->rows = bl->yh;
+        bl->row0 = bl->lo - bl->y0;
+    } else if (i > 0) {
+        bl->rows = b->bl[i - 1].rows;
+        bl->row0 = b->bl[i - 1].row0;
+    } else {
+        bl->rows = bl->hi - bl->lo;
+        bl->row0 = bl->lo;
     }
     bl->up = bl->down = 0;
     for (int k = 0; k < b->members; k++) {

@@ -36,6 +36,21 @@ static td_status copy_rows(rows_at dst, rows_at src, int64_t first, int64_t coun
     return TD_OK;
 }
 
+/* Rows [first, first + count) of every plane of at set to zeros. */
+static td_status zero_rows(rows_at at, int64_t first, int64_t count, int64_t planes, int64_t w) {
+    int64_t len = count * w;
+    if (count <= 0)
+        return TD_OK;
+    assert(first >= at.row0 && first + count <= at.row0 + at.h);
+    for (int64_t p = 0; p < planes; p++) {
+        td_tensor v;
+        TD_CHECK(td__tensor_view(&v, at.t, at.off + (size_t)((p * at.h + first - at.row0) * w), 1,
+                                 &len));
+        TD_CHECK(td__zero(&v));
+    }
+    return TD_OK;
+}
+
 /* An all-gather through the hook; a slowed device is slowed at its compute,
  * not while it waits for the others (as td__model_reduce). */
 static td_status exchange(td_model *m, const td_tensor *send, td_tensor *recv, int halo) {
@@ -55,7 +70,11 @@ static td_status exchange(td_model *m, const td_tensor *send, td_tensor *recv, i
 /* Buffers ---------------------------------------------------------------------------- */
 
 static void free_layer(td__band_layer *bl) {
-    td_tensor *t[] = {bl->out, bl->dout, bl->xw, bl->dxw, bl->yw, bl->dyw, bl->send, bl->recv};
+    td_tensor *t[] = {bl->xw, bl->dxw, bl->yw, bl->dyw, bl->send, bl->recv};
+    if (bl->out != bl->yw) {
+        td_tensor_destroy(bl->out);
+        td_tensor_destroy(bl->dout);
+    }
     for (size_t i = 0; i < sizeof t / sizeof *t; i++)
         td_tensor_destroy(t[i]);
     td_buffer_free(bl->argmax);
@@ -68,7 +87,8 @@ static void free_buffers(struct td__bands *b) {
         free_layer(&b->bl[i]);
     td_tensor_destroy(b->gsend);
     td_tensor_destroy(b->grecv);
-    b->gsend = b->grecv = NULL;
+    td_tensor_destroy(b->grads);
+    b->gsend = b->grecv = b->grads = NULL;
     b->n = 0;
 }
 
@@ -87,10 +107,12 @@ static td_status make(td_model *m, int64_t len, td_tensor **out) {
 /* Layer i's buffers for n samples. */
 static td_status make_layer(td_model *m, struct td__bands *b, int i, int64_t n) {
     td__band_layer *bl = &b->bl[i];
-    int64_t out = n * bl->oc * (bl->hi - bl->lo) * bl->ow, win = n * bl->c * (bl->end - bl->base);
+    int64_t out = n * bl->oc * bl->rows * bl->ow, win = n * bl->c * (bl->end - bl->base);
     int64_t block = n * bl->c * (bl->up + bl->down) * bl->w;
-    TD_CHECK(make(m, out, &bl->out));
-    TD_CHECK(make(m, out, &bl->dout));
+    if (!bl->windowed) {
+        TD_CHECK(make(m, out, &bl->out));
+        TD_CHECK(make(m, out, &bl->dout));
+    }
     if (bl->windowed || i == 0) {
         TD_CHECK(make(m, win * bl->w, &bl->xw));
         TD_CHECK(make(m, win * bl->w, &bl->dxw));
@@ -99,6 +121,9 @@ static td_status make_layer(td_model *m, struct td__bands *b, int i, int64_t n) 
         int64_t y = n * bl->oc * bl->yh * bl->ow;
         TD_CHECK(make(m, y, &bl->yw));
         TD_CHECK(make(m, y, &bl->dyw));
+        /* its own rows are read where the kernel wrote them */
+        bl->out = bl->yw;
+        bl->dout = bl->dyw;
         if (bl->l->vt == &td__pool_vt && bl->l->pool == TD_POOL_MAX)
             TD_CHECK(td_buffer_alloc(m->dev, (size_t)y * sizeof(int32_t), &bl->argmax));
     }
@@ -107,6 +132,38 @@ static td_status make_layer(td_model *m, struct td__bands *b, int i, int64_t n) 
         TD_CHECK(make(m, block * b->members, &bl->recv));
     }
     return TD_OK;
+}
+
+/* The scalars of the head's parameters (at least 1: a head of pools has none). */
+static size_t head_weights(const struct td__bands *b) {
+    size_t n = 0;
+    for (int i = 0; i < b->layers; i++)
+        for (int j = 0; j < b->bl[i].l->nparams; j++)
+            n += td_tensor_numel(b->bl[i].l->grad[j]);
+    return n ? n : 1;
+}
+
+/* Every head weight gradient copied end to end into b->grads (to_flat), or
+ * back from it. */
+static td_status flat_grads(struct td__bands *b, int to_flat) {
+    size_t at = 0;
+    for (int i = 0; i < b->layers; i++)
+        for (int j = 0; j < b->bl[i].l->nparams; j++) {
+            td_tensor *g = b->bl[i].l->grad[j], v;
+            int64_t len = (int64_t)td_tensor_numel(g);
+            TD_CHECK(td__tensor_view(&v, b->grads, at, 1, &len));
+            TD_CHECK(to_flat ? td__op_copy(g, &v) : td__op_copy(&v, g));
+            at += (size_t)len;
+        }
+    return TD_OK;
+}
+
+/* The head's weight gradients summed over the bands, in one reduction (each
+ * is a point every member waits for the slowest at). */
+static td_status reduce_head_grads(td_model *m, struct td__bands *b) {
+    TD_CHECK(flat_grads(b, 1));
+    TD_CHECK(td__model_reduce(m, b->grads));
+    return flat_grads(b, 0);
 }
 
 static td_status make_buffers(td_model *m, struct td__bands *b, int64_t n) {
@@ -124,6 +181,7 @@ static td_status make_buffers(td_model *m, struct td__bands *b, int64_t n) {
     block = n * last->oc * b->gather_rows * last->ow;
     TD_CHECK(make(m, block, &b->gsend));
     TD_CHECK(make(m, block * b->members, &b->grecv));
+    TD_CHECK(make(m, (int64_t)head_weights(b), &b->grads));
     b->n = n;
     return TD_OK;
 }
@@ -158,7 +216,7 @@ static td_status fill_window(td_model *m, struct td__bands *b, int i) {
         rows_at in = {&m->input, 0, bl->h_in, 0};
         return copy_rows(x, in, bl->base, bl->end - bl->base, planes, bl->w, 0);
     }
-    own = (rows_at){b->bl[i - 1].out, 0, bl->in_hi - bl->in_lo, bl->in_lo};
+    own = (rows_at){b->bl[i - 1].out, 0, b->bl[i - 1].rows, b->bl[i - 1].row0};
     a = bl->base > bl->in_lo ? bl->base : bl->in_lo;
     z = bl->end < bl->in_hi ? bl->end : bl->in_hi;
     TD_CHECK(copy_rows(x, own, a, z - a, planes, bl->w, 0));
@@ -196,22 +254,15 @@ static td_status layer_forward(td_model *m, struct td__bands *b, int i) {
         return td__op_act_fwd(l->act, i ? b->bl[i - 1].out : bl->xw, bl->out);
     d = window_desc(bl, b->n);
     if (l->vt == &td__conv2d_vt)
-        TD_CHECK(
-            td__op_conv2d_fwd(&d, bl->xw, l->param[0], l->has_bias ? l->param[1] : NULL, bl->yw));
-    else
-        TD_CHECK(td__op_pool_fwd(l->pool, &d, bl->xw, bl->yw, bl->argmax));
-    {
-        rows_at out = {bl->out, 0, bl->hi - bl->lo, bl->lo};
-        rows_at y = {bl->yw, 0, bl->yh, bl->lo - bl->y0};
-        return copy_rows(out, y, bl->lo, bl->hi - bl->lo, b->n * bl->oc, bl->ow, 0);
-    }
+        return td__op_conv2d_fwd(&d, bl->xw, l->param[0], l->has_bias ? l->param[1] : NULL, bl->yw);
+    return td__op_pool_fwd(l->pool, &d, bl->xw, bl->yw, bl->argmax);
 }
 
 /* The head's output, whole, into its last layer's view (n, oc, oh, ow). */
 static td_status gather_head(td_model *m, struct td__bands *b) {
     td__band_layer *bl = &b->bl[b->layers - 1];
     int64_t planes = b->n * bl->oc, rows = b->gather_rows, oh = bl->l->out_shape[1];
-    rows_at send = {b->gsend, 0, rows, bl->lo}, own = {bl->out, 0, bl->hi - bl->lo, bl->lo};
+    rows_at send = {b->gsend, 0, rows, bl->lo}, own = {bl->out, 0, bl->rows, bl->row0};
     rows_at whole = {&bl->l->out, 0, oh, 0};
     TD_CHECK(copy_rows(send, own, bl->lo, bl->hi - bl->lo, planes, bl->ow, 0));
     TD_CHECK(exchange(m, b->gsend, b->grecv, 0));
@@ -231,14 +282,19 @@ static td_status gather_head(td_model *m, struct td__bands *b) {
  * added. */
 static td_status scatter_window(td_model *m, struct td__bands *b, int i) {
     td__band_layer *bl = &b->bl[i];
-    td_tensor *dst = b->bl[i - 1].dout;
+    const td__band_layer *pv = &b->bl[i - 1];
     int64_t planes = b->n * bl->c, a, z;
     rows_at dx = {bl->dxw, 0, bl->end - bl->base, bl->base};
-    rows_at mine = {dst, 0, bl->in_hi - bl->in_lo, bl->in_lo};
+    rows_at mine = {pv->dout, 0, pv->rows, pv->row0};
     a = bl->base > bl->in_lo ? bl->base : bl->in_lo;
     z = bl->end < bl->in_hi ? bl->end : bl->in_hi;
-    TD_CHECK(td__zero(dst));
-    TD_CHECK(copy_rows(mine, dx, a, z - a, planes, bl->w, 1));
+    if (z > a) {
+        TD_CHECK(copy_rows(mine, dx, a, z - a, planes, bl->w, 0));
+        TD_CHECK(zero_rows(mine, pv->row0, a - pv->row0, planes, bl->w));
+        TD_CHECK(zero_rows(mine, z, pv->row0 + pv->rows - z, planes, bl->w));
+    } else {
+        TD_CHECK(td__zero(pv->dout));
+    }
     if (bl->up + bl->down == 0)
         return TD_OK;
     /* to the band below in the `up` slot, to the band above in the `down` one */
@@ -266,13 +322,7 @@ static td_status layer_backward(td_model *m, struct td__bands *b, int i) {
     td_conv_desc d;
     if (!bl->windowed)
         return i ? td__op_act_bwd(l->act, b->bl[i - 1].out, bl->out, bl->dout, b->bl[i - 1].dout)
-                 : TD_OK;
-    {
-        rows_at dy = {bl->dyw, 0, bl->yh, bl->lo - bl->y0};
-        rows_at own = {bl->dout, 0, bl->hi - bl->lo, bl->lo};
-        TD_CHECK(td__zero(bl->dyw));
-        TD_CHECK(copy_rows(dy, own, bl->lo, bl->hi - bl->lo, b->n * bl->oc, bl->ow, 0));
-    }
+                 : TD_OK; /* dout is dyw, whose rows outside the band the layer after left zeros */
     d = window_desc(bl, b->n);
     if (l->vt == &td__conv2d_vt)
         TD_CHECK(td__op_conv2d_bwd(&d, bl->xw, l->param[0], bl->dyw, i ? bl->dxw : NULL, l->grad[0],
@@ -286,15 +336,14 @@ static td_status layer_backward(td_model *m, struct td__bands *b, int i) {
  * layers in reverse, then its weight gradients summed over the bands. */
 static td_status head_backward(td_model *m, struct td__bands *b) {
     td__band_layer *last = &b->bl[b->layers - 1];
-    rows_at own = {last->dout, 0, last->hi - last->lo, last->lo};
+    rows_at own = {last->dout, 0, last->rows, last->row0};
     rows_at whole = {&last->l->dout, 0, last->l->out_shape[1], 0};
+    if (last->rows != last->hi - last->lo) /* the kernel's other rows get no gradient */
+        TD_CHECK(td__zero(last->dout));
     TD_CHECK(copy_rows(own, whole, last->lo, last->hi - last->lo, b->n * last->oc, last->ow, 0));
     for (int i = b->layers - 1; i >= 0; i--)
         TD_CHECK(layer_backward(m, b, i));
-    for (int i = 0; i < b->layers; i++)
-        for (int j = 0; j < b->bl[i].l->nparams; j++)
-            TD_CHECK(td__model_reduce(m, b->bl[i].l->grad[j]));
-    return TD_OK;
+    return reduce_head_grads(m, b);
 }
 
 td_status td__band_passes(td_model *m, td_nn_run *r, double grad_scale, double *loss_sum,
