@@ -210,7 +210,7 @@ static rows_at block_of(const td__band_layer *bl, const td_tensor *t, int k, int
  * before, and the halo from the neighbours. */
 static td_status fill_window(td_model *m, struct td__bands *b, int i) {
     td__band_layer *bl = &b->bl[i];
-    int64_t planes = b->n * bl->c, rows = bl->up + bl->down, a, z;
+    int64_t planes = b->n * bl->c, a, z;
     rows_at x = {bl->xw, 0, bl->end - bl->base, bl->base}, own;
     if (i == 0) {
         rows_at in = {&m->input, 0, bl->h_in, 0};
@@ -220,7 +220,7 @@ static td_status fill_window(td_model *m, struct td__bands *b, int i) {
     a = bl->base > bl->in_lo ? bl->base : bl->in_lo;
     z = bl->end < bl->in_hi ? bl->end : bl->in_hi;
     TD_CHECK(copy_rows(x, own, a, z - a, planes, bl->w, 0));
-    if (rows == 0)
+    if (bl->up + bl->down == 0) /* no neighbour reads this input's rows */
         return TD_OK;
     {
         /* my first `up` rows for the band above, my last `down` for the one below */
@@ -232,7 +232,6 @@ static td_status fill_window(td_model *m, struct td__bands *b, int i) {
         TD_CHECK(copy_rows(s_down, own, bl->in_hi - down, down, planes, bl->w, 0));
     }
     TD_CHECK(exchange(m, bl->send, bl->recv, 1));
-    (void)rows;
     if (bl->above1 > bl->above0) {
         rows_at from = block_of(bl, bl->recv, b->rank - 1, planes, bl->in_lo - bl->down - bl->up);
         TD_CHECK(copy_rows(x, from, bl->above0, bl->above1 - bl->above0, planes, bl->w, 0));

@@ -107,7 +107,8 @@ static td_status gather_hook_set(spatial_par *p) {
 /* Re-balancing ------------------------------------------------------------------- */
 
 td_status td__sp_rebalance(spatial_par *p) {
-    double per_all[TD_DP_MAX_MEMBERS], share[TD_DP_MAX_MEMBERS];
+    double per_all[TD_DP_MAX_MEMBERS], share[TD_DP_MAX_MEMBERS], old[TD_DP_MAX_MEMBERS];
+    char text[256];
     int moved = 0;
     for (int k = 0; k < p->size; k++) {
         /* the time the whole image would take this member */
@@ -123,12 +124,17 @@ td_status td__sp_rebalance(spatial_par *p) {
         moved |= fabs(share[k] - p->share[k]) > 1e-9;
     if (!moved)
         return TD_OK;
+    memcpy(old, p->share, sizeof(double) * (size_t)p->size);
     memcpy(p->share, share, sizeof(double) * (size_t)p->size);
-    {
-        char text[256];
-        td__sp_split(p, text, sizeof text);
+    td__sp_split(p, text, sizeof text);
+    if (td__sp_cut(p) == TD_OK) {
         TD_LOG_INFO("spatial: the measured compute moves the bands to shares %s", text);
+        return TD_OK;
     }
+    /* a band the new shares would make too thin: keep the bands it has */
+    TD_LOG_INFO("spatial: shares %s would cut a band too thin (%s); the bands stay", text,
+                td_last_error());
+    memcpy(p->share, old, sizeof(double) * (size_t)p->size);
     return td__sp_cut(p);
 }
 
@@ -175,12 +181,12 @@ const char *td__sp_plan_text(void *impl, char *buf, size_t n) {
     for (int k = 0; k < p->size && used < n; k++) {
         const sp_member *m = &p->mb[k];
         int64_t lo = p->bounds[k], hi = p->bounds[k + 1];
-        used += (size_t)snprintf(
-            buf + used, n - used,
-            "%s: rows [%lld, %lld) of %lld of layer 0 (%s), %.0f%% by measured "
-            "speed (%.2f ms a whole-model step alone); %d layers on bands\n",
-            td_device_name(m->dev), (long long)lo, (long long)hi, (long long)p->head.rows[0],
-            p->head.type[0], 100 * p->share[k], m->alone_s * 1e3, p->head.layers);
+        used += (size_t)snprintf(buf + used, n - used,
+                                 "%s: rows [%lld, %lld) of %lld of layer 0 (%s), %.0f%% of the "
+                                 "rows (%.2f ms a whole-model step alone); %d layers on bands\n",
+                                 td_device_name(m->dev), (long long)lo, (long long)hi,
+                                 (long long)p->head.rows[0], p->head.type[0], 100 * p->share[k],
+                                 m->alone_s * 1e3, p->head.layers);
     }
     return buf;
 }

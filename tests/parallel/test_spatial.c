@@ -167,6 +167,64 @@ static void unequal_bands_like_one_device(void **state) {
     td_group_destroy(g);
 }
 
+/* While it runs the bands follow the measured compute: a run resumed from
+ * a checkpoint that recorded even bands, on a pair one of which is three
+ * times slower, moves rows to the fast device within its first eight steps,
+ * and still trains as one device does. */
+static void bands_rebalance_while_running(void **state) {
+    td_test_data *d = td_test_data_create(wide_json, 8, 1);
+    td_strategy_config c = config("single", TD_F64, 1), cs = config("spatial", TD_F64, 1);
+    td_train_state st;
+    td_group *g1 = NULL, *g = NULL;
+    td_strategy *one = NULL, *sp = NULL;
+    td_model *m = NULL;
+    td_optimizer *opt = NULL;
+    td_device_list *l = td_test_open("cpu:0");
+    td_step_result r;
+    char plan[4096];
+    long long fast = 0, all = 0;
+    const char *line;
+    (void)state;
+    /* the start: the initial weights, and even bands recorded */
+    TD_ASSERT_OK(td_model_load_string(wide_json, "wide", td_device_list_get(l, 0), TD_F64, 7, &m));
+    TD_ASSERT_OK(td_optimizer_create(m, &c.opt, &opt));
+    memset(&st, 0, sizeof st);
+    st.seed = 7;
+    st.batch = 1;
+    st.opt = c.opt;
+    snprintf(st.split, sizeof st.split, "spatial 0.5 0.5");
+    TD_ASSERT_OK(td_checkpoint_save(td_test_tmp("even.safetensors"), m, opt, &st));
+    TD_ASSERT_OK(td_group_create_spec("cpu:0", NULL, &g1));
+    TD_ASSERT_OK(td_group_create_spec("cpu:0,cpu:1{slowdown=3}", NULL, &g));
+    TD_ASSERT_OK(td_strategy_create(g1, wide_json, "wide", &c, &one));
+    TD_ASSERT_OK(td_strategy_create(g, wide_json, "wide", &cs, &sp));
+    TD_ASSERT_OK(td_strategy_load(sp, td_test_tmp("even.safetensors"), NULL));
+    td_strategy_plan(sp, plan, sizeof plan);
+    printf("resumed:\n%s", plan);
+    assert_non_null(strstr(plan, "cpu:0: rows [0, 32) of 64"));
+    for (int k = 0; k < 8; k++) {
+        TD_ASSERT_OK(td_strategy_step(one, &d->b[k], (uint64_t)k, &r, NULL));
+        TD_ASSERT_OK(td_strategy_step(sp, &d->b[k], (uint64_t)k, &r, NULL));
+    }
+    td_strategy_plan(sp, plan, sizeof plan);
+    printf("after 8 steps:\n%s", plan);
+    line = strstr(plan, "cpu:0: ");
+    if (!line || sscanf(line, "cpu:0: rows [0, %lld) of %lld", &fast, &all) != 2 || 2 * fast <= all)
+        fail_msg("the bands did not move to the faster device:\n%s", plan);
+    TD_ASSERT_OK(td_strategy_save(one, td_test_tmp("one8.safetensors"), NULL));
+    TD_ASSERT_OK(td_strategy_save(sp, td_test_tmp("sp8.safetensors"), NULL));
+    assert_true(td_dp_checkpoint_diff(td_test_tmp("one8.safetensors"),
+                                      td_test_tmp("sp8.safetensors")) <= 1e-12);
+    td_strategy_destroy(sp);
+    td_strategy_destroy(one);
+    td_group_destroy(g);
+    td_group_destroy(g1);
+    td_optimizer_destroy(opt);
+    td_model_destroy(m);
+    td_device_list_destroy(l);
+    td_test_data_destroy(d);
+}
+
 static void thin_band_refused(void **state) {
     td_group *g = NULL;
     td_strategy *s = NULL;
@@ -292,6 +350,7 @@ int main(void) {
         cmocka_unit_test(plain_like_one_device),
         cmocka_unit_test(strided_like_one_device),
         cmocka_unit_test(unequal_bands_like_one_device),
+        cmocka_unit_test(bands_rebalance_while_running),
         cmocka_unit_test(thin_band_refused),
         cmocka_unit_test(nothing_to_band_refused),
         cmocka_unit_test(checkpoints_move),
