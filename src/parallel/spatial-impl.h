@@ -42,6 +42,11 @@ typedef struct spatial_par {
 td_status td__sp_calibrate(spatial_par *p);
 /* Cuts every head layer by p->share and hands each member its bands. */
 td_status td__sp_cut(spatial_par *p);
+/* td__sp_cut, or where p->share would cut a band thinner than a kernel's
+ * halo, by shares moved toward even ones a quarter at a time: a slow
+ * device's band then keeps the rows the kernels read. Refused (naming the
+ * layer) only when even bands are too thin. */
+td_status td__sp_cut_fitting(spatial_par *p);
 /* After a step: where the members' measured compute says the shares are
  * off, moves them and cuts again (as `data` re-balances its slices). */
 td_status td__sp_rebalance(spatial_par *p);

@@ -222,7 +222,7 @@ static td_status sp_create(td_strategy *s) {
     for (int k = 0; k < p->size; k++)
         TD_CHECK(make_member(p, k));
     TD_CHECK(td__sp_calibrate(p));
-    return td__sp_cut(p);
+    return td__sp_cut_fitting(p);
 }
 
 static void sp_report(const td_run_figures *f, td_strategy_report *out) {

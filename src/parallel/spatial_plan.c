@@ -87,6 +87,25 @@ td_status td__sp_cut(spatial_par *p) {
     return gather_hook_set(p);
 }
 
+td_status td__sp_cut_fitting(spatial_par *p) {
+    double want[TD_DP_MAX_MEMBERS];
+    td_status st = TD_OK;
+    memcpy(want, p->share, sizeof(double) * (size_t)p->size);
+    for (int step = 0; step <= 4; step++) {
+        for (int k = 0; k < p->size; k++)
+            p->share[k] = want[k] + (1.0 / p->size - want[k]) * step / 4.0;
+        st = td__sp_cut(p);
+        if (st != TD_ERR_INVALID_ARG)
+            break;
+    }
+    if (st == TD_OK && memcmp(want, p->share, sizeof(double) * (size_t)p->size)) {
+        char text[256];
+        td__sp_split(p, text, sizeof text);
+        TD_LOG_INFO("spatial: the measured speeds would cut a band too thin; shares %s", text);
+    }
+    return st;
+}
+
 /* Every member's all-gather across the group. */
 static td_status gather(void *arg, const td_tensor *send, td_tensor *recv, int halo) {
     sp_member *m = arg;
