@@ -240,6 +240,29 @@ td_status td_model_set_bands(td_model *m, const td_band_plan *plan) {
     }
     td__bands_free(m->bands);
     m->bands = b;
+    /* the next pass plans anew, into an arena of the band model's size */
+    for (int i = 0; i < m->nslots; i++) {
+        td_tensor_destroy(m->slots[i].arena);
+        td_buffer_free(m->slots[i].iarena);
+        m->slots[i].arena = NULL;
+        m->slots[i].iarena = NULL;
+        m->slots[i].cap_n = 0;
+    }
+    m->cur_slot = -1;
+    return TD_OK;
+}
+
+td_status td__band_plan(td_model *m, td_nn_plan *p) {
+    td_layer *root = m->root, **child = root->children, *last = child[m->bands->layers - 1];
+    const td_tensor *cur = &last->out;
+    TD_CHECK(td__plan_tensor(p, &last->out, 1, last->out_ndim, last->out_shape));
+    TD_CHECK(td__plan_tensor(p, &last->dout, 1, last->out_ndim, last->out_shape));
+    for (int i = m->bands->layers; i < root->nchildren; i++) {
+        TD_CHECK(child[i]->vt->plan(child[i], p, cur));
+        cur = &child[i]->out;
+    }
+    root->out = child[root->nchildren - 1]->out;
+    root->dout = child[root->nchildren - 1]->dout;
     return TD_OK;
 }
 

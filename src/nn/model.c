@@ -167,7 +167,7 @@ static td_status plan_all(td_model *m, td_nn_plan *p) {
     }
     if (m->part_end == m->info.layers)
         TD_CHECK(td__plan_ints(p, &m->labels, (size_t)p->n * td__model_labels_per_sample(m)));
-    TD_CHECK(root->vt->plan(root, p, &m->input));
+    TD_CHECK(m->bands ? td__band_plan(m, p) : root->vt->plan(root, p, &m->input));
     if (m->part_first > 0)
         TD_CHECK(td__plan_tensor(p, &m->in_grad, 1, root->in_ndim, root->in_shape));
     return TD_OK;

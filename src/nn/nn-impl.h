@@ -302,6 +302,10 @@ td_status td__band_passes(td_model *m, td_nn_run *r, double grad_scale, double *
                           int64_t *correct);
 /* NULL-safe. */
 void td__bands_free(struct td__bands *b);
+/* Carves a band model's views: of its head only the last layer's output
+ * and its gradient, whole (the gather's destination, the rest's input); the
+ * head's bands have buffers of their own. */
+td_status td__band_plan(td_model *m, td_nn_plan *p);
 
 /* Shards (shard.c) ------------------------------------------------------------- */
 
