@@ -225,6 +225,39 @@ static td_status sp_create(td_strategy *s) {
     return td__sp_cut_fitting(p);
 }
 
+/* Whether the device of rank `member` in s's group is among the survivors. */
+static int survived(const td_strategy *s, const td_group *survivors, int member) {
+    td_device *dev = td_group_device(s->group, member);
+    return dev && td_group_rank_of(survivors, dev) >= 0;
+}
+
+/* Every member holds the whole model, so any survivor can carry the run on:
+ * the survivors make a spatial strategy of their own, its bands cut anew,
+ * from the weights and optimizer state of the survivors that counted the
+ * most optimizer steps (a loss in a step's last exchange may come after
+ * some members' updates). */
+static td_status sp_carry_on(td_strategy *s, td_group *survivors, int64_t steps_before,
+                             td_strategy *next, int *step_taken, const char **why) {
+    td__holding h[TD_DP_MAX_MEMBERS], from[TD_DP_MAX_MEMBERS], to[TD_DP_MAX_MEMBERS];
+    int n, nf = 0, nt;
+    int64_t most = -1;
+    (void)why;
+    sp_holdings(s->impl, h, &n);
+    for (int k = 0; k < n; k++)
+        if (survived(s, survivors, h[k].member) && td_optimizer_steps(h[k].opt) > most)
+            most = td_optimizer_steps(h[k].opt);
+    for (int k = 0; k < n; k++)
+        if (survived(s, survivors, h[k].member) && td_optimizer_steps(h[k].opt) == most)
+            from[nf++] = h[k];
+    if (nf == 0)
+        return td__error(TD_ERR_INVALID_ARG, "spatial: no member survived");
+    TD_CHECK(sp_create(next));
+    sp_holdings(next->impl, to, &nt);
+    TD_CHECK(td__placement_copy(from, nf, to, nt, most));
+    *step_taken = most > steps_before;
+    return TD_OK;
+}
+
 static void sp_report(const td_run_figures *f, td_strategy_report *out) {
     (void)f;
     out->show_plan = 1;
@@ -253,4 +286,5 @@ const td_strategy_ops td__strategy_spatial = {
     .split = td__sp_split,
     .adopt_split = td__sp_adopt_split,
     .holdings = sp_holdings,
+    .carry_on = sp_carry_on,
 };

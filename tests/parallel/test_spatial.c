@@ -2,10 +2,11 @@
  * same batches: small conv nets whose conv2d, pool and activation layers
  * run on horizontal bands of each image, with padding, strides, max and
  * average pooling, on 2 and 3 devices and on two of which one is three
- * times slower (whose band must be a quarter of the rows), at batch 1 and
+ * times slower (whose band must be the smaller), at batch 1 and
  * 2, in f64 (1e-12) and f32 (1e-5); evaluation alike; a band thinner than a
  * kernel's halo refused by name; checkpoints that move to and from
- * `single`. */
+ * `single`; bands re-balanced while a run goes on; the CLI; a lost device
+ * carried on by the survivor. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -296,37 +297,22 @@ static void checkpoints_move(void **state) {
     td_test_data_destroy(d);
 }
 
-/* The CLI: `tandem train --strategy spatial` on cpu*2 over a data set that
- * scripts/make_shapes writes (64x64 images here), against --strategy
- * single: the same checkpoint within 1e-12 in f64. */
-static char *train_cli(const char *model, const char *data, const char *devices,
-                       const char *strategy, const char *ckpt) {
+/* The CLI's inputs: a data set that scripts/make_shapes writes (8 images
+ * of 64x64) and a small conv net for it, made once in the test directory. */
+static void cli_inputs(char *data, size_t nd, char *model, size_t nm) {
+    static int made;
     char cmd[2048], *out = NULL, *err = NULL;
-    int rc;
-    snprintf(cmd, sizeof cmd,
-             "%s train --model %s --data %s/x.npy,%s/y.npy --batch 1 --steps 4 --precision f64 "
-             "--no-epoch-eval --devices '%s' --strategy %s --checkpoint %s/%s",
-             TD_TANDEM_EXE, model, data, data, devices, strategy, td_test_tmpdir(), ckpt);
-    rc = td_test_run_command(cmd, &out, &err);
-    if (rc != 0)
-        fail_msg("'%s' exited %d: %s", cmd, rc, err ? err : "");
-    free(err);
-    return out;
-}
-
-static void cli_trains_spatial(void **state) {
-    char data[1024], model[1024], cmd[2048], one[1024], two[1024], *out, *err = NULL;
     FILE *f;
-    (void)state;
-    snprintf(data, sizeof data, "%s/shapes", td_test_tmpdir());
+    snprintf(data, nd, "%s/shapes", td_test_tmpdir());
+    snprintf(model, nm, "%s/shapes64.json", td_test_tmpdir());
+    if (made)
+        return;
     snprintf(cmd, sizeof cmd, "python3 %s/scripts/make_shapes %s --n 8 --size 64", TD_SOURCE_DIR,
              data);
-    out = NULL;
     if (td_test_run_command(cmd, &out, &err) != 0)
         fail_msg("'%s' failed: %s", cmd, err ? err : "");
     free(out);
     free(err);
-    snprintf(model, sizeof model, "%s/shapes64.json", td_test_tmpdir());
     assert_non_null(f = fopen(model, "w"));
     fputs("{\"input\": {\"shape\": [1, 64, 64]}, \"layers\": ["
           "{\"type\": \"conv2d\", \"out\": 4, \"kernel\": 5, \"stride\": 2, \"padding\": 2},"
@@ -335,14 +321,56 @@ static void cli_trains_spatial(void **state) {
           "{\"type\": \"flatten\"}, {\"type\": \"linear\", \"out\": 4}]}",
           f);
     fclose(f);
-    free(train_cli(model, data, "cpu:0", "single", "cli_one.safetensors"));
-    out = train_cli(model, data, "cpu*2", "spatial", "cli_sp.safetensors");
+    made = 1;
+}
+
+/* `[env ]tandem train` of the model on the data for 6 steps in f64, its
+ * checkpoint as ckpt in the test directory; its standard output. */
+static char *train_cli(const char *env, const char *devices, const char *strategy,
+                       const char *ckpt) {
+    char data[1024], model[1024], cmd[4096], *out = NULL, *err = NULL;
+    int rc;
+    cli_inputs(data, sizeof data, model, sizeof model);
+    snprintf(cmd, sizeof cmd,
+             "%s%s train --model %s --data %s/x.npy,%s/y.npy --batch 1 --steps 6 --precision f64 "
+             "--no-epoch-eval --devices '%s' --strategy %s --checkpoint %s/%s",
+             env, TD_TANDEM_EXE, model, data, data, devices, strategy, td_test_tmpdir(), ckpt);
+    rc = td_test_run_command(cmd, &out, &err);
+    if (rc != 0)
+        fail_msg("'%s' exited %d: %s", cmd, rc, err ? err : "");
+    free(err);
+    return out;
+}
+
+/* `tandem train --strategy spatial` on cpu*2 against --strategy single: the
+ * same checkpoint within 1e-12 in f64. */
+static void cli_trains_spatial(void **state) {
+    char *out;
+    (void)state;
+    free(train_cli("", "cpu:0", "single", "cli_one.safetensors"));
+    out = train_cli("", "cpu*2", "spatial", "cli_sp.safetensors");
     printf("%s", out);
     assert_non_null(strstr(out, "rows [0, "));
     free(out);
-    snprintf(one, sizeof one, "%s/cli_one.safetensors", td_test_tmpdir());
-    snprintf(two, sizeof two, "%s/cli_sp.safetensors", td_test_tmpdir());
-    assert_true(td_dp_checkpoint_diff(one, two) <= 1e-12);
+    assert_true(td_dp_checkpoint_diff(td_test_tmp("cli_one.safetensors"),
+                                      td_test_tmp("cli_sp.safetensors")) <= 1e-12);
+}
+
+/* cpu:1 fails at its 9th all-gather (a halo exchange of step 3): every
+ * member holds the whole model, so cpu:0 carries on alone without a
+ * checkpoint, takes the step again and ends with one device's weights. */
+static void a_lost_device_carries_on(void **state) {
+    char *out, *lost;
+    (void)state;
+    free(train_cli("", "cpu:0", "single", "cli_one.safetensors"));
+    out = train_cli("TANDEM_FAULT=cpu:1@allgather:9:error ", "cpu*2", "spatial",
+                    "cli_lost.safetensors");
+    lost = strstr(out, "lost: cpu:1 in step ");
+    if (!lost || !strstr(lost, "the other devices trained on"))
+        fail_msg("the run did not carry on after cpu:1: %s", out);
+    free(out);
+    assert_true(td_dp_checkpoint_diff(td_test_tmp("cli_one.safetensors"),
+                                      td_test_tmp("cli_lost.safetensors")) <= 1e-12);
 }
 
 int main(void) {
@@ -355,6 +383,7 @@ int main(void) {
         cmocka_unit_test(nothing_to_band_refused),
         cmocka_unit_test(checkpoints_move),
         cmocka_unit_test(cli_trains_spatial),
+        cmocka_unit_test(a_lost_device_carries_on),
     };
     return cmocka_run_group_tests(tests, td_test_tmpdir_setup, td_test_tmpdir_teardown);
 }
