@@ -314,9 +314,11 @@ typedef struct td_band_plan {
     const int64_t *bounds; /* (layers, members + 1); copied by td_model_set_bands */
 } td_band_plan;
 
-/* Makes m (a whole model) run its head on band plan->rank. An empty band,
- * or one whose neighbour holds fewer rows than a kernel's halo needs, is
- * TD_ERR_INVALID_ARG naming the layer and the band. */
+/* Makes m (a whole model, not a part or shard) run its head on band
+ * plan->rank, or on other bands when it already does. An empty band, or one
+ * whose neighbour holds fewer rows than a kernel's halo needs, is
+ * TD_ERR_INVALID_ARG naming the layer and the band (m stays as it was).
+ * From the thread that made m, while no pass runs. */
 TD_API td_status td_model_set_bands(td_model *m, const td_band_plan *plan);
 
 /* All-gathers send (on the model's device) into recv (members times as
@@ -324,6 +326,9 @@ TD_API td_status td_model_set_bands(td_model *m, const td_band_plan *plan);
  * neighbours trade around a convolution (or their gradients), 0 for the
  * head's output gathered whole. Called on the device's thread. */
 typedef td_status (*td_gather_fn)(void *arg, const td_tensor *send, td_tensor *recv, int halo);
+/* Sets the hook of a band model (nothing for another); td_model_set_bands
+ * clears it, so set it after each. A band model of one member needs none.
+ * arg stays the caller's. */
 TD_API void td_model_set_gather_hook(td_model *m, td_gather_fn fn, void *arg);
 
 /* Forward and backward over the batch. The gradients become
