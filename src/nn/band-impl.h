@@ -41,9 +41,13 @@ typedef struct td__band_layer {
     int64_t nb_below0, nb_below1, nb_above0, nb_above1;
     /* out and dout hold rows [row0, row0 + rows) of each plane: a windowed
      * layer's are its kernel's output on X' (yw, dyw), which holds a few
-     * rows beside its own; an element-wise layer's, its input's rows. */
+     * rows beside its own; an element-wise layer's, its own rows. */
     int64_t rows, row0;
-    /* Per batch (n samples), owned (out and dout only when not yw and dyw): */
+    /* X' is the band before's output itself (its rows are exactly the
+     * window's): xw and dxw are the band before's out and dout, no copy. */
+    int x_alias;
+    /* Per batch (n samples), owned (out and dout only when not yw and dyw,
+     * xw and dxw only when not x_alias): */
     td_tensor *out, *dout;  /* (n, oc, rows, ow) */
     td_tensor *xw, *dxw;    /* (n, c, end - base, w) */
     td_tensor *yw, *dyw;    /* (n, oc, yh, ow) */

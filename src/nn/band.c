@@ -178,13 +178,15 @@ static td_status layer_geometry(struct td__bands *b, td_layer *l, int i) {
         assert(bl->y0 >= 0 && bl->y0 + bl->hi - bl->lo <= bl->yh);
         bl->rows = bl->yh;
         bl->row0 = bl->lo - bl->y0;
-    } else if (i > 0) {
-        bl->rows = b->bl[i - 1].rows;
-        bl->row0 = b->bl[i - 1].row0;
     } else {
         bl->rows = bl->hi - bl->lo;
         bl->row0 = bl->lo;
     }
+    /* the window is the band before's own rows, which its output holds and
+     * nothing beside them (a kernel's rows there would stand where the
+     * neighbours' halo belongs) */
+    bl->x_alias = i > 0 && bl->windowed && bl->base == bl->in_lo && bl->end == bl->in_hi &&
+                  b->bl[i - 1].row0 == bl->in_lo && b->bl[i - 1].rows == bl->in_hi - bl->in_lo;
     bl->up = bl->down = 0;
     for (int k = 0; k < b->members; k++) {
         int64_t a0, a1, b0, b1, in_lo, in_hi;

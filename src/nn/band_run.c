@@ -70,10 +70,14 @@ static td_status exchange(td_model *m, const td_tensor *send, td_tensor *recv, i
 /* Buffers ---------------------------------------------------------------------------- */
 
 static void free_layer(td__band_layer *bl) {
-    td_tensor *t[] = {bl->xw, bl->dxw, bl->yw, bl->dyw, bl->send, bl->recv};
+    td_tensor *t[] = {bl->yw, bl->dyw, bl->send, bl->recv};
     if (bl->out != bl->yw) {
         td_tensor_destroy(bl->out);
         td_tensor_destroy(bl->dout);
+    }
+    if (!bl->x_alias) {
+        td_tensor_destroy(bl->xw);
+        td_tensor_destroy(bl->dxw);
     }
     for (size_t i = 0; i < sizeof t / sizeof *t; i++)
         td_tensor_destroy(t[i]);
@@ -113,7 +117,10 @@ static td_status make_layer(td_model *m, struct td__bands *b, int i, int64_t n) 
         TD_CHECK(make(m, out, &bl->out));
         TD_CHECK(make(m, out, &bl->dout));
     }
-    if (bl->windowed || i == 0) {
+    if (bl->x_alias) { /* made before it: make_buffers goes in order */
+        bl->xw = b->bl[i - 1].out;
+        bl->dxw = b->bl[i - 1].dout;
+    } else if (bl->windowed || i == 0) {
         TD_CHECK(make(m, win * bl->w, &bl->xw));
         TD_CHECK(make(m, win * bl->w, &bl->dxw));
     }
@@ -219,7 +226,8 @@ static td_status fill_window(td_model *m, struct td__bands *b, int i) {
     own = (rows_at){b->bl[i - 1].out, 0, b->bl[i - 1].rows, b->bl[i - 1].row0};
     a = bl->base > bl->in_lo ? bl->base : bl->in_lo;
     z = bl->end < bl->in_hi ? bl->end : bl->in_hi;
-    TD_CHECK(copy_rows(x, own, a, z - a, planes, bl->w, 0));
+    if (!bl->x_alias)
+        TD_CHECK(copy_rows(x, own, a, z - a, planes, bl->w, 0));
     if (bl->up + bl->down == 0) /* no neighbour reads this input's rows */
         return TD_OK;
     {
@@ -243,6 +251,51 @@ static td_status fill_window(td_model *m, struct td__bands *b, int i) {
     return TD_OK;
 }
 
+/* Plane p's rows [first, first + count) of at, as a view. */
+static td_status plane_view(rows_at at, int64_t p, int64_t first, int64_t count, int64_t w,
+                            td_tensor *v) {
+    int64_t len = count * w;
+    assert(first >= at.row0 && first + count <= at.row0 + at.h);
+    return td__tensor_view(v, at.t, at.off + (size_t)((p * at.h + first - at.row0) * w), 1, &len);
+}
+
+/* An element-wise layer after another: its own rows of the band before's
+ * output, which may hold a kernel's rows beside them (plane by plane then). */
+static td_status act_forward(struct td__bands *b, int i) {
+    td__band_layer *bl = &b->bl[i], *pv = &b->bl[i - 1];
+    rows_at x = {pv->out, 0, pv->rows, pv->row0}, y = {bl->out, 0, bl->rows, bl->row0};
+    if (pv->rows == bl->rows)
+        return td__op_act_fwd(bl->l->act, pv->out, bl->out);
+    for (int64_t p = 0; p < b->n * bl->c; p++) {
+        td_tensor xv, yv;
+        TD_CHECK(plane_view(x, p, bl->lo, bl->hi - bl->lo, bl->w, &xv));
+        TD_CHECK(plane_view(y, p, bl->lo, bl->hi - bl->lo, bl->w, &yv));
+        TD_CHECK(td__op_act_fwd(bl->l->act, &xv, &yv));
+    }
+    return TD_OK;
+}
+
+/* Its backward: the gradient of the band before's own rows, and zeros in
+ * the kernel's rows beside them (which the kernel's backward reads). */
+static td_status act_backward(struct td__bands *b, int i) {
+    td__band_layer *bl = &b->bl[i], *pv = &b->bl[i - 1];
+    rows_at x = {pv->out, 0, pv->rows, pv->row0}, dx = {pv->dout, 0, pv->rows, pv->row0};
+    rows_at y = {bl->out, 0, bl->rows, bl->row0}, dy = {bl->dout, 0, bl->rows, bl->row0};
+    int64_t planes = b->n * bl->c, rows = bl->hi - bl->lo;
+    if (pv->rows == bl->rows)
+        return td__op_act_bwd(bl->l->act, pv->out, bl->out, bl->dout, pv->dout);
+    for (int64_t p = 0; p < planes; p++) {
+        td_tensor xv, yv, dyv, dxv;
+        TD_CHECK(plane_view(x, p, bl->lo, rows, bl->w, &xv));
+        TD_CHECK(plane_view(y, p, bl->lo, rows, bl->w, &yv));
+        TD_CHECK(plane_view(dy, p, bl->lo, rows, bl->w, &dyv));
+        TD_CHECK(plane_view(dx, p, bl->lo, rows, bl->w, &dxv));
+        TD_CHECK(td__op_act_bwd(bl->l->act, &xv, &yv, &dyv, &dxv));
+    }
+    TD_CHECK(zero_rows(dx, pv->row0, bl->lo - pv->row0, planes, bl->w));
+    return zero_rows(dx, bl->hi, pv->row0 + pv->rows - bl->hi, planes, bl->w);
+}
+
 static td_status layer_forward(td_model *m, struct td__bands *b, int i) {
     td__band_layer *bl = &b->bl[i];
     td_layer *l = bl->l;
@@ -250,7 +303,7 @@ static td_status layer_forward(td_model *m, struct td__bands *b, int i) {
     if (bl->windowed || i == 0)
         TD_CHECK(fill_window(m, b, i));
     if (!bl->windowed)
-        return td__op_act_fwd(l->act, i ? b->bl[i - 1].out : bl->xw, bl->out);
+        return i ? act_forward(b, i) : td__op_act_fwd(l->act, bl->xw, bl->out);
     d = window_desc(bl, b->n);
     if (l->vt == &td__conv2d_vt)
         return td__op_conv2d_fwd(&d, bl->xw, l->param[0], l->has_bias ? l->param[1] : NULL, bl->yw);
@@ -287,7 +340,9 @@ static td_status scatter_window(td_model *m, struct td__bands *b, int i) {
     rows_at mine = {pv->dout, 0, pv->rows, pv->row0};
     a = bl->base > bl->in_lo ? bl->base : bl->in_lo;
     z = bl->end < bl->in_hi ? bl->end : bl->in_hi;
-    if (z > a) {
+    if (bl->x_alias) {
+        /* the kernel wrote the gradient of every row in place */
+    } else if (z > a) {
         TD_CHECK(copy_rows(mine, dx, a, z - a, planes, bl->w, 0));
         TD_CHECK(zero_rows(mine, pv->row0, a - pv->row0, planes, bl->w));
         TD_CHECK(zero_rows(mine, z, pv->row0 + pv->rows - z, planes, bl->w));
@@ -320,8 +375,8 @@ static td_status layer_backward(td_model *m, struct td__bands *b, int i) {
     td_layer *l = bl->l;
     td_conv_desc d;
     if (!bl->windowed)
-        return i ? td__op_act_bwd(l->act, b->bl[i - 1].out, bl->out, bl->dout, b->bl[i - 1].dout)
-                 : TD_OK; /* dout is dyw, whose rows outside the band the layer after left zeros */
+        return i ? act_backward(b, i) : TD_OK;
+    /* dout is dyw, whose rows outside the band the layer after left zeros */
     d = window_desc(bl, b->n);
     if (l->vt == &td__conv2d_vt)
         TD_CHECK(td__op_conv2d_bwd(&d, bl->xw, l->param[0], bl->dyw, i ? bl->dxw : NULL, l->grad[0],
