@@ -17,20 +17,21 @@ typedef struct rows_at {
     int64_t h, row0;
 } rows_at;
 
+/* Plane p's rows [first, first + count) of at, as a view. */
+static td_status plane_view(rows_at at, int64_t p, int64_t first, int64_t count, int64_t w,
+                            td_tensor *v) {
+    int64_t len = count * w;
+    assert(first >= at.row0 && first + count <= at.row0 + at.h);
+    return td__tensor_view(v, at.t, at.off + (size_t)((p * at.h + first - at.row0) * w), 1, &len);
+}
+
 /* dst's rows [first, first + count) of every plane = src's (add: +=). */
 static td_status copy_rows(rows_at dst, rows_at src, int64_t first, int64_t count, int64_t planes,
                            int64_t w, int add) {
-    int64_t len = count * w;
-    if (count <= 0)
-        return TD_OK;
-    assert(first >= dst.row0 && first + count <= dst.row0 + dst.h);
-    assert(first >= src.row0 && first + count <= src.row0 + src.h);
-    for (int64_t p = 0; p < planes; p++) {
+    for (int64_t p = 0; count > 0 && p < planes; p++) {
         td_tensor dv, sv;
-        size_t d_at = dst.off + (size_t)((p * dst.h + first - dst.row0) * w);
-        size_t s_at = src.off + (size_t)((p * src.h + first - src.row0) * w);
-        TD_CHECK(td__tensor_view(&dv, dst.t, d_at, 1, &len));
-        TD_CHECK(td__tensor_view(&sv, src.t, s_at, 1, &len));
+        TD_CHECK(plane_view(dst, p, first, count, w, &dv));
+        TD_CHECK(plane_view(src, p, first, count, w, &sv));
         TD_CHECK(td__op_axpby(1.0, &sv, add ? 1.0 : 0.0, &dv));
     }
     return TD_OK;
@@ -38,14 +39,9 @@ static td_status copy_rows(rows_at dst, rows_at src, int64_t first, int64_t coun
 
 /* Rows [first, first + count) of every plane of at set to zeros. */
 static td_status zero_rows(rows_at at, int64_t first, int64_t count, int64_t planes, int64_t w) {
-    int64_t len = count * w;
-    if (count <= 0)
-        return TD_OK;
-    assert(first >= at.row0 && first + count <= at.row0 + at.h);
-    for (int64_t p = 0; p < planes; p++) {
+    for (int64_t p = 0; count > 0 && p < planes; p++) {
         td_tensor v;
-        TD_CHECK(td__tensor_view(&v, at.t, at.off + (size_t)((p * at.h + first - at.row0) * w), 1,
-                                 &len));
+        TD_CHECK(plane_view(at, p, first, count, w, &v));
         TD_CHECK(td__zero(&v));
     }
     return TD_OK;
@@ -249,14 +245,6 @@ static td_status fill_window(td_model *m, struct td__bands *b, int i) {
         TD_CHECK(copy_rows(x, from, bl->below0, bl->below1 - bl->below0, planes, bl->w, 0));
     }
     return TD_OK;
-}
-
-/* Plane p's rows [first, first + count) of at, as a view. */
-static td_status plane_view(rows_at at, int64_t p, int64_t first, int64_t count, int64_t w,
-                            td_tensor *v) {
-    int64_t len = count * w;
-    assert(first >= at.row0 && first + count <= at.row0 + at.h);
-    return td__tensor_view(v, at.t, at.off + (size_t)((p * at.h + first - at.row0) * w), 1, &len);
 }
 
 /* An element-wise layer after another: its own rows of the band before's
