@@ -30,6 +30,9 @@ typedef struct spatial_par {
     td_model_info info;
     td_band_head head;
     double share[TD_DP_MAX_MEMBERS];
+    /* the shares speed asked for when the bands were last cut (share itself
+     * may have moved toward even for the kernels' sake) */
+    double wanted[TD_DP_MAX_MEMBERS];
     int64_t *bounds;                  /* (head.layers, size + 1): band k of head layer i */
     int64_t steps_seen;               /* steps since the shares were last set */
     double busy_s[TD_DP_MAX_MEMBERS]; /* measured compute per row share, smoothed */

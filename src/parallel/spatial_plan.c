@@ -91,6 +91,7 @@ td_status td__sp_cut_fitting(spatial_par *p) {
     double want[TD_DP_MAX_MEMBERS];
     td_status st = TD_OK;
     memcpy(want, p->share, sizeof(double) * (size_t)p->size);
+    memcpy(p->wanted, want, sizeof want[0] * (size_t)p->size);
     for (int step = 0; step <= 4; step++) {
         for (int k = 0; k < p->size; k++)
             p->share[k] = want[k] + (1.0 / p->size - want[k]) * step / 4.0;
@@ -139,19 +140,22 @@ td_status td__sp_rebalance(spatial_par *p) {
         return TD_OK;
     p->steps_seen = 0;
     td__shares_from_speed(per_all, p->size, share);
+    /* half an eighth from what was asked last: timing noise moves nothing */
     for (int k = 0; k < p->size; k++)
-        moved |= fabs(share[k] - p->share[k]) > 1e-9;
+        moved |= fabs(share[k] - p->wanted[k]) >= 1.0 / 16;
     if (!moved)
         return TD_OK;
     memcpy(old, p->share, sizeof(double) * (size_t)p->size);
     memcpy(p->share, share, sizeof(double) * (size_t)p->size);
-    td__sp_split(p, text, sizeof text);
-    if (td__sp_cut(p) == TD_OK) {
+    /* a device far slower than the others may be due no rows at a deep
+     * layer: its band then keeps what the kernels read */
+    if (td__sp_cut_fitting(p) == TD_OK) {
+        td__sp_split(p, text, sizeof text);
         TD_LOG_INFO("spatial: the measured compute moves the bands to shares %s", text);
         return TD_OK;
     }
-    /* a band the new shares would make too thin: keep the bands it has */
-    TD_LOG_INFO("spatial: shares %s would cut a band too thin (%s); the bands stay", text,
+    TD_LOG_INFO("spatial: no shares near the measured ones cut bands the kernels can read "
+                "(%s); the bands stay",
                 td_last_error());
     memcpy(p->share, old, sizeof(double) * (size_t)p->size);
     return td__sp_cut(p);
@@ -189,6 +193,7 @@ td_status td__sp_adopt_split(void *impl, const char *text, int *adopted) {
     if (n != p->size)
         return TD_OK;
     memcpy(p->share, share, sizeof(double) * (size_t)n);
+    memcpy(p->wanted, share, sizeof(double) * (size_t)n);
     *adopted = 1;
     return td__sp_cut(p);
 }
