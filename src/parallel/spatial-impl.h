@@ -33,8 +33,9 @@ typedef struct spatial_par {
     /* the shares speed asked for when the bands were last cut (share itself
      * may have moved toward even for the kernels' sake) */
     double wanted[TD_DP_MAX_MEMBERS];
-    int64_t *bounds;                  /* (head.layers, size + 1): band k of head layer i */
-    int64_t steps_seen;               /* steps since the shares were last set */
+    int64_t *bounds;    /* (head.layers, size + 1): band k of head layer i */
+    int64_t steps_seen; /* steps since the shares were last set */
+    int rebalance;      /* the `rebalance` option (default 1): cut anew while running */
     double busy_s[TD_DP_MAX_MEMBERS]; /* measured compute per row share, smoothed */
     sp_member mb[TD_DP_MAX_MEMBERS];
 } spatial_par;

@@ -212,6 +212,8 @@ static td_status sp_create(td_strategy *s) {
     p->s = s;
     p->g = s->group;
     p->size = td_group_size(p->g);
+    p->rebalance = 1;
+    TD_CHECK(td__option_flag(s, "rebalance", &p->rebalance));
     TD_CHECK(check_group(p));
     TD_CHECK(td_model_describe(s->json, s->model_name, &p->info, NULL, 0));
     TD_CHECK(td_model_describe_bands(s->json, s->model_name, &p->head));
@@ -268,8 +270,16 @@ static void sp_report(const td_run_figures *f, td_strategy_report *out) {
              "waiting for the others included");
 }
 
+static const td_strategy_option sp_options[] = {
+    {"rebalance", "0|1",
+     "cut the bands anew while it runs, as the measured compute asks (default 1); 0 keeps the "
+     "bands of the start, for runs that repeat bitwise"},
+    {NULL, NULL, NULL},
+};
+
 const td_strategy_ops td__strategy_spatial = {
     .name = "spatial",
+    .options = sp_options,
     .summary = "each image's rows cut into bands across the devices (split-frame): conv nets "
                "at batch size 1",
     .report = sp_report,

@@ -136,7 +136,7 @@ td_status td__sp_rebalance(spatial_par *p) {
         p->busy_s[k] = p->busy_s[k] > 0 ? (1 - SMOOTHING) * p->busy_s[k] + SMOOTHING * t : t;
         per_all[k] = p->busy_s[k];
     }
-    if (++p->steps_seen < REBALANCE_EVERY || p->size == 1)
+    if (++p->steps_seen < REBALANCE_EVERY || p->size == 1 || !p->rebalance)
         return TD_OK;
     p->steps_seen = 0;
     td__shares_from_speed(per_all, p->size, share);

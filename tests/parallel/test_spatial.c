@@ -184,8 +184,29 @@ static void unequal_bands_like_one_device(void **state) {
         fail_msg("cpu:0, three times as fast, did not hold more than half the rows in 3 tries");
 }
 
+/* A checkpoint at path of wide_json's initial weights (seed 7, SGD as
+ * config()) that records spatial's split `shares`. */
+static void save_start(const char *shares, const char *path) {
+    td_strategy_config c = config("single", TD_F64, 1);
+    td_device_list *l = td_test_open("cpu:0");
+    td_model *m = NULL;
+    td_optimizer *opt = NULL;
+    td_train_state st;
+    TD_ASSERT_OK(td_model_load_string(wide_json, "wide", td_device_list_get(l, 0), TD_F64, 7, &m));
+    TD_ASSERT_OK(td_optimizer_create(m, &c.opt, &opt));
+    memset(&st, 0, sizeof st);
+    st.seed = 7;
+    st.batch = 1;
+    st.opt = c.opt;
+    snprintf(st.split, sizeof st.split, "spatial %s", shares);
+    TD_ASSERT_OK(td_checkpoint_save(path, m, opt, &st));
+    td_optimizer_destroy(opt);
+    td_model_destroy(m);
+    td_device_list_destroy(l);
+}
+
 /* While it runs the bands follow the measured compute: a run resumed from
- * a checkpoint whose bands gave the slow device of a pair (six times
+ * a checkpoint whose bands gave the slow device of a pair (twelve times
  * slower, a margin a machine busy with other work does not blur) three
  * quarters of the rows trains on those unequal bands, moves rows to the
  * fast device until it holds more than half, and still trains as one
@@ -193,27 +214,16 @@ static void unequal_bands_like_one_device(void **state) {
 static void bands_rebalance_while_running(void **state) {
     td_test_data *d = td_test_data_create(wide_json, 8, 1);
     td_strategy_config c = config("single", TD_F64, 1), cs = config("spatial", TD_F64, 1);
-    td_train_state st;
     td_group *g1 = NULL, *g = NULL;
     td_strategy *one = NULL, *sp = NULL;
-    td_model *m = NULL;
-    td_optimizer *opt = NULL;
-    td_device_list *l = td_test_open("cpu:0");
     td_step_result r;
     long long all = 0;
     int moved = 0;
     (void)state;
     /* the start: the initial weights, the slow device's three quarters recorded */
-    TD_ASSERT_OK(td_model_load_string(wide_json, "wide", td_device_list_get(l, 0), TD_F64, 7, &m));
-    TD_ASSERT_OK(td_optimizer_create(m, &c.opt, &opt));
-    memset(&st, 0, sizeof st);
-    st.seed = 7;
-    st.batch = 1;
-    st.opt = c.opt;
-    snprintf(st.split, sizeof st.split, "spatial 0.25 0.75");
-    TD_ASSERT_OK(td_checkpoint_save(td_test_tmp("start.safetensors"), m, opt, &st));
+    save_start("0.25 0.75", td_test_tmp("start.safetensors"));
     TD_ASSERT_OK(td_group_create_spec("cpu:0", NULL, &g1));
-    TD_ASSERT_OK(td_group_create_spec("cpu:0,cpu:1{slowdown=6}", NULL, &g));
+    TD_ASSERT_OK(td_group_create_spec("cpu:0,cpu:1{slowdown=12}", NULL, &g));
     TD_ASSERT_OK(td_strategy_create(g1, wide_json, "wide", &c, &one));
     TD_ASSERT_OK(td_strategy_create(g, wide_json, "wide", &cs, &sp));
     TD_ASSERT_OK(td_strategy_load(sp, td_test_tmp("start.safetensors"), NULL));
@@ -234,9 +244,29 @@ static void bands_rebalance_while_running(void **state) {
     td_strategy_destroy(one);
     td_group_destroy(g);
     td_group_destroy(g1);
-    td_optimizer_destroy(opt);
-    td_model_destroy(m);
-    td_device_list_destroy(l);
+    td_test_data_destroy(d);
+}
+
+/* With the option rebalance=0 the bands stay those the run started with,
+ * however unequal the devices. */
+static void rebalance_off_keeps_the_bands(void **state) {
+    td_test_data *d = td_test_data_create(wide_json, 8, 1);
+    td_strategy_config cs = config("spatial", TD_F64, 1);
+    td_group *g = NULL;
+    td_strategy *sp = NULL;
+    td_step_result r;
+    long long all = 0;
+    (void)state;
+    cs.options = "rebalance=0";
+    save_start("0.25 0.75", td_test_tmp("start_off.safetensors"));
+    TD_ASSERT_OK(td_group_create_spec("cpu:0,cpu:1{slowdown=12}", NULL, &g));
+    TD_ASSERT_OK(td_strategy_create(g, wide_json, "wide", &cs, &sp));
+    TD_ASSERT_OK(td_strategy_load(sp, td_test_tmp("start_off.safetensors"), NULL));
+    for (int k = 0; k < 12; k++)
+        TD_ASSERT_OK(td_strategy_step(sp, &d->b[k % 8], (uint64_t)k, &r, NULL));
+    assert_int_equal(rows_of_cpu0(sp, &all), 16);
+    td_strategy_destroy(sp);
+    td_group_destroy(g);
     td_test_data_destroy(d);
 }
 
@@ -393,6 +423,7 @@ int main(void) {
         cmocka_unit_test(strided_like_one_device),
         cmocka_unit_test(unequal_bands_like_one_device),
         cmocka_unit_test(bands_rebalance_while_running),
+        cmocka_unit_test(rebalance_off_keeps_the_bands),
         cmocka_unit_test(thin_band_refused),
         cmocka_unit_test(nothing_to_band_refused),
         cmocka_unit_test(checkpoints_move),
