@@ -184,15 +184,15 @@ static void unequal_bands_like_one_device(void **state) {
         fail_msg("cpu:0, three times as fast, did not hold more than half the rows in 3 tries");
 }
 
-/* A checkpoint at path of wide_json's initial weights (seed 7, SGD as
- * config()) that records spatial's split `shares`. */
-static void save_start(const char *shares, const char *path) {
+/* A checkpoint at path of json's initial weights (seed 7, SGD as config())
+ * that records spatial's split `shares`. */
+static void save_start(const char *json, const char *shares, const char *path) {
     td_strategy_config c = config("single", TD_F64, 1);
     td_device_list *l = td_test_open("cpu:0");
     td_model *m = NULL;
     td_optimizer *opt = NULL;
     td_train_state st;
-    TD_ASSERT_OK(td_model_load_string(wide_json, "wide", td_device_list_get(l, 0), TD_F64, 7, &m));
+    TD_ASSERT_OK(td_model_load_string(json, "start", td_device_list_get(l, 0), TD_F64, 7, &m));
     TD_ASSERT_OK(td_optimizer_create(m, &c.opt, &opt));
     memset(&st, 0, sizeof st);
     st.seed = 7;
@@ -221,7 +221,7 @@ static void bands_rebalance_while_running(void **state) {
     int moved = 0;
     (void)state;
     /* the start: the initial weights, the slow device's three quarters recorded */
-    save_start("0.25 0.75", td_test_tmp("start.safetensors"));
+    save_start(wide_json, "0.25 0.75", td_test_tmp("start.safetensors"));
     TD_ASSERT_OK(td_group_create_spec("cpu:0", NULL, &g1));
     TD_ASSERT_OK(td_group_create_spec("cpu:0,cpu:1{slowdown=12}", NULL, &g));
     TD_ASSERT_OK(td_strategy_create(g1, wide_json, "wide", &c, &one));
@@ -258,15 +258,56 @@ static void rebalance_off_keeps_the_bands(void **state) {
     long long all = 0;
     (void)state;
     cs.options = "rebalance=0";
-    save_start("0.25 0.75", td_test_tmp("start_off.safetensors"));
+    save_start(wide_json, "0.25 0.75", td_test_tmp("start_off.safetensors"));
     TD_ASSERT_OK(td_group_create_spec("cpu:0,cpu:1{slowdown=12}", NULL, &g));
     TD_ASSERT_OK(td_strategy_create(g, wide_json, "wide", &cs, &sp));
     TD_ASSERT_OK(td_strategy_load(sp, td_test_tmp("start_off.safetensors"), NULL));
-    for (int k = 0; k < 12; k++)
-        TD_ASSERT_OK(td_strategy_step(sp, &d->b[k % 8], (uint64_t)k, &r, NULL));
+    for (int k = 0; k < 8; k++) /* two looks at the shares */
+        TD_ASSERT_OK(td_strategy_step(sp, &d->b[k], (uint64_t)k, &r, NULL));
     assert_int_equal(rows_of_cpu0(sp, &all), 16);
     td_strategy_destroy(sp);
     td_group_destroy(g);
+    td_test_data_destroy(d);
+}
+
+/* A member keeps its band's activations, not the image's: on a tall image
+ * cut in two even bands (recorded, so that timing does not decide) each
+ * member uses less device memory than one device training alone (the
+ * weights, their gradients and momentum, which every member holds whole,
+ * are small beside the activations here). */
+static void a_member_holds_less_than_one_device(void **state) {
+    static const char *tall = "{\"input\": {\"shape\": [1, 256, 64]}, \"layers\": ["
+                              "{\"type\": \"conv2d\", \"out\": 8, \"kernel\": 3, \"padding\": 1},"
+                              "{\"type\": \"relu\"},"
+                              "{\"type\": \"conv2d\", \"out\": 8, \"kernel\": 3, \"padding\": 1},"
+                              "{\"type\": \"relu\"}, {\"type\": \"maxpool\", \"kernel\": 8},"
+                              "{\"type\": \"flatten\"}, {\"type\": \"linear\", \"out\": 3}]}";
+    td_test_data *d = td_test_data_create(tall, 1, 1);
+    td_group *g1 = NULL, *g = NULL;
+    td_strategy *one = NULL, *sp = NULL;
+    td_strategy_config c = config("single", TD_F64, 1), cs = config("spatial", TD_F64, 1);
+    td_step_result r;
+    uint64_t whole, band[2];
+    (void)state;
+    cs.options = "rebalance=0";
+    TD_ASSERT_OK(td_group_create_spec("cpu:0", NULL, &g1));
+    TD_ASSERT_OK(td_group_create_spec("cpu*2", NULL, &g));
+    TD_ASSERT_OK(td_strategy_create(g1, tall, "tall", &c, &one));
+    TD_ASSERT_OK(td_strategy_create(g, tall, "tall", &cs, &sp));
+    save_start(tall, "0.5 0.5", td_test_tmp("even.safetensors"));
+    TD_ASSERT_OK(td_strategy_load(sp, td_test_tmp("even.safetensors"), NULL));
+    TD_ASSERT_OK(td_strategy_step(one, &d->b[0], 0, &r, NULL));
+    TD_ASSERT_OK(td_strategy_step(sp, &d->b[0], 0, &r, NULL));
+    whole = td_device_mem_used(td_group_device(g1, 0));
+    for (int k = 0; k < 2; k++)
+        band[k] = td_device_mem_used(td_group_device(g, k));
+    printf("device memory: one device %.2f MB; spatial's members %.2f and %.2f MB\n",
+           (double)whole / 1e6, (double)band[0] / 1e6, (double)band[1] / 1e6);
+    assert_true(band[0] < whole && band[1] < whole);
+    td_strategy_destroy(sp);
+    td_strategy_destroy(one);
+    td_group_destroy(g);
+    td_group_destroy(g1);
     td_test_data_destroy(d);
 }
 
@@ -424,6 +465,7 @@ int main(void) {
         cmocka_unit_test(unequal_bands_like_one_device),
         cmocka_unit_test(bands_rebalance_while_running),
         cmocka_unit_test(rebalance_off_keeps_the_bands),
+        cmocka_unit_test(a_member_holds_less_than_one_device),
         cmocka_unit_test(thin_band_refused),
         cmocka_unit_test(nothing_to_band_refused),
         cmocka_unit_test(checkpoints_move),
