@@ -280,6 +280,64 @@ TD_API void td_param_slice_gather(const td_param_slice *s, size_t elem_size, con
 TD_API void td_param_slice_scatter(const td_param_slice *s, size_t elem_size, const void *whole,
                                    void *part);
 
+/* Spatial bands ----------------------------------------------------------------
+ *
+ * A band model holds the whole model, but runs its head (the leading
+ * top-level layers that compute each output row from nearby input rows:
+ * conv2d, maxpool, avgpool and element-wise activations) on one horizontal
+ * band of every image: band `rank` of `members`, top to bottom. Before each
+ * convolution or pooling it needs rows its neighbours hold (the halo); after
+ * its backward it owes them the gradients of those rows; after the head the
+ * bands are gathered whole on every member and the rest of the model runs
+ * on the same numbers everywhere. All three go through the gather hook, an
+ * all-gather across the members. The head's weight gradients are partial
+ * (their band's) and are summed through the reduce hook after the
+ * backward; the rest are the whole model's on every member. Every member
+ * calls the hooks the same number of times, in the same order, with tensors
+ * of the same shape. td_model_train_step, td_model_train_slice (accumulate
+ * 0) and td_model_evaluate run a band model on the whole batch; the loss is
+ * the whole model's on every member. */
+
+#define TD_BAND_MAX_LAYERS 64
+
+/* What of a model can run on bands: its head, top-level layers [0, layers),
+ * and each head layer's output height (in_rows: the input's). */
+typedef struct td_band_head {
+    int layers;
+    int64_t in_rows;
+    int64_t rows[TD_BAND_MAX_LAYERS];
+    char type[TD_BAND_MAX_LAYERS][16]; /* as in the JSON */
+} td_band_head;
+
+/* Finds the head of the model in json. A model of tokens, whose input is
+ * not (channels, height, width), whose head has no convolution or pooling,
+ * or that has nothing after its head, is TD_ERR_UNSUPPORTED saying which. */
+TD_API td_status td_model_describe_bands(const char *json, const char *name, td_band_head *out);
+
+/* How the head is cut: band k of head layer i's output is rows
+ * [bounds[i (members + 1) + k], bounds[i (members + 1) + k + 1]). */
+typedef struct td_band_plan {
+    int members, rank, layers;
+    const int64_t *bounds; /* (layers, members + 1); copied by td_model_set_bands */
+} td_band_plan;
+
+/* Makes m (a whole model, not a part or shard) run its head on band
+ * plan->rank, or on other bands when it already does. An empty band, or one
+ * whose neighbour holds fewer rows than a kernel's halo needs, is
+ * TD_ERR_INVALID_ARG naming the layer and the band (m stays as it was).
+ * From the thread that made m, while no pass runs. */
+TD_API td_status td_model_set_bands(td_model *m, const td_band_plan *plan);
+
+/* All-gathers send (on the model's device) into recv (members times as
+ * many elements, in rank order) across the members; halo: 1 for the rows
+ * neighbours trade around a convolution (or their gradients), 0 for the
+ * head's output gathered whole. Called on the device's thread. */
+typedef td_status (*td_gather_fn)(void *arg, const td_tensor *send, td_tensor *recv, int halo);
+/* Sets the hook of a band model (nothing for another); td_model_set_bands
+ * clears it, so set it after each. A band model of one member needs none.
+ * arg stays the caller's. */
+TD_API void td_model_set_gather_hook(td_model *m, td_gather_fn fn, void *arg);
+
 /* Forward and backward over the batch. The gradients become
  * grad_scale * d(loss_sum)/d(param) (grad_scale = 1/count gives the mean
  * loss); with accumulate they are added to the gradients already there.

@@ -27,6 +27,7 @@ typedef struct td_member_stats {
                          pipeline: copying activations and their gradients in */
     double update_s;  /* the optimizer step (and ZeRO-1's gather of the weights) */
     double wait_s;    /* the rest of the step: idle (waiting for the others) */
+    double halo_s;    /* spatial: trading halo rows and their gradients (within comm_s) */
     int parked;       /* sat the step out (see td_balancer_parked) */
 } td_member_stats;
 

@@ -167,7 +167,7 @@ static td_status plan_all(td_model *m, td_nn_plan *p) {
     }
     if (m->part_end == m->info.layers)
         TD_CHECK(td__plan_ints(p, &m->labels, (size_t)p->n * td__model_labels_per_sample(m)));
-    TD_CHECK(root->vt->plan(root, p, &m->input));
+    TD_CHECK(m->bands ? td__band_plan(m, p) : root->vt->plan(root, p, &m->input));
     if (m->part_first > 0)
         TD_CHECK(td__plan_tensor(p, &m->in_grad, 1, root->in_ndim, root->in_shape));
     return TD_OK;
@@ -292,6 +292,8 @@ static td_status run_passes(td_model *m, const step_args *a, double *loss_sum, i
     r.dropout_seed = td__model_dropout_seed(m, a->dropout_step);
     r.first_sample = a->first;
     r.tokens = m->kind == TD_INPUT_TOKENS ? &m->tokens : NULL;
+    if (m->bands)
+        return td__band_passes(m, &r, a->grad_scale, loss_sum, correct);
     tr = td__trace_begin();
     if ((st = m->root->vt->forward(m->root, &m->input, &r)) != TD_OK)
         return st;
@@ -341,7 +343,7 @@ static td_status graph_step(td_model *m, const step_args *a, td_step_result *res
     td_status st;
     td_graph *g = NULL;
     *done = 0;
-    if (!a->train || m->graph_off || m->hook || m->reduce)
+    if (!a->train || m->graph_off || m->hook || m->reduce || m->bands)
         return TD_OK;
     if (!m->graph_checked) {
         m->graph_checked = 1;
@@ -518,6 +520,7 @@ void td_model_destroy(td_model *m) {
     if (!m)
         return;
     graph_drop(m);
+    td__bands_free(m->bands);
     td__layer_destroy(m->root);
     for (size_t i = 0; i < m->nparams; i++) {
         td_tensor_destroy(m->params[i]);

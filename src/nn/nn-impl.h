@@ -176,6 +176,9 @@ struct td_model {
     td_param_slice *slices;
     td_reduce_fn reduce;
     void *reduce_arg;
+    /* A band model (band.c): its head runs on one band of every image; NULL:
+     * not one. */
+    struct td__bands *bands;
 
     /* Activations: the views are carved for planned_n samples in slot cur_slot
      * (-1: none). */
@@ -290,6 +293,19 @@ uint64_t td__model_dropout_seed(const td_model *m, uint64_t dropout_step);
 td_status td__model_build(const char *json, const char *name, td_device *dev, td_dtype dtype,
                           uint64_t seed, int first, int end, int slots, const td__split *splits,
                           int nsplits, td_model **out);
+
+/* Bands (band.c) --------------------------------------------------------------- */
+
+/* The forward (the loss included) and, with r->train, the backward of a band
+ * model over its loaded input and labels: the head on bands, the rest whole. */
+td_status td__band_passes(td_model *m, td_nn_run *r, double grad_scale, double *loss_sum,
+                          int64_t *correct);
+/* NULL-safe. */
+void td__bands_free(struct td__bands *b);
+/* Carves a band model's views: of its head only the last layer's output
+ * and its gradient, whole (the gather's destination, the rest's input); the
+ * head's bands have buffers of their own. */
+td_status td__band_plan(td_model *m, td_nn_plan *p);
 
 /* Shards (shard.c) ------------------------------------------------------------- */
 

@@ -143,5 +143,6 @@ extern const td_strategy_ops td__strategy_tensor;
 extern const td_strategy_ops td__strategy_alternate;
 extern const td_strategy_ops td__strategy_mirror;
 extern const td_strategy_ops td__strategy_tiles;
+extern const td_strategy_ops td__strategy_spatial;
 
 #endif

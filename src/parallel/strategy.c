@@ -15,7 +15,7 @@
 
 static const td_strategy_ops *const strategies[] = {
     &td__strategy_single,    &td__strategy_data,   &td__strategy_pipeline, &td__strategy_tensor,
-    &td__strategy_alternate, &td__strategy_mirror, &td__strategy_tiles,
+    &td__strategy_alternate, &td__strategy_mirror, &td__strategy_tiles,    &td__strategy_spatial,
 };
 
 #define NSTRATEGIES (sizeof strategies / sizeof *strategies)
