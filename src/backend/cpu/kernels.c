@@ -92,6 +92,7 @@ const td_kernels td__cpu_kernels = {
     .swiglu_bwd = td__cpu_swiglu_bwd,
     .rope = td__cpu_rope,
     .kv_expand = td__cpu_kv_expand,
+    .matmul_compact = td__cpu_matmul_compact,
     .kv_reduce = td__cpu_kv_reduce,
     .sumsq = td__cpu_sumsq,
     .sgd = td__cpu_sgd,
