@@ -19,6 +19,12 @@ typedef struct td_block_q8_0 {
     int8_t qs[TD_Q8_0_BLOCK]; /* in [-127, 127] */
 } td_block_q8_0;
 
+/* Bytes of one row of cols weights in a compact format (1: bf16, 2: q8_0,
+ * as td_weights; cols a multiple of 32 for q8_0). */
+static inline size_t td__compact_row_bytes(int fmt, int64_t cols) {
+    return fmt == 2 ? (size_t)(cols / TD_Q8_0_BLOCK) * TD_Q8_0_BYTES : (size_t)cols * 2u;
+}
+
 /* f32 -> bf16 by rounding to nearest, ties to even; NaN stays NaN (quiet,
  * sign kept), infinities and subnormals round like any other value. */
 uint16_t td__f32_to_bf16(float x);

@@ -52,12 +52,13 @@ struct td_decoder {
     int64_t vfirst, vcount; /* the logits computed and read: [vfirst, vfirst + vcount) */
     td_buffer out;          /* a part's output rows after its last pass */
     int natt;
-    td_tensor **kv;     /* per attention layer in forward order: (T, (h + 2 kv) d) q, k, v
-                           rows of the heads computed here, rotated (NULL: none) */
-    td_tensor *scores;  /* (heads, T + 1): a step's scores, the dummy first */
-    td_tensor *probs;   /* (heads, T + 1): their softmax */
-    td_buffer *targets; /* heads int32 zeros: every row's label is the dummy */
-    void *host;         /* vocab elements of the model's dtype, for reading logits */
+    td_tensor **kv;         /* per attention layer in forward order: (T, (h + 2 kv) d) q, k, v
+                               rows of the heads computed here, rotated (NULL: none) */
+    td_tensor *scores;      /* (heads, T + 1): a step's scores, the dummy first */
+    td_tensor *probs;       /* (heads, T + 1): their softmax */
+    td_buffer *targets;     /* heads int32 zeros: every row's label is the dummy */
+    void *host;             /* vocab elements of the model's dtype, for reading logits */
+    td__packed_set *packed; /* compact weight matrices (compact.c); NULL: f32 */
 };
 
 /* One pass: rows [pos, pos + n) of the sequence. */
@@ -119,11 +120,11 @@ static td_status swiglu_decode(td_layer *l, const td_tensor *x, pass *p) {
     } else {
         TD_CHECK(first_rows(&l->ws[0], p->n, &gu));
         TD_CHECK(first_rows(&l->ws[1], p->n, &h));
-        TD_CHECK(td__op_matmul(&gu, x, 0, l->param[0], 1, 1.0, 0.0));
+        TD_CHECK(td__packed_matmul(p->d->packed, l, 0, 0, &gu, x, l->param[0]));
         if (l->has_bias)
             TD_CHECK(td__op_bias_add(&gu, l->param[1], p->n, 2 * l->hidden, 1));
         TD_CHECK(td__op_swiglu_fwd(&gu, &h));
-        TD_CHECK(td__op_matmul(&y, &h, 0, l->param[2], 1, 1.0, 0.0));
+        TD_CHECK(td__packed_matmul(p->d->packed, l, 2, 0, &y, &h, l->param[2]));
     }
     if (l->split.kind == TD__SPLIT_GATED)
         TD_CHECK(td__model_reduce(p->d->m, &y));
@@ -162,7 +163,7 @@ static td_status linear_decode(td_layer *l, const td_tensor *x, pass *p) {
         if (l->split.kind == TD__SPLIT_IN)
             TD_CHECK(td__zero(&y));
     } else {
-        TD_CHECK(td__op_matmul(&y, x, 0, w, 1, 1.0, 0.0));
+        TD_CHECK(td__packed_matmul(p->d->packed, l, 0, w == &ws ? p->d->vfirst : 0, &y, x, w));
     }
     /* the second linear of a pair sums its partial outputs before its bias */
     if (l->split.kind == TD__SPLIT_IN)
@@ -287,7 +288,7 @@ static td_status att_decode(td_layer *l, const td_tensor *x, pass *p) {
         TD_CHECK(td__tensor_view(&raw, cache, (size_t)(p->pos * row), 3, rows));
         TD_CHECK(td__tensor_view(&yh, &l->ws[ATT_YH], 0, 3, yrows));
         /* raw (n, row) = x Wqkv^T + bqkv */
-        TD_CHECK(td__op_matmul(&raw, x, 0, l->param[0], 1, 1.0, 0.0));
+        TD_CHECK(td__packed_matmul(dec->packed, l, 0, 0, &raw, x, l->param[0]));
         if (l->has_bias)
             TD_CHECK(td__op_bias_add(&raw, l->param[1], n, row, 1));
         if (l->rope)
@@ -301,7 +302,7 @@ static td_status att_decode(td_layer *l, const td_tensor *x, pass *p) {
             TD_CHECK(att_prefill(l, &qkv, n, &yh));
         else
             TD_CHECK(att_step(dec, l, cache, p->pos, &yh));
-        TD_CHECK(td__op_matmul(&y, &yh, 0, l->param[2], 1, 1.0, 0.0));
+        TD_CHECK(td__packed_matmul(dec->packed, l, 2, 0, &y, &yh, l->param[2]));
     }
     if (l->split.kind == TD__SPLIT_HEADS)
         TD_CHECK(td__model_reduce(dec->m, &y));
@@ -441,6 +442,7 @@ td_status td_decoder_create(td_model *m, td_decoder **out) {
     d->ctx = m->in_shape[0];
     d->vocab = m->classes;
     TD_TRY(check_model(d));
+    TD_TRY(td__packed_create(m, &d->packed));
     d->vcount = d->vocab;
     TD_TRY(alloc_state(d));
     /* the activations of one window: the decoder's workspace */
@@ -502,6 +504,7 @@ void td_decoder_destroy(td_decoder *d) {
     td_tensor_destroy(d->probs);
     td_buffer_free(d->targets);
     free(d->host);
+    td__packed_destroy(d->packed);
     if (d->owns_model)
         td_model_destroy(d->m);
     free(d);

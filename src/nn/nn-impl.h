@@ -138,6 +138,7 @@ typedef struct td_nn_slot {
 struct td_model {
     td_device *dev; /* NULL while describing */
     td_dtype dtype;
+    td_weights weights; /* the format its matrices were rounded to (compact.c) */
     uint64_t seed;
     char *json;
     td_input_kind kind;
@@ -307,5 +308,23 @@ td_status td__model_reduce(td_model *m, td_tensor *t);
 void td__model_grads_ready(td_model *m, size_t first, size_t count);
 /* Zeros t (a view) on the device's thread. */
 td_status td__zero(td_tensor *t);
+
+/* A decoder's weight matrices packed in a compact format on the model's
+ * device (compact.c). td__packed_create packs m's matrices in the format
+ * td_decoder_set_default_weights chose, else m's own (td_model_weights),
+ * rounding m's values to it first; *out stays NULL for f32. */
+typedef struct td__packed_set td__packed_set;
+td_status td__packed_create(td_model *m, td__packed_set **out);
+void td__packed_destroy(td__packed_set *s); /* NULL-safe */
+td_weights td__packed_format(const td__packed_set *s);
+size_t td__packed_bytes(const td__packed_set *s);
+/* y (n, r) = x (n, c) W^T for W rows [first_row, first_row + r) of l's
+ * param k: from its packed copy when s holds one, else from w (f32). */
+td_status td__packed_matmul(const td__packed_set *s, const td_layer *l, int k, int64_t first_row,
+                            td_tensor *y, const td_tensor *x, const td_tensor *w);
+
+/* *flags (malloc'ed, one per parameter of m) gets 1 for the weight
+ * matrices a compact format holds (compact.c), 0 for the others. */
+td_status td__model_matrix_flags(td_model *m, unsigned char **flags);
 
 #endif
