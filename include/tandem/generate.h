@@ -45,15 +45,6 @@ TD_API void td_decoder_take_model(td_decoder *d);
 /* NULL-safe. */
 TD_API void td_decoder_destroy(td_decoder *d);
 
-/* The weights decoders created after this call multiply with, whatever
- * their models hold: a td_weights (f32, or bf16 or q8_0 packed from the
- * model's matrices, which are first rounded to that format), or -1 (the
- * default): each model's own format (td_model_weights). Process-wide and
- * thread-safe (tandem generate --weights). Compact weights need an f32
- * model (else td_decoder_create fails with TD_ERR_DTYPE). */
-TD_API void td_decoder_set_default_weights(int weights);
-TD_API int td_decoder_default_weights(void);
-
 /* Positions the cache holds: the model's context length T. */
 TD_API int64_t td_decoder_context(const td_decoder *d);
 /* Logits per position (the vocabulary of the head). */

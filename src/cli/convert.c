@@ -11,7 +11,7 @@
 #include "tandem/tandem.h"
 
 static void usage(FILE *out) {
-    fprintf(out, "usage: tandem convert --from hf|llmc SOURCE --out CKPT [options]\n\n"
+    fprintf(out, "usage: tandem convert --from hf|llmc|tandem SOURCE --out CKPT [options]\n\n"
                  "Converts a model into a tandem checkpoint (f32) that tandem generate, tandem\n"
                  "eval and tandem train --resume load; its model JSON is in the checkpoint. It\n"
                  "is a run at step 0: the optimizer's state is a fresh one's (zeros), so that\n"
@@ -21,6 +21,7 @@ static void usage(FILE *out) {
                  "                     model.safetensors.index.json): GPT2LMHeadModel,\n"
                  "                     LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM\n"
                  "  --from llmc FILE   llm.c's checkpoint (gpt2_124M.bin: version 3, f32)\n"
+                 "  --from tandem CKPT a tandem checkpoint, with --quantize\n"
                  "  --out PATH         the checkpoint to write (safetensors)\n"
                  "  --optimizer NAME   adamw (default), sgd, or none: the weights only (a third\n"
                  "                     of the size with adamw; generate reads it, eval and\n"
@@ -132,9 +133,14 @@ static int parse_args(int argc, char **argv, convert_args *a) {
         fprintf(stderr, "tandem convert: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
-    if (!a->from || (strcmp(a->from, "hf") != 0 && strcmp(a->from, "llmc") != 0)) {
-        fprintf(stderr, "tandem convert: --from is hf or llmc%s%s%s\n", a->from ? ", not '" : "",
-                a->from ? a->from : "", a->from ? "'" : "");
+    if (!a->from || (strcmp(a->from, "hf") != 0 && strcmp(a->from, "llmc") != 0 &&
+                     strcmp(a->from, "tandem") != 0)) {
+        fprintf(stderr, "tandem convert: --from is hf, llmc or tandem%s%s%s\n",
+                a->from ? ", not '" : "", a->from ? a->from : "", a->from ? "'" : "");
+        return 2;
+    }
+    if (!strcmp(a->from, "tandem") && a->quantize == TD_WEIGHTS_F32) {
+        fprintf(stderr, "tandem convert: --from tandem converts with --quantize bf16|q8_0\n");
         return 2;
     }
     if (!a->source) {
@@ -162,8 +168,9 @@ static void report(const convert_args *a, const td_hf_info *g) {
            a->quantize != TD_WEIGHTS_F32 ? td_weights_name(a->quantize) : "", a->out);
 }
 
-/* Rewrites the f32 checkpoint at path with its matrices in fmt, weights only. */
-static td_status quantize(const char *path, td_weights fmt) {
+/* Writes the f32 checkpoint at path to out with its matrices in fmt,
+ * weights only (out may be path). */
+static td_status quantize(const char *path, const char *out, td_weights fmt) {
     td_device_list *devs = NULL;
     td_model *m = NULL;
     td_train_state state;
@@ -171,7 +178,7 @@ static td_status quantize(const char *path, td_weights fmt) {
     if (st == TD_OK)
         st = td_checkpoint_load_model(path, td_device_list_get(devs, 0), &m, &state);
     if (st == TD_OK)
-        st = td_checkpoint_save_weights(path, m, fmt, &state);
+        st = td_checkpoint_save_weights(out, m, fmt, &state);
     td_model_destroy(m);
     td_device_list_destroy(devs);
     return st;
@@ -192,6 +199,13 @@ int td_cli_convert(int argc, char **argv) {
     if (a.quantize != TD_WEIGHTS_F32)
         a.weights_only = 1; /* optimizer state stays f32 by nature: a compact file has none */
     state = a.weights_only ? NULL : &a.state;
+    if (!strcmp(a.from, "tandem")) {
+        if ((st = quantize(a.source, a.out, a.quantize)) != TD_OK)
+            return td_cli_fail("convert", st);
+        printf("%s -> %s: weight matrices in %s, weights only\n", a.source, a.out,
+               td_weights_name(a.quantize));
+        return 0;
+    }
     if (!strcmp(a.from, "hf")) {
         st = td_import_hf(a.source, a.out, state, &info);
     } else {
@@ -203,7 +217,7 @@ int td_cli_convert(int argc, char **argv) {
         info.tied = g.tied, info.weights = g.weights;
     }
     if (st == TD_OK && a.quantize != TD_WEIGHTS_F32)
-        st = quantize(a.out, a.quantize);
+        st = quantize(a.out, a.out, a.quantize);
     if (st != TD_OK)
         return td_cli_fail("convert", st);
     report(&a, &info);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "nn/checkpoint-impl.h"
 #include "nn/nn-impl.h"
 #include "nn/safetensors.h"
@@ -420,6 +421,11 @@ static td_status read_state(const td_safetensors *sf, td_train_state *s) {
 static td_status load_converted(const char *path, const td_safetensors *sf, td_model *m, size_t i,
                                 const char *missing_from);
 
+static int holds_optimizer(const td_safetensors *sf) {
+    const char *v = td_safetensors_meta(sf, "tandem.has_optimizer");
+    return v && !strcmp(v, "1");
+}
+
 /* Optimizer state is kept exactly: F32 or F64 (the reader checks which). */
 static td_status check_exact(const td_safetensors *sf, const td_st_tensor *t) {
     const char *dt = t ? td__safetensors_dtype(sf, t) : "F32";
@@ -466,7 +472,11 @@ static td_status load_into(const td_safetensors *sf, td_model *m, td_optimizer *
     for (size_t i = 0; i < td_model_param_count(m); i++)
         TD_TRY(read_param(sf, m, i));
     TD_TRY(td__ckpt_weights_meta(sf, &m->weights));
-    if (opt) {
+    TD_TRY(td__model_take_default_weights(m));
+    if (opt && m->weights != TD_WEIGHTS_F32 && !holds_optimizer(sf)) {
+        TD_LOG_INFO("%s: compact weights without optimizer state: the optimizer keeps its own",
+                    file);
+    } else if (opt) {
         v = td_safetensors_meta(sf, "tandem.has_optimizer");
         if (!v || strcmp(v, "1") != 0)
             return td__error(TD_ERR_CORRUPT,
@@ -640,6 +650,8 @@ td_status td_checkpoint_load_weights_alias(const char *path, td_model *m,
         st = load_converted(path, sf, m, i, missing_from);
     if (st == TD_OK)
         st = td__ckpt_weights_meta(sf, &m->weights);
+    if (st == TD_OK)
+        st = td__model_take_default_weights(m);
     td_safetensors_destroy(sf);
     return st;
 }

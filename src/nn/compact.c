@@ -120,15 +120,22 @@ td_status td__model_matrix_flags(td_model *m, unsigned char **flags) {
     return TD_OK;
 }
 
-/* The decoders' format ------------------------------------------------------------ */
+/* The process's format ------------------------------------------------------------ */
 
 static atomic_int default_weights = -1;
 
-void td_decoder_set_default_weights(int weights) {
+td_status td__model_take_default_weights(td_model *m) {
+    int want = atomic_load(&default_weights);
+    if (want < 0 || (td_weights)want == m->weights)
+        return TD_OK;
+    return td_model_set_weights(m, (td_weights)want);
+}
+
+void td_weights_set_default(int weights) {
     atomic_store(&default_weights, weights);
 }
 
-int td_decoder_default_weights(void) {
+int td_weights_default(void) {
     return atomic_load(&default_weights);
 }
 
@@ -230,7 +237,7 @@ void td__packed_destroy(td__packed_set *s) {
 }
 
 td_status td__packed_create(td_model *m, td__packed_set **out) {
-    int want = td_decoder_default_weights();
+    int want = td_weights_default();
     td_weights fmt = want >= 0 ? (td_weights)want : m->weights;
     td__packed_set *s;
     td_status st;

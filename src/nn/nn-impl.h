@@ -311,7 +311,7 @@ td_status td__zero(td_tensor *t);
 
 /* A decoder's weight matrices packed in a compact format on the model's
  * device (compact.c). td__packed_create packs m's matrices in the format
- * td_decoder_set_default_weights chose, else m's own (td_model_weights),
+ * td_weights_set_default chose, else m's own (td_model_weights),
  * rounding m's values to it first; *out stays NULL for f32. */
 typedef struct td__packed_set td__packed_set;
 td_status td__packed_create(td_model *m, td__packed_set **out);
@@ -322,6 +322,10 @@ size_t td__packed_bytes(const td__packed_set *s);
  * param k: from its packed copy when s holds one, else from w (f32). */
 td_status td__packed_matmul(const td__packed_set *s, const td_layer *l, int k, int64_t first_row,
                             td_tensor *y, const td_tensor *x, const td_tensor *w);
+
+/* After loading m from a checkpoint: its matrices rounded to the process's
+ * default format (td_weights_set_default), if one is set. */
+td_status td__model_take_default_weights(td_model *m);
 
 /* *flags (malloc'ed, one per parameter of m) gets 1 for the weight
  * matrices a compact format holds (compact.c), 0 for the others. */
