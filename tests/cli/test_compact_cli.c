@@ -2,8 +2,8 @@
  * small GPT trained here on Shakespeare, evaluated on held-back text with
  * its matrices in f32, bf16 and q8_0 (floors: q8_0 within 1% of f32's
  * loss, bf16 within 0.5%); convert --quantize writes the compact file that
- * eval and generate read as --weights does on the fly; bad requests get a
- * message naming what is wrong. */
+ * eval and generate read as --weights does on the fly (under single,
+ * tensor and pipeline); bad requests get a message naming what is wrong. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -137,9 +137,12 @@ static void convert_writes_what_generate_reads(void **state) {
     assert_non_null(strstr(json_string_value(json_object_get(sa, "kernels")), "q8_0: "));
     print_message("kernels: %s\n", json_string_value(json_object_get(sa, "kernels")));
     free(a), free(b), json_decref(sa), json_decref(sb);
-    /* and under tensor, split in two, the same bytes */
-    a = greedy(q8, "--devices 'cpu*2' --strategy tensor", &sa);
+    /* and under tensor and pipeline, split in two, the same bytes */
     b = greedy(q8, "--devices cpu:0", &sb);
+    a = greedy(q8, "--devices 'cpu*2' --strategy tensor", &sa);
+    assert_string_equal(a, b);
+    free(a), json_decref(sa);
+    a = greedy(q8, "--devices 'cpu*2' --strategy pipeline", &sa);
     assert_string_equal(a, b);
     free(a), free(b), json_decref(sa), json_decref(sb);
     free(q8), free(bf);
