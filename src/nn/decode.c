@@ -59,6 +59,7 @@ struct td_decoder {
     td_buffer *targets;     /* heads int32 zeros: every row's label is the dummy */
     void *host;             /* vocab elements of the model's dtype, for reading logits */
     td__packed_set *packed; /* compact weight matrices (compact.c); NULL: f32 */
+    td__kv_cache *kvc;      /* what holds kv (decode_kv.c) */
 };
 
 /* One pass: rows [pos, pos + n) of the sequence. */
@@ -293,6 +294,7 @@ static td_status att_decode(td_layer *l, const td_tensor *x, pass *p) {
             TD_CHECK(td__op_bias_add(&raw, l->param[1], n, row, 1));
         if (l->rope)
             TD_CHECK(td__op_rope(l->rope, p->pos, 0, h + nkv, d, 0, &raw));
+        TD_CHECK(td__kv_cache_sync(dec->kvc, p->att - 1, p->pos, n));
         qkv = raw;
         if (p->pos == 0 && nkv != h) {
             TD_CHECK(td__tensor_view(&qkv, &l->ws[ATT_QKV], 0, 3, qrows));
@@ -392,12 +394,8 @@ static td_status check_model(td_decoder *d) {
 
 /* One cache per attention layer, in the order the passes meet them. */
 static td_status alloc_kv(td_decoder *d, const td_layer *l, int *k) {
-    if (l->vt == &td__attention_vt) {
-        int64_t shape[2] = {d->ctx, att_row(l)};
-        if (shape[1] > 0)
-            TD_CHECK(td_tensor_create(d->m->dev, d->m->dtype, 2, shape, &d->kv[*k]));
-        ++*k;
-    }
+    if (l->vt == &td__attention_vt)
+        td__kv_cache_add(d->kvc, (*k)++, att_row(l));
     for (int i = 0; i < l->nchildren; i++)
         TD_CHECK(alloc_kv(d, l->children[i], k));
     return TD_OK;
@@ -413,7 +411,9 @@ static td_status alloc_state(td_decoder *d) {
     if (!(d->kv = td__calloc(((size_t)d->natt + 1) * sizeof *d->kv, "a decoder's caches")) ||
         !(d->host = td__calloc((size_t)d->vocab * td_dtype_size(m->dtype), "a decoder's logits")))
         return TD_ERR_OUT_OF_MEMORY;
+    TD_CHECK(td__kv_cache_create(m, d->natt, d->ctx, &d->kvc));
     TD_CHECK(alloc_kv(d, m->root, &k));
+    TD_CHECK(td__kv_cache_finish(d->kvc, d->kv));
     TD_CHECK(td_tensor_create(m->dev, m->dtype, 1, &w, &d->scores));
     TD_CHECK(td_tensor_create(m->dev, m->dtype, 1, &w, &d->probs));
     TD_CHECK(td_buffer_alloc(m->dev, nt * sizeof(int32_t), &d->targets));
@@ -497,8 +497,7 @@ void td_decoder_destroy(td_decoder *d) {
         return;
     if (d->custom.destroy)
         d->custom.destroy(d->custom.impl);
-    for (int i = 0; d->kv && i < d->natt; i++)
-        td_tensor_destroy(d->kv[i]);
+    td__kv_cache_destroy(d->kvc);
     free(d->kv);
     td_tensor_destroy(d->scores);
     td_tensor_destroy(d->probs);
@@ -526,6 +525,9 @@ int64_t td_decoder_token_limit(const td_decoder *d) {
 }
 int64_t td_decoder_position(const td_decoder *d) {
     return d ? d->pos : 0;
+}
+size_t td_decoder_kv_bytes(const td_decoder *d) {
+    return d ? td__kv_cache_bytes(d->kvc) : 0;
 }
 
 /* Passes ------------------------------------------------------------------------------ */

@@ -331,4 +331,19 @@ td_status td__model_take_default_weights(td_model *m);
  * matrices a compact format holds (compact.c), 0 for the others. */
 td_status td__model_matrix_flags(td_model *m, unsigned char **flags);
 
+/* A decoder's key/value caches (decode_kv.c): natt of (ctx, row) in the
+ * model's dtype, or in f16/bf16 with one shared f32 work cache, as
+ * td_decoder_set_default_kv_cache chose when created. add gives cache i's
+ * row width; finish allocates and fills kv[0..natt) with the tensors the
+ * attention reads (NULL for a width of 0); sync, after a pass computed rows
+ * [pos, pos + n) of cache i into kv[i], stores them and expands rows
+ * [0, pos + n) back (nothing for the model's dtype). */
+typedef struct td__kv_cache td__kv_cache;
+td_status td__kv_cache_create(td_model *m, int natt, int64_t ctx, td__kv_cache **out);
+void td__kv_cache_add(td__kv_cache *c, int i, int64_t row);
+td_status td__kv_cache_finish(td__kv_cache *c, td_tensor **kv);
+td_status td__kv_cache_sync(td__kv_cache *c, int i, int64_t pos, int64_t n);
+size_t td__kv_cache_bytes(const td__kv_cache *c);
+void td__kv_cache_destroy(td__kv_cache *c); /* NULL-safe */
+
 #endif

@@ -144,6 +144,8 @@ const char *td__cpu_compact_path_name(td_weights fmt, td_compact_path p);
  * path (which the CPU must support): for tests that run every path. */
 td_status td__cpu_matmul_compact(void *ctx, td_weights fmt, int64_t n, int64_t rows, int64_t cols,
                                  const float *x, const void *w, float *y);
+td_status td__cpu_convert_half(void *ctx, int kind, int to_half, size_t n, const void *src,
+                               void *dst);
 td_status td__cpu_matmul_compact_path(td_compact_path path, td_weights fmt, int64_t n, int64_t rows,
                                       int64_t cols, const float *x, const void *w, float *y);
 

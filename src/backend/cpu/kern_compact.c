@@ -308,3 +308,41 @@ td_status td__cpu_matmul_compact(void *ctx, td_weights fmt, int64_t n, int64_t r
                                  const float *x, const void *w, float *y) {
     return run_compact(ctx, td__cpu_compact_best(fmt), fmt, n, rows, cols, x, w, y);
 }
+
+/* Half-precision key/value caches ---------------------------------------------------- */
+
+#if HAVE_X86
+/* 2-byte values to f32, 8 at a time: F16C for f16, a shift for bf16 (both
+ * exact); the tail and the other direction (a pass's few rows) in C. */
+__attribute__((target("avx2,f16c"))) static size_t widen_x86(int kind, size_t n,
+                                                             const uint16_t *src, float *dst) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm_loadu_si128((const __m128i *)(src + i));
+        __m256 f = kind == 1 ? _mm256_cvtph_ps(h)
+                             : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+        _mm256_storeu_ps(dst + i, f);
+    }
+    return i;
+}
+#endif
+
+td_status td__cpu_convert_half(void *ctx, int kind, int to_half, size_t n, const void *src,
+                               void *dst) {
+    size_t i = 0;
+    (void)ctx;
+    if (to_half) {
+        for (; i < n; i++)
+            ((uint16_t *)dst)[i] = kind == 1 ? td__f32_to_f16(((const float *)src)[i])
+                                             : td__f32_to_bf16(((const float *)src)[i]);
+        return TD_OK;
+    }
+#if HAVE_X86
+    if (td__cpu_simd() >= TD_SIMD_AVX2)
+        i = widen_x86(kind, n, src, dst);
+#endif
+    for (; i < n; i++)
+        ((float *)dst)[i] = kind == 1 ? td__f16_to_f32(((const uint16_t *)src)[i])
+                                      : td__bf16_to_f32(((const uint16_t *)src)[i]);
+    return TD_OK;
+}
