@@ -50,6 +50,8 @@ static void usage(FILE *out) {
                  "  --weights W         f32, bf16 or q8_0: the weight matrices rounded to W\n"
                  "                      and read in it by the decoder (default: the\n"
                  "                      checkpoint's; tandem convert --quantize writes one)\n"
+                 "  --kv-cache K        f32 (default), f16 or bf16: the keys and values kept,\n"
+                 "                      each layer's in half the bytes (an f32 model)\n"
                  "  --summary           after the text, a line 'summary: {json}' with the\n"
                  "                      token counts and timings\n"
                  "  --help              show this help\n");
@@ -63,6 +65,7 @@ enum {
     OPT_SUMMARY,
     OPT_TOKENIZER,
     OPT_WEIGHTS,
+    OPT_KV_CACHE,
 };
 
 static const struct option options[] = {
@@ -78,6 +81,7 @@ static const struct option options[] = {
     {"strategy", required_argument, NULL, 'S'},
     {"precision", required_argument, NULL, OPT_PRECISION},
     {"weights", required_argument, NULL, OPT_WEIGHTS},
+    {"kv-cache", required_argument, NULL, OPT_KV_CACHE},
     {"summary", no_argument, NULL, OPT_SUMMARY},
     {"tokenizer", required_argument, NULL, OPT_TOKENIZER},
     {"help", no_argument, NULL, 'h'},
@@ -88,6 +92,7 @@ typedef struct gen_args {
     const char *ckpt, *prompt, *prompt_file, *devices, *strategy, *tokenizer;
     int precision; /* -1: the checkpoint's */
     int weights;   /* a td_weights; -1: the checkpoint's */
+    int kv_cache;  /* a td_kv_cache */
     int summary, help;
     td_generate_config cfg;
 } gen_args;
@@ -124,6 +129,9 @@ static int parse_real(const char *flag, const char *s, double lo, double hi, dou
     return 1;
 }
 
+/* --kv-cache's names, by td_kv_cache. */
+static const char *const kv_names[] = {"f32", "f16", "bf16"};
+
 /* One option into *a; 0 after printing why it is wrong. */
 static int take_option(int c, char **argv, gen_args *a) {
     long long v;
@@ -159,6 +167,12 @@ static int take_option(int c, char **argv, gen_args *a) {
             if (!strcmp(optarg, td_weights_name((td_weights)w)))
                 return a->weights = w, 1;
         fprintf(stderr, "tandem generate: --weights is f32, bf16 or q8_0, not '%s'\n", optarg);
+        return 0;
+    case OPT_KV_CACHE:
+        for (int k = 0; k < 3; k++)
+            if (!strcmp(optarg, kv_names[k]))
+                return a->kv_cache = k, 1;
+        fprintf(stderr, "tandem generate: --kv-cache is f32, f16 or bf16, not '%s'\n", optarg);
         return 0;
     case ':': fprintf(stderr, "tandem generate: %s needs a value\n", argv[optind - 1]); return 0;
     default:
@@ -326,6 +340,7 @@ static void add_weights(json_t *o, const gen_args *a, td_group *g) {
     else if (td_checkpoint_read_weights(a->ckpt, &w) != TD_OK)
         w = TD_WEIGHTS_F32;
     json_object_set_new(o, "weights", json_string(td_weights_name(w)));
+    json_object_set_new(o, "kv_cache", json_string(kv_names[a->kv_cache]));
     if (w != TD_WEIGHTS_F32 && td_device_get_info(td_group_device(g, 0), &info) == TD_OK)
         json_object_set_new(o, "kernels", json_string(info.compact_kernels));
 }
@@ -394,7 +409,8 @@ static int run(const gen_args *a, const unsigned char *prompt, size_t n) {
         goto done;
     }
     dtype = a->precision < 0 ? saved : (td_dtype)a->precision;
-    td_decoder_set_default_weights(a->weights);
+    td_weights_set_default(a->weights);
+    td_decoder_set_default_kv_cache((td_kv_cache)a->kv_cache);
     if ((st = td_group_create(devs, NULL, &g)) != TD_OK ||
         (st = td_strategy_decoder_create(g, a->strategy, a->ckpt, dtype, &d)) != TD_OK) {
         rc = td_cli_fail("generate", st);
