@@ -130,6 +130,9 @@ static void convert_writes_what_generate_reads(void **state) {
     assert_true(eval_loss(q8, NULL, named) == eval_loss(ckpt, "q8_0", named));
     assert_string_equal(named, "q8_0");
     assert_true(eval_loss(bf, NULL, named) == eval_loss(ckpt, "bf16", named));
+    a = greedy(q8, "--kv-cache bf16", &sa);
+    assert_string_equal(json_string_value(json_object_get(sa, "kv_cache")), "bf16");
+    free(a), json_decref(sa);
     a = greedy(q8, "", &sa);
     b = greedy(ckpt, "--weights q8_0", &sb);
     assert_string_equal(a, b);
@@ -154,6 +157,8 @@ static void bad_requests_are_named(void **state) {
              "--weights is f32, bf16 or "
              "q8_0, not 'q4_0'"));
     free(run("eval --checkpoint x --data y --weights f8", 2, "--weights is f32, bf16 or q8_0"));
+    free(run("generate --checkpoint x --prompt a --kv-cache f8", 2,
+             "--kv-cache is f32, f16 or bf16, not 'f8'"));
     snprintf(args, sizeof args, "convert --from tandem '%s' --out x", ckpt);
     free(run(args, 2, "--from tandem converts with --quantize"));
     /* llama_tiny's SwiGLU hidden width, 344, is not whole q8_0 blocks */

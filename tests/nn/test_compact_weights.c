@@ -1,9 +1,10 @@
 /* Compact weights in the nn layer: a decoder reading q8_0 or bf16 matrices
  * against an f64 decoder of the same rounded values (the only difference
  * left is the rounding of activations the kernels do, as llama.cpp's), for
- * a GPT and a Llama; compact checkpoints round-trip; a q8_0 tensor whose
- * rows are not whole blocks, and an unknown dtype, are refused naming the
- * file and the tensor. */
+ * a GPT and a Llama; compact checkpoints round-trip; f16 and bf16
+ * key/value caches take half the bytes a layer and keep the logits; a q8_0
+ * tensor whose rows are not whole blocks, and an unknown dtype, are
+ * refused naming the file and the tensor. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -129,6 +130,68 @@ static void compact_checkpoints_round_trip(void **state) {
     }
 }
 
+/* gpt_json with 4 blocks: 4 caches of (16, 3 * 64). */
+static const char *deep_json =
+    "{\"input\": {\"tokens\": 16, \"vocab\": 64}, \"layers\": ["
+    "{\"type\": \"embedding\", \"vocab\": 64, \"dim\": %d, \"positions\": true},"
+    "{\"type\": \"repeat\", \"count\": 4, \"layers\": ["
+    "{\"type\": \"residual\", \"layers\": [{\"type\": \"layernorm\"}, "
+    "{\"type\": \"attention\", \"heads\": 2}]},"
+    "{\"type\": \"residual\", \"layers\": [{\"type\": \"layernorm\"}, "
+    "{\"type\": \"linear\", \"out\": 128}, {\"type\": \"gelu\"}, "
+    "{\"type\": \"linear\", \"out\": %d}]}]},"
+    "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 64}]}";
+
+/* The logits of a prefill of 6 tokens and the steps after it, all in out. */
+static void decode_all(td_model *m, double out[T - 5][V]) {
+    int32_t tokens[T] = {3, 14, 15, 9, 26, 5, 35, 8, 9, 7, 9, 3, 2, 38, 4, 6};
+    td_decoder *d = NULL;
+    TD_ASSERT_OK(td_decoder_create(m, &d));
+    TD_ASSERT_OK(td_decoder_prefill(d, tokens, 6, out[0]));
+    for (int i = 6; i < T; i++)
+        TD_ASSERT_OK(td_decoder_step(d, tokens[i], out[i - 5]));
+    td_decoder_destroy(d);
+}
+
+/* A half-precision cache: each layer's keys and values in 2 bytes, one f32
+ * work cache shared; the logits those of the f32 cache up to the rounding
+ * of keys and values. */
+static void half_kv_caches_hold_half_the_bytes(void **state) {
+    const td_kv_cache kinds[] = {TD_KV_CACHE_F16, TD_KV_CACHE_BF16};
+    const double tol[] = {5e-4, 5e-3};
+    td_model *m = make_model(deep_json, 64, TD_F32), *m64 = make_model(deep_json, 64, TD_F64);
+    static double want[T - 5][V], got[T - 5][V];
+    size_t layer = (size_t)T * 3 * 64;
+    td_decoder *d = NULL;
+    decode_all(m, want);
+    TD_ASSERT_OK(td_decoder_create(m, &d));
+    assert_int_equal(td_decoder_kv_bytes(d), 4 * layer * 4);
+    td_decoder_destroy(d);
+    for (int k = 0; k < 2; k++) {
+        double worst = 0, scale = 0;
+        td_decoder_set_default_kv_cache(kinds[k]);
+        TD_ASSERT_OK(td_decoder_create(m, &d));
+        /* 4 layers of 2 bytes a value, and one f32 layer to compute in */
+        assert_int_equal(td_decoder_kv_bytes(d), 4 * layer * 2 + layer * 4);
+        td_decoder_destroy(d);
+        decode_all(m, got);
+        for (int i = 0; i < T - 5; i++)
+            for (int v = 0; v < V; v++) {
+                worst = fmax(worst, fabs(got[i][v] - want[i][v]));
+                scale = fmax(scale, fabs(want[i][v]));
+            }
+        print_message("%s cache: max |logit - f32 cache's| %.2e of logits up to %.2f\n",
+                      kinds[k] == TD_KV_CACHE_F16 ? "f16" : "bf16", worst, scale);
+        assert_true(scale > 0.1 && worst > 0 && worst <= tol[k] * scale);
+        /* an f64 model keeps f64 keys and values */
+        assert_int_equal(td_decoder_create(m64, &d), TD_ERR_DTYPE);
+        td_test_assert_message_contains("key/value cache holds an f32 model's");
+    }
+    td_decoder_set_default_kv_cache(TD_KV_CACHE_MODEL);
+    td_model_destroy(m);
+    td_model_destroy(m64);
+}
+
 /* Replaces the first `from` in the file's header by `to` (same length):
  * the header's tensor entries are outside the checksum. */
 static void patch_header(const char *path, const char *from, const char *to) {
@@ -165,7 +228,8 @@ static void bad_files_are_refused_by_name(void **state) {
     patch_header(path, "\"BF16\"", "\"Q4_K\"");
     assert_int_not_equal(td_checkpoint_load_model(path, td_device_list_get(devs, 0), &back, NULL),
                          TD_OK);
-    td_test_assert_message_contains("bad.safetensors: tensor \"layers.0.wte.weight\": dtype \"Q4_K\"");
+    td_test_assert_message_contains(
+        "bad.safetensors: tensor \"layers.0.wte.weight\": dtype \"Q4_K\"");
     assert_null(back);
     td_model_destroy(m);
     td_model_destroy(narrow);
@@ -178,6 +242,7 @@ int main(void) {
         cmocka_unit_test(llama_q8_0_decodes_like_f64),
         cmocka_unit_test(llama_bf16_decodes_like_f64),
         cmocka_unit_test(compact_checkpoints_round_trip),
+        cmocka_unit_test(half_kv_caches_hold_half_the_bytes),
         cmocka_unit_test(bad_files_are_refused_by_name),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
