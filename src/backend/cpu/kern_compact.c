@@ -250,8 +250,9 @@ static void round_x(td_weights fmt, int64_t n, int64_t cols, const float *x, voi
     int64_t nb = cols / TD_Q8_0_BLOCK;
     for (int64_t i = 0; i < n; i++) {
         if (fmt == TD_WEIGHTS_Q8_0) {
-            td_block_q8_0 *q = (td_block_q8_0 *)buf + i * nb;
-            float *qd = (float *)((td_block_q8_0 *)buf + n * nb) + i * nb;
+            /* the f32 scales first: they need 4-byte alignment, blocks 2 */
+            float *qd = (float *)buf + i * nb;
+            td_block_q8_0 *q = (td_block_q8_0 *)((float *)buf + n * nb) + i * nb;
             td__quantize_q8_0(x + i * cols, (size_t)cols, q);
             for (int64_t b = 0; b < nb; b++)
                 qd[b] = td__f16_to_f32(q[b].d);
