@@ -216,7 +216,15 @@ def quantize_gguf(src, dst, fmt):
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = LLAMA_FTYPE[fmt]
     params.nthread = THREADS
-    rc = llama_cpp.llama_model_quantize(src.encode(), dst.encode(), params)
+    # its C code lists every tensor on stderr: keep the bench's output readable
+    saved = os.dup(2)
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 2)
+        try:
+            rc = llama_cpp.llama_model_quantize(src.encode(), dst.encode(), params)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
     if rc != 0 or not os.path.exists(dst):
         raise RuntimeError(f"llama_model_quantize returned {rc}")
 
