@@ -228,9 +228,10 @@ typedef struct compact_args {
 } compact_args;
 
 static void rows_range(const compact_args *a, int64_t lo, int64_t hi) {
-    /* y[i, lo:hi] = x_i . W[lo:hi] for each of the n rows of x */
-    for (int64_t i = 0; i < a->n; i++)
-        for (int64_t r = lo; r < hi; r++)
+    /* y[i, lo:hi] = x_i . W[lo:hi] for each of the n rows of x; a row of W
+     * stays in cache for every row of x (a prefill streams W once) */
+    for (int64_t r = lo; r < hi; r++)
+        for (int64_t i = 0; i < a->n; i++)
             a->y[i * a->rows + r] =
                 dot_row(a->path, a->fmt, a->w + (size_t)r * a->row_bytes, &a->x[i], a->cols);
 }
