@@ -470,7 +470,7 @@ def main():
         for name, kind, dev, strat, _ in order:
             if name in why:
                 continue
-            if kind.startswith("t"):
+            if kind == "t" or kind.startswith("t:"):
                 fmt = kind[2:] or "f32"
                 pre, dec, err = run_tandem(a, ckpt, prompt, dev, strat, fmt)
                 if err:
