@@ -117,7 +117,8 @@ static int cached_extension(atomic_int *cache, int want_bf16) {
     if (v < 0) {
         cpu_features f = detect();
         v = extensions_allowed() &&
-            (want_bf16 ? f.avx512bf16 : f.avx512vnni && f.avx512vl && f.f16c);
+            (want_bf16 ? f.avx512bf16
+                       : f.avx512vnni && f.avx512vl && f.avx512bw && f.avx512dq && f.f16c);
         atomic_store(cache, v); /* every thread computes the same value */
     }
     return v;

@@ -8,7 +8,7 @@
  * times the two scales) or to bf16 (so that each product is exact in f32).
  * Every path therefore computes the same products; only the order of the
  * f32 sums differs. The paths, best first, chosen at run time:
- *   q8_0: AVX512-VNNI vpdpbusd on 256-bit halves | AVX2 vpmaddubsw | C
+ *   q8_0: AVX512-VNNI vpdpbusd, two blocks a step | AVX2 vpmaddubsw | C
  *   bf16: AVX512-BF16 vdpbf16ps | AVX-512F widening | AVX2 widening | C
  * TANDEM_SIMD lowers the choice (isa.c) so each path can be run. */
 #include <stdlib.h>
@@ -115,6 +115,35 @@ dot_q8_0_vnni(const uint8_t *w, const xrow *x, int64_t nb) {
     return hsum256(_mm256_add_ps(acc0, acc1));
 }
 
+/* Two blocks a step in 512 bits: |qw| by vpabsb, qx negated where qw is
+ * negative by a masked subtract, then one vpdpbusd and one FMA whose
+ * scale vector holds each block's scale in its half. */
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c"))) static float
+dot_q8_0_vnni512(const uint8_t *w, const xrow *x, int64_t nb) {
+    __m512 acc = _mm512_setzero_ps();
+    const __m512i zero = _mm512_setzero_si512();
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        const uint8_t *w0 = w + b * TD_Q8_0_BYTES, *w1 = w0 + TD_Q8_0_BYTES;
+        __m512i qw = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w0 + 2))),
+            _mm256_loadu_si256((const __m256i *)(w1 + 2)), 1);
+        __m512i qx = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)x->q[b].qs)),
+            _mm256_loadu_si256((const __m256i *)x->q[b + 1].qs), 1);
+        __m512i sx = _mm512_mask_sub_epi8(qx, _mm512_movepi8_mask(qw), zero, qx);
+        __m512i s = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(qw), sx);
+        float d0 = _cvtsh_ss((unsigned short)(w0[0] | w0[1] << 8)) * x->qd[b];
+        float d1 = _cvtsh_ss((unsigned short)(w1[0] | w1[1] << 8)) * x->qd[b + 1];
+        __m512 d = _mm512_insertf32x8(_mm512_set1_ps(d0), _mm256_set1_ps(d1), 1);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc);
+    }
+    float sum = _mm512_reduce_add_ps(acc);
+    return b < nb
+               ? sum + dot_q8_0_vnni(w + b * TD_Q8_0_BYTES, &(xrow){x->q + b, x->qd + b, NULL}, 1)
+               : sum;
+}
+
 __attribute__((target("avx2,fma"))) static float dot_bf16_avx2(const uint16_t *w, const xrow *x,
                                                                int64_t k) {
     /* a bf16 is the top half of an f32: widen by shifting */
@@ -198,7 +227,7 @@ static float dot_row(td_compact_path p, td_weights fmt, const void *wrow, const 
 #if HAVE_X86
     if (fmt == TD_WEIGHTS_Q8_0) {
         if (p == TD_CPATH_EXT)
-            return dot_q8_0_vnni(wrow, x, cols / TD_Q8_0_BLOCK);
+            return dot_q8_0_vnni512(wrow, x, cols / TD_Q8_0_BLOCK);
         if (p != TD_CPATH_SCALAR)
             return dot_q8_0_avx2(wrow, x, cols / TD_Q8_0_BLOCK);
     } else {
