@@ -141,6 +141,9 @@ int td_weights_default(void) {
 
 /* Packed sets ------------------------------------------------------------------------ */
 
+/* Products of up to this many rows of x read the packed weights. */
+#define PACKED_MAX_ROWS 4
+
 typedef struct packed {
     const td_layer *l;
     int k;          /* param index */
@@ -273,6 +276,11 @@ size_t td__packed_bytes(const td__packed_set *s) {
 
 td_status td__packed_matmul(const td__packed_set *s, const td_layer *l, int k, int64_t first_row,
                             td_tensor *y, const td_tensor *x, const td_tensor *w) {
+    /* A prefill of many positions is bound by arithmetic, not by reading W:
+     * the GEMM on the model's rounded values (the same weights) does it. */
+    int64_t cols = td_tensor_dim(x, td_tensor_ndim(x) - 1);
+    if (cols > 0 && (int64_t)td_tensor_numel(x) / cols > PACKED_MAX_ROWS)
+        s = NULL;
     for (int i = 0; s && i < s->n; i++) {
         const packed *p = &s->mats[i];
         if (p->l != l || p->k != k)
