@@ -67,12 +67,18 @@ def log(*a):
     print(*a, flush=True)
 
 
-def weight_bytes_per_token(c):
-    """f32 bytes of the weights one decode step reads: every block, the final
-    layer norm and the (tied) head; of the embeddings one row each."""
+# Bytes a weight of a matrix takes in each format (q8_0: 32 int8 and a 2-byte scale).
+MATRIX_BYTES = {"f32": 4.0, "bf16": 2.0, "q8_0": 34.0 / 32.0}
+
+
+def weight_bytes_per_token(c, fmt="f32"):
+    """Bytes of the weights one decode step reads: every block, the final
+    layer norm and the (tied) head; of the embeddings one row each. The
+    matrices in fmt, the rest (norms, biases, embedding rows) in f32."""
     e, layers, v = c["n_embd"], c["n_layer"], c["vocab_size"]
-    block = 2 * 2 * e + (3 * e * e + 3 * e) + (e * e + e) + (4 * e * e + 4 * e) + (4 * e * e + e)
-    return 4 * (layers * block + 2 * e + v * e + 2 * e)
+    matrices = layers * (3 * e * e + e * e + 4 * e * e + 4 * e * e) + v * e
+    rest = layers * (2 * 2 * e + 3 * e + e + 4 * e + e) + 2 * e + 2 * e
+    return MATRIX_BYTES[fmt] * matrices + 4 * rest
 
 
 def measure_bandwidth(workdir, threads, size):
@@ -109,17 +115,23 @@ def write_tiny_hf(cfg, path):
                        p + "ln_2.weight": (e,), p + "ln_2.bias": (e,),
                        p + "mlp.c_fc.weight": (e, 4 * e), p + "mlp.c_fc.bias": (4 * e,),
                        p + "mlp.c_proj.weight": (4 * e, e), p + "mlp.c_proj.bias": (e,)})
+    try:  # numpy writes the full size in seconds; the standard library alone is slow
+        import numpy as np
+        nrng = np.random.default_rng(1)
+    except ImportError:
+        np = None
     header, blobs, off = {}, [], 0
     for name, shape in shapes.items():
         n = 1
         for s in shape:
             n *= s
-        if name.endswith("ln_1.weight") or name.endswith("ln_2.weight") or name.endswith(
-                "ln_f.weight"):
-            vals = [1.0] * n
+        ones = name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight"))
+        if np is not None:
+            vals = np.ones(n) if ones else nrng.normal(0.0, 0.02, n)
+            blob = vals.astype("<f4").tobytes()
         else:
-            vals = [rng.gauss(0.0, 0.02) for _ in range(n)]
-        blob = struct.pack(f"<{n}f", *vals)
+            vals = [1.0] * n if ones else [rng.gauss(0.0, 0.02) for _ in range(n)]
+            blob = struct.pack(f"<{n}f", *vals)
         header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [off, off + len(blob)]}
         blobs.append(blob)
         off += len(blob)
@@ -192,6 +204,29 @@ def write_gguf(hfdir, cfg, path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+# llama.cpp's own file types (llama.h's llama_ftype) for its quantizer
+LLAMA_FTYPE = {"q8_0": 7, "bf16": 32}
+
+
+def quantize_gguf(src, dst, fmt):
+    """The f32 GGUF quantized by llama.cpp itself (llama_model_quantize)."""
+    import llama_cpp
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = LLAMA_FTYPE[fmt]
+    params.nthread = THREADS
+    # its C code lists every tensor on stderr: keep the bench's output readable
+    saved = os.dup(2)
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 2)
+        try:
+            rc = llama_cpp.llama_model_quantize(src.encode(), dst.encode(), params)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+    if rc != 0 or not os.path.exists(dst):
+        raise RuntimeError(f"llama_model_quantize returned {rc}")
 
 
 def export_onnx(hfdir, path):
@@ -280,18 +315,45 @@ def peer_main(a):
     return 0
 
 
+def compact_floors(med, why, floors):
+    """The compact formats' floors: tandem's decode <= 1.0x llama.cpp's in the
+    same format, and <= 1.3x the format's memory floor. A list of verdicts."""
+    verdicts = []
+    for fmt, fl in floors.items():
+        ours, theirs = med.get(f"tandem cpu {fmt}"), med.get(f"llama.cpp {fmt}")
+        label = f"FLOOR tandem cpu {fmt} decode <= 1.0x llama.cpp {fmt}'s ms/token"
+        if ours and theirs:
+            ok = ours[1] <= theirs[1]
+            verdicts.append(ok)
+            log(f"{label}: {ours[1] / theirs[1]:.2f}x: {'PASS' if ok else 'FAIL'}")
+        else:
+            log(f"{label}: not judged ({why.get(f'llama.cpp {fmt}', why.get(f'tandem cpu {fmt}', 'no result'))})")
+        if ours:
+            ok = ours[1] <= 1.3 * fl
+            verdicts.append(ok)
+            log(f"FLOOR tandem cpu {fmt} decode <= 1.3x its memory floor: {ours[1] / fl:.2f}x: "
+                f"{'PASS' if ok else 'FAIL'}")
+    return verdicts
+
+
 # tandem -------------------------------------------------------------------------------
 
 
-def run_tandem(a, ckpt, prompt, devices, strategy):
+KERNELS = {}  # the instructions tandem's compact kernels used, from its summary
+
+
+def run_tandem(a, ckpt, prompt, devices, strategy, weights="f32"):
     cmd = [a.tandem, "generate", "--checkpoint", ckpt, "--prompt-file", prompt, "--tokens",
-           str(a.new_tokens), "--temperature", "0", "--summary", "--devices", devices]
+           str(a.new_tokens), "--temperature", "0", "--summary", "--devices", devices,
+           "--weights", weights]
     if strategy:
         cmd += ["--strategy", strategy]
     p = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
     for line in p.stdout.splitlines():
         if line.startswith("summary: "):
             s = json.loads(line[len("summary: "):])
+            if "kernels" in s:
+                KERNELS[weights] = s["kernels"]
             return s["prefill_ms"], s["decode_ms_per_token"], None
     err = (p.stderr.strip().splitlines() or ["no summary line"])[-1]
     return None, None, err
@@ -343,7 +405,11 @@ def main():
     log("model: {n_layer} layers, {n_embd} channels, {n_head} heads, vocabulary {vocab_size}, "
         "context {n_positions}, f32, random weights".format(**cfg))
     if not os.path.exists(os.path.join(hfdir, "model.safetensors")):
-        (write_tiny_hf if a.quick else write_hf)(cfg, hfdir)
+        try:
+            (write_tiny_hf if a.quick else write_hf)(cfg, hfdir)
+        except ImportError as e:  # no torch here: the same shape, written with numpy
+            log(f"model written without transformers ({e}); PyTorch and ONNX rows will say so")
+            write_tiny_hf(cfg, hfdir)
     if not os.path.exists(ckpt):
         subprocess.run([a.tandem, "convert", "--from", "hf", hfdir, "--out", ckpt, "--optimizer",
                         "none"], check=True, stdout=subprocess.DEVNULL)
@@ -360,8 +426,19 @@ def main():
                 write_gguf(hfdir, cfg, ggufp)
             except Exception as e:
                 notes["llama"] = f"GGUF not written: {type(e).__name__}: {e}".splitlines()[0]
+        for fmt in ("q8_0", "bf16"):
+            dst = ggufp.replace("-f32.gguf", f"-{fmt}.gguf")
+            if "llama" in notes:
+                notes["llama_" + fmt] = notes["llama"]
+            elif not os.path.exists(dst):
+                try:
+                    quantize_gguf(ggufp, dst, fmt)
+                except Exception as e:
+                    notes["llama_" + fmt] = (f"llama.cpp did not quantize: {type(e).__name__}: "
+                                             f"{e}").splitlines()[0]
 
     wbytes = weight_bytes_per_token(cfg)
+    wq8, wbf = weight_bytes_per_token(cfg, "q8_0"), weight_bytes_per_token(cfg, "bf16")
     bw_size = (64 if a.quick else 1024) << 20
     bw2 = measure_bandwidth(work, THREADS, bw_size)
     bw1 = measure_bandwidth(work, 1, bw_size)
@@ -370,14 +447,22 @@ def main():
     log(f"weights read per token: {wbytes / 1e6:.1f} MB; read bandwidth {bw2:.1f} GB/s on "
         f"{THREADS} threads, {bw1:.1f} on 1 (best of 5 passes over {bw_size >> 20} MiB)")
     log(f"memory floor: {floor2:.2f} ms/token on {THREADS} threads, {floor1:.2f} on 1")
+    fq8 = 1e3 * wq8 / (bw2 * 1e9) if bw2 else None
+    fbf = 1e3 * wbf / (bw2 * 1e9) if bw2 else None
+    log(f"q8_0: {wq8 / 1e6:.1f} MB a token, floor {fq8:.2f} ms/token on {THREADS} threads; "
+        f"bf16: {wbf / 1e6:.1f} MB, floor {fbf:.2f}")
 
     engines = [("tandem cpu (2 cores)", "t", "cpu", None, floor2),
                ("tandem cpu:0 (1 core)", "t", "cpu:0", None, floor1),
-               ("tandem cpu*2 --strategy tensor", "t", "cpu*2", "tensor", floor2)]
+               ("tandem cpu*2 --strategy tensor", "t", "cpu*2", "tensor", floor2),
+               ("tandem cpu q8_0", "t:q8_0", "cpu", None, fq8),
+               ("tandem cpu bf16", "t:bf16", "cpu", None, fbf)]
     if not a.quick:
         engines += [("transformers generate (PyTorch)", "torch", None, None, floor2),
                     ("ONNX Runtime (optimum, KV cache)", "ort", None, None, floor2),
-                    ("llama.cpp (llama-cpp-python)", "llama", None, None, floor2)]
+                    ("llama.cpp (llama-cpp-python)", "llama", None, None, floor2),
+                    ("llama.cpp q8_0", "llama_q8_0", None, None, fq8),
+                    ("llama.cpp bf16", "llama_bf16", None, None, fbf)]
     res = {e[0]: [] for e in engines}
     why = {}
     for r in range(a.rounds):
@@ -385,8 +470,9 @@ def main():
         for name, kind, dev, strat, _ in order:
             if name in why:
                 continue
-            if kind == "t":
-                pre, dec, err = run_tandem(a, ckpt, prompt, dev, strat)
+            if kind == "t" or kind.startswith("t:"):
+                fmt = kind[2:] or "f32"
+                pre, dec, err = run_tandem(a, ckpt, prompt, dev, strat, fmt)
                 if err:
                     why[name] = ("not built: " if strat else "failed: ") + err
                     continue
@@ -394,8 +480,11 @@ def main():
                 if kind in notes:
                     why[name] = notes[kind]
                     continue
-                p = subprocess.run([sys.executable, __file__, "--peer", kind, "--model", hfdir,
-                                    "--onnx", onnxdir, "--gguf", ggufp, "--prompt", prompt,
+                gg = ggufp if kind == "llama" else ggufp.replace("-f32.gguf",
+                                                                 f"-{kind[len('llama_'):]}.gguf")
+                p = subprocess.run([sys.executable, __file__, "--peer", kind.split("_")[0],
+                                    "--model", hfdir, "--onnx", onnxdir, "--gguf", gg,
+                                    "--prompt", prompt,
                                     "--new-tokens", str(a.new_tokens), "--vocab",
                                     str(cfg["vocab_size"])], capture_output=True, text=True)
                 line = next((l for l in p.stdout.splitlines()
@@ -445,7 +534,10 @@ def main():
             log(f"{label}: {one[1] / split[1]:.2f}x: {'PASS' if ok else 'FAIL'} (2 threads read "
                 f"{bw2 / bw1:.2f}x as fast as 1 here: what splitting a read-bound decode can gain)")
         else:
-            log(f"{label}: not judged ({why.get(engines[2][0], why.get(engines[1][0], 'no result'))})")
+                log(f"{label}: not judged ({why.get(engines[2][0], why.get(engines[1][0], 'no result'))})")
+        verdicts += compact_floors(med, why, {"q8_0": fq8, "bf16": fbf})
+    for fmt, k in sorted(KERNELS.items()):
+        log(f"tandem --weights {fmt}: kernels {k}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"cpu": cpu, "bandwidth_gbs": {"2": bw2, "1": bw1},
@@ -455,7 +547,7 @@ def main():
                        "not_run": why}, f, indent=1)
     if a.quick:
         shutil.rmtree(work, ignore_errors=True)
-        return 0 if all(e[0] in med for e in engines[:3]) else 1
+        return 0 if all(e[0] in med for e in engines[:5]) else 1
     return 0 if all(verdicts) else 1
 
 

@@ -145,6 +145,21 @@ TD_API td_status td_checkpoint_read_meta(const char *path, char **model_json, td
 TD_API td_status td_checkpoint_save_parts(const char *path, td_model *const *parts,
                                           td_optimizer *const *opts, int n,
                                           const td_train_state *state);
+/* Saves m's weights alone (an f32 model; no optimizer state; state's
+ * counters, NULL: zeros) with its weight matrices (td_model_set_weights
+ * names them) in fmt: bf16 as "BF16" tensors of their shape, q8_0 as "U8"
+ * tensors of ggml's 34-byte blocks, shape (rows, cols / 32 * 34); the
+ * format in the metadata "tandem.weights". Loading such a file (any
+ * td_checkpoint_load*) gives the rounded values and records the format
+ * (td_model_weights). q8_0 rows that are not whole blocks are TD_ERR_SHAPE
+ * naming the tensor. Atomic as td_checkpoint_save. */
+TD_API td_status td_checkpoint_save_weights(const char *path, td_model *m, td_weights fmt,
+                                            const td_train_state *state);
+
+/* The format of a checkpoint's weight matrices ("tandem.weights"; f32
+ * when absent), after verifying the file. */
+TD_API td_status td_checkpoint_read_weights(const char *path, td_weights *out);
+
 /* One whole tensor in host memory, for td_checkpoint_save_host. */
 typedef struct td_ckpt_entry {
     const char *name; /* "layers.0.weight", or "optimizer.layers.0.weight.exp_avg" */

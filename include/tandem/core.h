@@ -27,6 +27,20 @@ static inline const char *td_dtype_name(td_dtype dt) {
     return dt == TD_F64 ? "f64" : "f32";
 }
 
+/* How a model's weight matrices are held for generation: in the model's
+ * dtype, or compact (docs/models.md): bf16 (rounded to nearest even), or
+ * q8_0 (llama.cpp's blocks of 32 int8 values sharing one f16 scale). */
+typedef enum td_weights {
+    TD_WEIGHTS_F32 = 0,
+    TD_WEIGHTS_BF16 = 1,
+    TD_WEIGHTS_Q8_0 = 2,
+} td_weights;
+
+/* "f32", "bf16" or "q8_0". */
+static inline const char *td_weights_name(td_weights w) {
+    return w == TD_WEIGHTS_BF16 ? "bf16" : w == TD_WEIGHTS_Q8_0 ? "q8_0" : "f32";
+}
+
 typedef enum td_log_level {
     TD_LOG_ERROR = 0,
     TD_LOG_WARN = 1,

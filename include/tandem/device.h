@@ -76,6 +76,9 @@ typedef struct td_device_info {
     double slowdown;        /* >1 when the device was slowed on purpose */
     unsigned caps;          /* td_device_cap flags */
     char pci_bus_id[32];    /* GPUs: "0000:3B:00.0" (NVML finds it by this); "" when unknown */
+    /* The kernels its products with compact weights run (generate.h):
+     * "q8_0: AVX512-VNNI vpdpbusd; bf16: AVX512-BF16 vdpbf16ps" */
+    char compact_kernels[128];
 } td_device_info;
 
 /* Opens the devices a spec names. The grammar, items separated by commas:

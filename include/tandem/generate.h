@@ -45,6 +45,20 @@ TD_API void td_decoder_take_model(td_decoder *d);
 /* NULL-safe. */
 TD_API void td_decoder_destroy(td_decoder *d);
 
+/* What decoders created after this call keep keys and values in: the
+ * model's dtype (the default), or f16 or bf16 (rounded to nearest even),
+ * which halves every layer's cache but for one f32 work cache the layers
+ * share (an f32 model only; else td_decoder_create fails with
+ * TD_ERR_DTYPE). Process-wide and thread-safe (tandem generate --kv-cache). */
+typedef enum td_kv_cache {
+    TD_KV_CACHE_MODEL = 0,
+    TD_KV_CACHE_F16 = 1,
+    TD_KV_CACHE_BF16 = 2,
+} td_kv_cache;
+TD_API void td_decoder_set_default_kv_cache(td_kv_cache kind);
+/* Device bytes d's key/value caches take (0 for a custom decoder). */
+TD_API size_t td_decoder_kv_bytes(const td_decoder *d);
+
 /* Positions the cache holds: the model's context length T. */
 TD_API int64_t td_decoder_context(const td_decoder *d);
 /* Logits per position (the vocabulary of the head). */

@@ -355,6 +355,25 @@ TD_API td_status td_model_train_slice(td_model *m, const td_batch *slice, int64_
 /* Forward only, in inference mode (no dropout). */
 TD_API td_status td_model_evaluate(td_model *m, const td_batch *batch, td_step_result *out);
 
+/* Rounds m's weight matrices (linear layers, attention's q/k/v and output
+ * projections, SwiGLU's, the token embedding's table) to fmt's values in
+ * place and records fmt, so that evaluation computes with what the compact
+ * format holds and decoders made from m pack them (generate.h). F32 only
+ * records. q8_0 needs rows of whole 32-value blocks: else TD_ERR_SHAPE
+ * naming the layer; a compact format on an f64 model is TD_ERR_DTYPE. */
+TD_API td_status td_model_set_weights(td_model *m, td_weights fmt);
+/* A process-wide choice of weights (tandem generate and eval --weights): a
+ * td_weights, or -1 (the default) for each checkpoint's own. When set,
+ * every model loaded from a checkpoint afterwards has its matrices rounded
+ * to it (td_model_set_weights; f32 only records), and every decoder
+ * created afterwards packs them in it. Thread-safe. */
+TD_API void td_weights_set_default(int weights);
+TD_API int td_weights_default(void);
+
+/* The format m's matrices hold (a compact checkpoint's when loaded from
+ * one); TD_WEIGHTS_F32 otherwise. */
+TD_API td_weights td_model_weights(const td_model *m);
+
 /* Parameters in forward order. Borrowed: valid while m lives. Names are
  * "layers.<i>.<what>", stable across runs (checkpoint keys). */
 TD_API size_t td_model_param_count(const td_model *m);

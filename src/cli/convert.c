@@ -11,7 +11,7 @@
 #include "tandem/tandem.h"
 
 static void usage(FILE *out) {
-    fprintf(out, "usage: tandem convert --from hf|llmc SOURCE --out CKPT [options]\n\n"
+    fprintf(out, "usage: tandem convert --from hf|llmc|tandem SOURCE --out CKPT [options]\n\n"
                  "Converts a model into a tandem checkpoint (f32) that tandem generate, tandem\n"
                  "eval and tandem train --resume load; its model JSON is in the checkpoint. It\n"
                  "is a run at step 0: the optimizer's state is a fresh one's (zeros), so that\n"
@@ -21,10 +21,15 @@ static void usage(FILE *out) {
                  "                     model.safetensors.index.json): GPT2LMHeadModel,\n"
                  "                     LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM\n"
                  "  --from llmc FILE   llm.c's checkpoint (gpt2_124M.bin: version 3, f32)\n"
+                 "  --from tandem CKPT a tandem checkpoint, with --quantize\n"
                  "  --out PATH         the checkpoint to write (safetensors)\n"
                  "  --optimizer NAME   adamw (default), sgd, or none: the weights only (a third\n"
                  "                     of the size with adamw; generate reads it, eval and\n"
                  "                     train --resume do not)\n"
+                 "  --quantize W       bf16 or q8_0: the weight matrices in that format\n"
+                 "                     (bf16 rounded to nearest even; q8_0 as llama.cpp's\n"
+                 "                     blocks of 32 int8 values and an f16 scale), the\n"
+                 "                     weights only; generate and eval read it\n"
                  "  --batch B          the batch a resumed run trains with (default 8)\n"
                  "  --seed S           its seed: data order and dropout (default 1)\n"
                  "  --help             show this help\n\n"
@@ -38,6 +43,7 @@ static const struct option options[] = {
     {"optimizer", required_argument, NULL, 'p'},
     {"batch", required_argument, NULL, 'b'},
     {"seed", required_argument, NULL, 's'},
+    {"quantize", required_argument, NULL, 'q'},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -45,6 +51,7 @@ static const struct option options[] = {
 typedef struct convert_args {
     const char *from, *source, *out;
     int help, weights_only;
+    td_weights quantize; /* f32: none */
     td_train_state state;
 } convert_args;
 
@@ -103,6 +110,13 @@ static int parse_args(int argc, char **argv, convert_args *a) {
                 return 2;
             a->state.seed = (uint64_t)v;
             break;
+        case 'q':
+            if (strcmp(optarg, "bf16") != 0 && strcmp(optarg, "q8_0") != 0) {
+                fprintf(stderr, "tandem convert: --quantize is bf16 or q8_0, not '%s'\n", optarg);
+                return 2;
+            }
+            a->quantize = !strcmp(optarg, "bf16") ? TD_WEIGHTS_BF16 : TD_WEIGHTS_Q8_0;
+            break;
         case 'h': a->help = 1; break;
         case ':': fprintf(stderr, "tandem convert: %s needs a value\n", argv[optind - 1]); return 2;
         default:
@@ -119,9 +133,14 @@ static int parse_args(int argc, char **argv, convert_args *a) {
         fprintf(stderr, "tandem convert: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
-    if (!a->from || (strcmp(a->from, "hf") != 0 && strcmp(a->from, "llmc") != 0)) {
-        fprintf(stderr, "tandem convert: --from is hf or llmc%s%s%s\n", a->from ? ", not '" : "",
-                a->from ? a->from : "", a->from ? "'" : "");
+    if (!a->from || (strcmp(a->from, "hf") != 0 && strcmp(a->from, "llmc") != 0 &&
+                     strcmp(a->from, "tandem") != 0)) {
+        fprintf(stderr, "tandem convert: --from is hf, llmc or tandem%s%s%s\n",
+                a->from ? ", not '" : "", a->from ? a->from : "", a->from ? "'" : "");
+        return 2;
+    }
+    if (!strcmp(a->from, "tandem") && a->quantize == TD_WEIGHTS_F32) {
+        fprintf(stderr, "tandem convert: --from tandem converts with --quantize bf16|q8_0\n");
         return 2;
     }
     if (!a->source) {
@@ -142,10 +161,27 @@ static void report(const convert_args *a, const td_hf_info *g) {
            (long long)g->heads);
     if (g->kv_heads != g->heads)
         printf(" on %lld key/value head%s", (long long)g->kv_heads, g->kv_heads == 1 ? "" : "s");
-    printf(", %lld channels, context %lld, vocabulary %lld, %zu weights%s%s -> %s\n",
+    printf(", %lld channels, context %lld, vocabulary %lld, %zu weights%s%s%s%s -> %s\n",
            (long long)g->channels, (long long)g->context, (long long)g->vocab, g->weights,
            g->tied ? " (head tied to the embedding)" : "", a->weights_only ? ", weights only" : "",
-           a->out);
+           a->quantize != TD_WEIGHTS_F32 ? ", matrices in " : "",
+           a->quantize != TD_WEIGHTS_F32 ? td_weights_name(a->quantize) : "", a->out);
+}
+
+/* Writes the f32 checkpoint at path to out with its matrices in fmt,
+ * weights only (out may be path). */
+static td_status quantize(const char *path, const char *out, td_weights fmt) {
+    td_device_list *devs = NULL;
+    td_model *m = NULL;
+    td_train_state state;
+    td_status st = td_devices_open("cpu", &devs);
+    if (st == TD_OK)
+        st = td_checkpoint_load_model(path, td_device_list_get(devs, 0), &m, &state);
+    if (st == TD_OK)
+        st = td_checkpoint_save_weights(out, m, fmt, &state);
+    td_model_destroy(m);
+    td_device_list_destroy(devs);
+    return st;
 }
 
 int td_cli_convert(int argc, char **argv) {
@@ -160,7 +196,16 @@ int td_cli_convert(int argc, char **argv) {
             usage(stdout);
         return rc;
     }
+    if (a.quantize != TD_WEIGHTS_F32)
+        a.weights_only = 1; /* optimizer state stays f32 by nature: a compact file has none */
     state = a.weights_only ? NULL : &a.state;
+    if (!strcmp(a.from, "tandem")) {
+        if ((st = quantize(a.source, a.out, a.quantize)) != TD_OK)
+            return td_cli_fail("convert", st);
+        printf("%s -> %s: weight matrices in %s, weights only\n", a.source, a.out,
+               td_weights_name(a.quantize));
+        return 0;
+    }
     if (!strcmp(a.from, "hf")) {
         st = td_import_hf(a.source, a.out, state, &info);
     } else {
@@ -171,6 +216,8 @@ int td_cli_convert(int argc, char **argv) {
         info.heads = info.kv_heads = g.heads, info.channels = g.channels;
         info.tied = g.tied, info.weights = g.weights;
     }
+    if (st == TD_OK && a.quantize != TD_WEIGHTS_F32)
+        st = quantize(a.out, a.out, a.quantize);
     if (st != TD_OK)
         return td_cli_fail("convert", st);
     report(&a, &info);

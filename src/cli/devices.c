@@ -44,6 +44,8 @@ static void print_text(const td_device_info *d) {
         printf("  %-16s %s\n", "fp64", d->fp64 ? "yes" : "no");
     if (*d->isa)
         printf("  %-16s %s\n", "SIMD", d->isa);
+    if (*d->compact_kernels)
+        printf("  %-16s %s\n", "compact weights", d->compact_kernels);
     if (d->cc_major)
         printf("  %-16s %d.%d\n", "compute capab.", d->cc_major, d->cc_minor);
     if (!(d->caps & TD_DEVICE_CAP_HOST_CORES))
@@ -77,6 +79,8 @@ static json_t *info_json(const td_device_info *d) {
     json_object_set_new(o, "fp64_rate", d->fp64_rate > 0 ? json_real(d->fp64_rate) : json_null());
     json_object_set_new(o, "numa_node",
                         d->numa_node >= 0 ? json_integer(d->numa_node) : json_null());
+    if (*d->compact_kernels)
+        json_object_set_new(o, "compact_kernels", json_string(d->compact_kernels));
     if (d->caps & TD_DEVICE_CAP_HOST_CORES) {
         json_t *isa = json_array();
         char buf[sizeof d->isa];

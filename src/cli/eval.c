@@ -31,6 +31,9 @@ static void usage(FILE *out) {
                  "                     devices) or tiles (each image's conv layers on\n"
                  "                     overlap tiles the devices pull from a queue)\n"
                  "  --strategy-option K=V  one of the strategy's options (tiles: grid=N)\n"
+                 "  --weights W        f32, bf16 or q8_0: the weight matrices rounded to W\n"
+                 "                     first (default: the checkpoint's; compact ones need no\n"
+                 "                     optimizer state)\n"
                  "  --json             print one JSON object\n"
                  "  --help             show this help\n");
 }
@@ -48,6 +51,7 @@ static const struct option options[] = {
     {"strategy", required_argument, NULL, 'S'},
     {"strategy-option", required_argument, NULL, 'O'},
     {"json", no_argument, NULL, 'j'},
+    {"weights", required_argument, NULL, 'w'},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -95,9 +99,26 @@ static void print_note(const td_strategy *s) {
         printf("%s\n", words.note);
 }
 
+/* The weights evaluated: --weights, else the checkpoint's. */
+static const char *weights_of(const char *ckpt, int weights) {
+    td_weights w = TD_WEIGHTS_F32;
+    if (weights >= 0)
+        return td_weights_name((td_weights)weights);
+    return td_checkpoint_read_weights(ckpt, &w) == TD_OK ? td_weights_name(w) : "f32";
+}
+
 static int known_strategy(const char *name) {
     td_strategy_about a;
     return td_strategy_about_get(name, &a) == TD_OK;
+}
+
+/* --weights: a td_weights into *out; 0 after printing why not. */
+static int parse_weights(const char *s, int *out) {
+    for (int w = TD_WEIGHTS_F32; w <= TD_WEIGHTS_Q8_0; w++)
+        if (!strcmp(s, td_weights_name((td_weights)w)))
+            return *out = w, 1;
+    fprintf(stderr, "tandem eval: --weights is f32, bf16 or q8_0, not '%s'\n", s);
+    return 0;
 }
 
 /* --holdout: a fraction strictly between 0 and 1. */
@@ -128,7 +149,7 @@ int td_cli_eval(int argc, char **argv) {
     td_group *group = NULL;
     td_strategy *strat = NULL;
     long long batch = 0, samples = 0;
-    int c, json = 0;
+    int c, json = 0, weights = -1;
     td_device_list *devs = NULL;
     char *model_json = NULL, strategy_options[512] = "";
     td_dtype dtype;
@@ -172,6 +193,10 @@ int td_cli_eval(int argc, char **argv) {
                      strategy_options[0] ? "," : "", optarg);
             break;
         case 'j': json = 1; break;
+        case 'w':
+            if (!parse_weights(optarg, &weights))
+                return 2;
+            break;
         case 'b':
             if (!parse_count("batch", optarg, &batch))
                 return 2;
@@ -200,6 +225,7 @@ int td_cli_eval(int argc, char **argv) {
         fprintf(stderr, "tandem eval: --split is test or train, not '%s'\n", split);
         return 2;
     }
+    td_weights_set_default(weights);
     if ((st = td_checkpoint_read_meta(ckpt, &model_json, &dtype, &saved)) != TD_OK ||
         (st = td_model_describe(model_json, ckpt, &info, NULL, 0)) != TD_OK) {
         rc = td_cli_fail("eval", st);
@@ -225,15 +251,15 @@ int td_cli_eval(int argc, char **argv) {
     }
     secs = (double)(td_clock_ns() - t0) * 1e-9;
     if (json)
-        printf("{\"checkpoint\":\"%s\",\"split\":\"%s\",\"loss\":%.9g,\"accuracy\":%.6g,"
-               "\"labels\":%lld,\"seconds\":%.3f}\n",
-               ckpt, split, r.count ? r.loss_sum / (double)r.count : -1,
+        printf("{\"checkpoint\":\"%s\",\"split\":\"%s\",\"weights\":\"%s\",\"loss\":%.9g,"
+               "\"accuracy\":%.6g,\"labels\":%lld,\"seconds\":%.3f}\n",
+               ckpt, split, weights_of(ckpt, weights), r.count ? r.loss_sum / (double)r.count : -1,
                r.count ? (double)r.correct / (double)r.count : -1, (long long)r.count, secs);
     else
-        printf("%s on %s (%s): loss %.4f  accuracy %.2f%%  (%lld labels, %.2f s)\n", ckpt, data,
-               split, r.count ? r.loss_sum / (double)r.count : NAN,
-               r.count ? 100.0 * (double)r.correct / (double)r.count : NAN, (long long)r.count,
-               secs);
+        printf(
+            "%s on %s (%s, %s weights): loss %.4f  accuracy %.2f%%  (%lld labels, %.2f s)\n", ckpt,
+            data, split, weights_of(ckpt, weights), r.count ? r.loss_sum / (double)r.count : NAN,
+            r.count ? 100.0 * (double)r.correct / (double)r.count : NAN, (long long)r.count, secs);
     if (!json)
         print_note(strat);
     rc = 0;

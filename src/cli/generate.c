@@ -47,6 +47,11 @@ static void usage(FILE *out) {
                  "                      pipeline: each device holds consecutive layers (for\n"
                  "                      a model bigger than one device)\n"
                  "  --precision P       f32 or f64 (default: the checkpoint's)\n"
+                 "  --weights W         f32, bf16 or q8_0: the weight matrices rounded to W\n"
+                 "                      and read in it by the decoder (default: the\n"
+                 "                      checkpoint's; tandem convert --quantize writes one)\n"
+                 "  --kv-cache K        f32 (default), f16 or bf16: the keys and values kept,\n"
+                 "                      each layer's in half the bytes (an f32 model)\n"
                  "  --summary           after the text, a line 'summary: {json}' with the\n"
                  "                      token counts and timings\n"
                  "  --help              show this help\n");
@@ -59,6 +64,8 @@ enum {
     OPT_PRECISION,
     OPT_SUMMARY,
     OPT_TOKENIZER,
+    OPT_WEIGHTS,
+    OPT_KV_CACHE,
 };
 
 static const struct option options[] = {
@@ -73,6 +80,8 @@ static const struct option options[] = {
     {"devices", required_argument, NULL, 'D'},
     {"strategy", required_argument, NULL, 'S'},
     {"precision", required_argument, NULL, OPT_PRECISION},
+    {"weights", required_argument, NULL, OPT_WEIGHTS},
+    {"kv-cache", required_argument, NULL, OPT_KV_CACHE},
     {"summary", no_argument, NULL, OPT_SUMMARY},
     {"tokenizer", required_argument, NULL, OPT_TOKENIZER},
     {"help", no_argument, NULL, 'h'},
@@ -82,6 +91,8 @@ static const struct option options[] = {
 typedef struct gen_args {
     const char *ckpt, *prompt, *prompt_file, *devices, *strategy, *tokenizer;
     int precision; /* -1: the checkpoint's */
+    int weights;   /* a td_weights; -1: the checkpoint's */
+    int kv_cache;  /* a td_kv_cache */
     int summary, help;
     td_generate_config cfg;
 } gen_args;
@@ -118,6 +129,9 @@ static int parse_real(const char *flag, const char *s, double lo, double hi, dou
     return 1;
 }
 
+/* --kv-cache's names, by td_kv_cache. */
+static const char *const kv_names[] = {"f32", "f16", "bf16"};
+
 /* One option into *a; 0 after printing why it is wrong. */
 static int take_option(int c, char **argv, gen_args *a) {
     long long v;
@@ -148,6 +162,18 @@ static int take_option(int c, char **argv, gen_args *a) {
         }
         fprintf(stderr, "tandem generate: --precision is f32 or f64, not '%s'\n", optarg);
         return 0;
+    case OPT_WEIGHTS:
+        for (int w = TD_WEIGHTS_F32; w <= TD_WEIGHTS_Q8_0; w++)
+            if (!strcmp(optarg, td_weights_name((td_weights)w)))
+                return a->weights = w, 1;
+        fprintf(stderr, "tandem generate: --weights is f32, bf16 or q8_0, not '%s'\n", optarg);
+        return 0;
+    case OPT_KV_CACHE:
+        for (int k = 0; k < 3; k++)
+            if (!strcmp(optarg, kv_names[k]))
+                return a->kv_cache = k, 1;
+        fprintf(stderr, "tandem generate: --kv-cache is f32, f16 or bf16, not '%s'\n", optarg);
+        return 0;
     case ':': fprintf(stderr, "tandem generate: %s needs a value\n", argv[optind - 1]); return 0;
     default:
         fprintf(stderr, "tandem generate: unknown option '%s' (see tandem generate --help)\n",
@@ -167,6 +193,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
     a->devices = "cpu";
     a->strategy = NULL; /* the strategy table's default */
     a->precision = -1;
+    a->weights = -1;
     opterr = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, ":h", options, NULL)) != -1)
@@ -303,6 +330,21 @@ static json_t *device_names(td_group *g) {
     return a;
 }
 
+/* The weights the decoders read, and on the first device the kernels that
+ * read compact ones, into the summary. */
+static void add_weights(json_t *o, const gen_args *a, td_group *g) {
+    td_weights w = TD_WEIGHTS_F32;
+    td_device_info info;
+    if (a->weights >= 0)
+        w = (td_weights)a->weights;
+    else if (td_checkpoint_read_weights(a->ckpt, &w) != TD_OK)
+        w = TD_WEIGHTS_F32;
+    json_object_set_new(o, "weights", json_string(td_weights_name(w)));
+    json_object_set_new(o, "kv_cache", json_string(kv_names[a->kv_cache]));
+    if (w != TD_WEIGHTS_F32 && td_device_get_info(td_group_device(g, 0), &info) == TD_OK)
+        json_object_set_new(o, "kernels", json_string(info.compact_kernels));
+}
+
 static void print_summary(const gen_args *a, td_group *g, td_dtype dtype, td_decoder *d,
                           const td_generate_stats *s) {
     double per = s->generated_tokens ? s->decode_ms / (double)s->generated_tokens : 0;
@@ -316,7 +358,10 @@ static void print_summary(const gen_args *a, td_group *g, td_dtype dtype, td_dec
         "devices", device_names(g), "strategy", strategy, "precision", td_dtype_name(dtype),
         "context", (json_int_t)td_decoder_context(d), "temperature", a->cfg.temperature, "top_k",
         (json_int_t)a->cfg.top_k, "top_p", a->cfg.top_p, "seed", (json_int_t)a->cfg.seed);
-    char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    char *text;
+    if (o)
+        add_weights(o, a, g);
+    text = o ? json_dumps(o, JSON_COMPACT) : NULL;
     if (text)
         printf("summary: %s\n", text);
     free(text);
@@ -364,6 +409,8 @@ static int run(const gen_args *a, const unsigned char *prompt, size_t n) {
         goto done;
     }
     dtype = a->precision < 0 ? saved : (td_dtype)a->precision;
+    td_weights_set_default(a->weights);
+    td_decoder_set_default_kv_cache((td_kv_cache)a->kv_cache);
     if ((st = td_group_create(devs, NULL, &g)) != TD_OK ||
         (st = td_strategy_decoder_create(g, a->strategy, a->ckpt, dtype, &d)) != TD_OK) {
         rc = td_cli_fail("generate", st);

@@ -184,6 +184,19 @@ typedef struct td_kernels {
      * key and value head's gradient summed over its query heads. */
     td_status (*kv_reduce)(void *ctx, td_dtype dt, int64_t rows, int64_t h, int64_t kv, int64_t d,
                            const void *dqkv, void *draw);
+    /* y (n, rows) = x (n, cols) W^T, x and y f32, W (rows, cols) compact:
+     * bf16 row-major, or q8_0 (cols a multiple of 32; each row's cols / 32
+     * blocks of 34 bytes, core/quant.h). The decoder's products with
+     * compact weights; x is rounded as the format's kernels need (to bf16,
+     * or to q8_0 blocks, as llama.cpp does) before the products. */
+    td_status (*matmul_compact)(void *ctx, td_weights fmt, int64_t n, int64_t rows, int64_t cols,
+                                const float *x, const void *w, float *y);
+    /* n values between f32 and a 2-byte kind (1: f16, 2: bf16; both
+     * rounded to nearest even): to_half 1 writes src's f32 into dst's 2-byte
+     * values, 0 src's 2-byte values into dst's f32. A decoder's half
+     * key/value caches. */
+    td_status (*convert_half)(void *ctx, int kind, int to_half, size_t n, const void *src,
+                              void *dst);
     /* *out = sum of x[i]^2, accumulated in double. */
     td_status (*sumsq)(void *ctx, td_dtype dt, size_t n, const void *x, double *out);
     /* SGD with momentum (buf may be NULL when momentum is 0), L2 weight decay. */

@@ -9,6 +9,10 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/log.h"
+#include "nn/checkpoint-impl.h"
+#include "nn/nn-impl.h"
+#include "nn/safetensors.h"
 #include "tandem/checkpoint.h"
 
 #define TD_CKPT_FORMAT "tandem-checkpoint-1"
@@ -139,6 +143,34 @@ td_status td_checkpoint_save_parts(const char *path, td_model *const *parts,
     td_safetensors_writer_destroy(w);
     return TD_OK;
 fail:
+    td_safetensors_writer_destroy(w);
+    return st;
+}
+
+td_status td_checkpoint_save_weights(const char *path, td_model *m, td_weights fmt,
+                                     const td_train_state *state) {
+    td_safetensors_writer *w = NULL;
+    td_train_state zero;
+    unsigned char *matrix = NULL;
+    td_status st;
+    if (!path || !m || fmt < TD_WEIGHTS_F32 || fmt > TD_WEIGHTS_Q8_0)
+        return td__error(TD_ERR_INVALID_ARG, "td_checkpoint_save_weights: bad argument");
+    if (fmt != TD_WEIGHTS_F32 && td_model_dtype(m) != TD_F32)
+        return td__error(TD_ERR_DTYPE, "%s: %s weights are saved from an f32 model", path,
+                         td_weights_name(fmt));
+    memset(&zero, 0, sizeof zero);
+    TD_TRY(td__model_matrix_flags(m, &matrix));
+    TD_TRY(td_safetensors_writer_create(&w));
+    for (size_t i = 0; i < td_model_param_count(m); i++)
+        TD_TRY(matrix[i] && fmt != TD_WEIGHTS_F32
+                   ? td__ckpt_add_compact(w, td_model_param_name(m, i), fmt, td_model_param(m, i))
+                   : td_safetensors_writer_add_tensor(w, td_model_param_name(m, i),
+                                                      td_model_param(m, i)));
+    TD_TRY(write_meta(w, path, td_model_json(m), TD_F32, 0, state ? state : &zero));
+    TD_TRY(td_safetensors_writer_set_meta(w, "tandem.weights", td_weights_name(fmt)));
+    TD_TRY(td_safetensors_writer_save(w, path));
+fail:
+    free(matrix);
     td_safetensors_writer_destroy(w);
     return st;
 }
@@ -386,6 +418,36 @@ static td_status read_state(const td_safetensors *sf, td_train_state *s) {
     return meta_vocab(sf, s);
 }
 
+static td_status load_converted(const char *path, const td_safetensors *sf, td_model *m, size_t i,
+                                const char *missing_from);
+
+static int holds_optimizer(const td_safetensors *sf) {
+    const char *v = td_safetensors_meta(sf, "tandem.has_optimizer");
+    return v && !strcmp(v, "1");
+}
+
+/* Optimizer state is kept exactly: F32 or F64 (the reader checks which). */
+static td_status check_exact(const td_safetensors *sf, const td_st_tensor *t) {
+    const char *dt = t ? td__safetensors_dtype(sf, t) : "F32";
+    if (strcmp(dt, "F32") != 0 && strcmp(dt, "F64") != 0)
+        return td__error(TD_ERR_UNSUPPORTED,
+                         "%s: tensor %s has dtype %s; optimizer state is F32 "
+                         "or F64",
+                         td_safetensors_name(sf), t->name, dt);
+    return TD_OK;
+}
+
+/* Parameter i from sf: exactly when the file holds it in the model's dtype,
+ * else converted (compact weights among others). */
+static td_status read_param(const td_safetensors *sf, td_model *m, size_t i) {
+    const char *name = td_model_param_name(m, i);
+    const td_st_tensor *t = td_safetensors_find(sf, name);
+    const char *want = td_model_dtype(m) == TD_F64 ? "F64" : "F32";
+    if (t && !strcmp(td__safetensors_dtype(sf, t), want))
+        return td_safetensors_read_tensor(sf, name, td_model_param(m, i));
+    return load_converted(td_safetensors_name(sf), sf, m, i, NULL);
+}
+
 /* Loads the verified file sf into m and opt. A whole model must hold every
  * tensor of the file; a part (whole 0) must be a part of the file's model. */
 static td_status load_into(const td_safetensors *sf, td_model *m, td_optimizer *opt, int whole,
@@ -408,8 +470,13 @@ static td_status load_into(const td_safetensors *sf, td_model *m, td_optimizer *
     if (!whole && (!(v = td_safetensors_meta(sf, "tandem.model")) || strcmp(v, td_model_json(m))))
         return td__error(TD_ERR_SHAPE, "%s: holds another model than the one being loaded", file);
     for (size_t i = 0; i < td_model_param_count(m); i++)
-        TD_TRY(td_safetensors_read_tensor(sf, td_model_param_name(m, i), td_model_param(m, i)));
-    if (opt) {
+        TD_TRY(read_param(sf, m, i));
+    TD_TRY(td__ckpt_weights_meta(sf, &m->weights));
+    TD_TRY(td__model_take_default_weights(m));
+    if (opt && m->weights != TD_WEIGHTS_F32 && !holds_optimizer(sf)) {
+        TD_LOG_INFO("%s: compact weights without optimizer state: the optimizer keeps its own",
+                    file);
+    } else if (opt) {
         v = td_safetensors_meta(sf, "tandem.has_optimizer");
         if (!v || strcmp(v, "1") != 0)
             return td__error(TD_ERR_CORRUPT,
@@ -417,6 +484,7 @@ static td_status load_into(const td_safetensors *sf, td_model *m, td_optimizer *
         for (size_t i = 0; i < td_optimizer_state_count(opt); i++) {
             char name[512];
             snprintf(name, sizeof name, TD_OPT_PREFIX "%s", td_optimizer_state_name(opt, i));
+            TD_TRY(check_exact(sf, td_safetensors_find(sf, name)));
             TD_TRY(td_safetensors_read_tensor(sf, name, td_optimizer_state(opt, i)));
         }
         td_optimizer_set_steps(opt, s.step);
@@ -467,7 +535,7 @@ td_status td_checkpoint_read_meta(const char *path, char **model_json, td_dtype 
     if (!path || !model_json || !dtype)
         return td__error(TD_ERR_INVALID_ARG, "td_checkpoint_read_meta: NULL argument");
     *model_json = NULL;
-    TD_TRY(td_safetensors_load(path, &sf));
+    TD_TRY(td__safetensors_load_any(path, &sf));
     TD_TRY(model_meta(sf, &json, dtype));
     TD_TRY(read_state(sf, &s));
     if (!(*model_json = strdup(json))) {
@@ -491,7 +559,7 @@ static td_status load_file(const char *path, td_model *m, td_optimizer *opt, int
     if (!path || !m)
         return td__error(TD_ERR_INVALID_ARG, "%s: path or model is NULL",
                          whole ? "td_checkpoint_load" : "td_checkpoint_load_part");
-    if ((st = td_safetensors_load(path, &sf)) == TD_OK)
+    if ((st = td__safetensors_load_any(path, &sf)) == TD_OK)
         st = load_into(sf, m, opt, whole, state);
     td_safetensors_destroy(sf);
     return st;
@@ -520,7 +588,7 @@ td_status td_checkpoint_load_model(const char *path, td_device *dev, td_model **
     *out = NULL;
     if (!path || !dev)
         return td__error(TD_ERR_INVALID_ARG, "td_checkpoint_load_model: path or device is NULL");
-    TD_TRY(td_safetensors_load(path, &sf));
+    TD_TRY(td__safetensors_load_any(path, &sf));
     TD_TRY(model_meta(sf, &json, &dtype));
     /* The model's seed also keys its dropout streams: a resumed run needs the same one. */
     TD_TRY(read_state(sf, &s));
@@ -537,27 +605,6 @@ fail:
 
 /* Weights in either precision --------------------------------------------------- */
 
-/* Element i of a safetensors tensor (little-endian, maybe unaligned). */
-static double element(const td_st_tensor *t, size_t i) {
-    if (t->dtype == TD_F64) {
-        double v;
-        memcpy(&v, (const char *)t->data + i * sizeof v, sizeof v);
-        return v;
-    }
-    float f;
-    memcpy(&f, (const char *)t->data + i * sizeof f, sizeof f);
-    return f;
-}
-
-static int same_shape(const td_st_tensor *t, const td_param_slice *sl) {
-    if (t->ndim != sl->ndim)
-        return 0;
-    for (int i = 0; i < sl->ndim; i++)
-        if (t->shape[i] != sl->shape[i])
-            return 0;
-    return 1;
-}
-
 /* Parameter i of m: its whole tensor converted, then its slice written. */
 static td_status load_converted(const char *path, const td_safetensors *sf, td_model *m, size_t i,
                                 const char *missing_from) {
@@ -566,15 +613,16 @@ static td_status load_converted(const char *path, const td_safetensors *sf, td_m
     const td_st_tensor *t = td_safetensors_find(sf, name);
     if (!t && missing_from)
         t = td_safetensors_find(sf, missing_from);
-    size_t numel = td_tensor_numel(p);
+    size_t numel = td_tensor_numel(p), nwhole = 1;
     double *whole, *part;
     td_param_slice sl;
     td_status st;
     td_model_param_slice(m, i, &sl);
-    if (!t || !same_shape(t, &sl))
-        return td__error(TD_ERR_CORRUPT, "%s: tensor %s is missing or not the model's shape", path,
-                         name);
-    whole = malloc((t->numel ? t->numel : 1) * sizeof *whole);
+    if (!t)
+        return td__error(TD_ERR_CORRUPT, "%s: tensor %s is missing", path, name);
+    for (int d = 0; d < sl.ndim; d++)
+        nwhole *= (size_t)sl.shape[d];
+    whole = malloc(nwhole * sizeof *whole);
     part = malloc((numel ? numel : 1) * sizeof *part);
     if (!whole || !part) {
         free(whole);
@@ -582,10 +630,10 @@ static td_status load_converted(const char *path, const td_safetensors *sf, td_m
         return td__error(TD_ERR_OUT_OF_MEMORY, "%s: no host memory to convert tensor %s", path,
                          name);
     }
-    for (size_t j = 0; j < t->numel; j++)
-        whole[j] = element(t, j);
-    td_param_slice_scatter(&sl, sizeof *whole, whole, part);
-    st = td_tensor_write_f64(p, part, numel);
+    if ((st = td__ckpt_values(sf, t, sl.ndim, sl.shape, whole)) == TD_OK) {
+        td_param_slice_scatter(&sl, sizeof *whole, whole, part);
+        st = td_tensor_write_f64(p, part, numel);
+    }
     free(whole);
     free(part);
     return st;
@@ -597,9 +645,13 @@ td_status td_checkpoint_load_weights_alias(const char *path, td_model *m,
     td_status st = TD_OK;
     if (!path || !m)
         return td__error(TD_ERR_INVALID_ARG, "td_checkpoint_load_weights: path or model is NULL");
-    TD_CHECK(td_safetensors_load(path, &sf));
+    TD_CHECK(td__safetensors_load_any(path, &sf));
     for (size_t i = 0; i < td_model_param_count(m) && st == TD_OK; i++)
         st = load_converted(path, sf, m, i, missing_from);
+    if (st == TD_OK)
+        st = td__ckpt_weights_meta(sf, &m->weights);
+    if (st == TD_OK)
+        st = td__model_take_default_weights(m);
     td_safetensors_destroy(sf);
     return st;
 }

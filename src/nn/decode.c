@@ -52,12 +52,14 @@ struct td_decoder {
     int64_t vfirst, vcount; /* the logits computed and read: [vfirst, vfirst + vcount) */
     td_buffer out;          /* a part's output rows after its last pass */
     int natt;
-    td_tensor **kv;     /* per attention layer in forward order: (T, (h + 2 kv) d) q, k, v
-                           rows of the heads computed here, rotated (NULL: none) */
-    td_tensor *scores;  /* (heads, T + 1): a step's scores, the dummy first */
-    td_tensor *probs;   /* (heads, T + 1): their softmax */
-    td_buffer *targets; /* heads int32 zeros: every row's label is the dummy */
-    void *host;         /* vocab elements of the model's dtype, for reading logits */
+    td_tensor **kv;         /* per attention layer in forward order: (T, (h + 2 kv) d) q, k, v
+                               rows of the heads computed here, rotated (NULL: none) */
+    td_tensor *scores;      /* (heads, T + 1): a step's scores, the dummy first */
+    td_tensor *probs;       /* (heads, T + 1): their softmax */
+    td_buffer *targets;     /* heads int32 zeros: every row's label is the dummy */
+    void *host;             /* vocab elements of the model's dtype, for reading logits */
+    td__packed_set *packed; /* compact weight matrices (compact.c); NULL: f32 */
+    td__kv_cache *kvc;      /* what holds kv (decode_kv.c) */
 };
 
 /* One pass: rows [pos, pos + n) of the sequence. */
@@ -119,11 +121,11 @@ static td_status swiglu_decode(td_layer *l, const td_tensor *x, pass *p) {
     } else {
         TD_CHECK(first_rows(&l->ws[0], p->n, &gu));
         TD_CHECK(first_rows(&l->ws[1], p->n, &h));
-        TD_CHECK(td__op_matmul(&gu, x, 0, l->param[0], 1, 1.0, 0.0));
+        TD_CHECK(td__packed_matmul(p->d->packed, l, 0, 0, &gu, x, l->param[0]));
         if (l->has_bias)
             TD_CHECK(td__op_bias_add(&gu, l->param[1], p->n, 2 * l->hidden, 1));
         TD_CHECK(td__op_swiglu_fwd(&gu, &h));
-        TD_CHECK(td__op_matmul(&y, &h, 0, l->param[2], 1, 1.0, 0.0));
+        TD_CHECK(td__packed_matmul(p->d->packed, l, 2, 0, &y, &h, l->param[2]));
     }
     if (l->split.kind == TD__SPLIT_GATED)
         TD_CHECK(td__model_reduce(p->d->m, &y));
@@ -162,7 +164,7 @@ static td_status linear_decode(td_layer *l, const td_tensor *x, pass *p) {
         if (l->split.kind == TD__SPLIT_IN)
             TD_CHECK(td__zero(&y));
     } else {
-        TD_CHECK(td__op_matmul(&y, x, 0, w, 1, 1.0, 0.0));
+        TD_CHECK(td__packed_matmul(p->d->packed, l, 0, w == &ws ? p->d->vfirst : 0, &y, x, w));
     }
     /* the second linear of a pair sums its partial outputs before its bias */
     if (l->split.kind == TD__SPLIT_IN)
@@ -287,11 +289,12 @@ static td_status att_decode(td_layer *l, const td_tensor *x, pass *p) {
         TD_CHECK(td__tensor_view(&raw, cache, (size_t)(p->pos * row), 3, rows));
         TD_CHECK(td__tensor_view(&yh, &l->ws[ATT_YH], 0, 3, yrows));
         /* raw (n, row) = x Wqkv^T + bqkv */
-        TD_CHECK(td__op_matmul(&raw, x, 0, l->param[0], 1, 1.0, 0.0));
+        TD_CHECK(td__packed_matmul(dec->packed, l, 0, 0, &raw, x, l->param[0]));
         if (l->has_bias)
             TD_CHECK(td__op_bias_add(&raw, l->param[1], n, row, 1));
         if (l->rope)
             TD_CHECK(td__op_rope(l->rope, p->pos, 0, h + nkv, d, 0, &raw));
+        TD_CHECK(td__kv_cache_sync(dec->kvc, p->att - 1, p->pos, n));
         qkv = raw;
         if (p->pos == 0 && nkv != h) {
             TD_CHECK(td__tensor_view(&qkv, &l->ws[ATT_QKV], 0, 3, qrows));
@@ -301,7 +304,7 @@ static td_status att_decode(td_layer *l, const td_tensor *x, pass *p) {
             TD_CHECK(att_prefill(l, &qkv, n, &yh));
         else
             TD_CHECK(att_step(dec, l, cache, p->pos, &yh));
-        TD_CHECK(td__op_matmul(&y, &yh, 0, l->param[2], 1, 1.0, 0.0));
+        TD_CHECK(td__packed_matmul(dec->packed, l, 2, 0, &y, &yh, l->param[2]));
     }
     if (l->split.kind == TD__SPLIT_HEADS)
         TD_CHECK(td__model_reduce(dec->m, &y));
@@ -391,12 +394,8 @@ static td_status check_model(td_decoder *d) {
 
 /* One cache per attention layer, in the order the passes meet them. */
 static td_status alloc_kv(td_decoder *d, const td_layer *l, int *k) {
-    if (l->vt == &td__attention_vt) {
-        int64_t shape[2] = {d->ctx, att_row(l)};
-        if (shape[1] > 0)
-            TD_CHECK(td_tensor_create(d->m->dev, d->m->dtype, 2, shape, &d->kv[*k]));
-        ++*k;
-    }
+    if (l->vt == &td__attention_vt)
+        td__kv_cache_add(d->kvc, (*k)++, att_row(l));
     for (int i = 0; i < l->nchildren; i++)
         TD_CHECK(alloc_kv(d, l->children[i], k));
     return TD_OK;
@@ -412,7 +411,9 @@ static td_status alloc_state(td_decoder *d) {
     if (!(d->kv = td__calloc(((size_t)d->natt + 1) * sizeof *d->kv, "a decoder's caches")) ||
         !(d->host = td__calloc((size_t)d->vocab * td_dtype_size(m->dtype), "a decoder's logits")))
         return TD_ERR_OUT_OF_MEMORY;
+    TD_CHECK(td__kv_cache_create(m, d->natt, d->ctx, &d->kvc));
     TD_CHECK(alloc_kv(d, m->root, &k));
+    TD_CHECK(td__kv_cache_finish(d->kvc, d->kv));
     TD_CHECK(td_tensor_create(m->dev, m->dtype, 1, &w, &d->scores));
     TD_CHECK(td_tensor_create(m->dev, m->dtype, 1, &w, &d->probs));
     TD_CHECK(td_buffer_alloc(m->dev, nt * sizeof(int32_t), &d->targets));
@@ -441,6 +442,7 @@ td_status td_decoder_create(td_model *m, td_decoder **out) {
     d->ctx = m->in_shape[0];
     d->vocab = m->classes;
     TD_TRY(check_model(d));
+    TD_TRY(td__packed_create(m, &d->packed));
     d->vcount = d->vocab;
     TD_TRY(alloc_state(d));
     /* the activations of one window: the decoder's workspace */
@@ -495,13 +497,13 @@ void td_decoder_destroy(td_decoder *d) {
         return;
     if (d->custom.destroy)
         d->custom.destroy(d->custom.impl);
-    for (int i = 0; d->kv && i < d->natt; i++)
-        td_tensor_destroy(d->kv[i]);
+    td__kv_cache_destroy(d->kvc);
     free(d->kv);
     td_tensor_destroy(d->scores);
     td_tensor_destroy(d->probs);
     td_buffer_free(d->targets);
     free(d->host);
+    td__packed_destroy(d->packed);
     if (d->owns_model)
         td_model_destroy(d->m);
     free(d);
@@ -523,6 +525,9 @@ int64_t td_decoder_token_limit(const td_decoder *d) {
 }
 int64_t td_decoder_position(const td_decoder *d) {
     return d ? d->pos : 0;
+}
+size_t td_decoder_kv_bytes(const td_decoder *d) {
+    return d ? td__kv_cache_bytes(d->kvc) : 0;
 }
 
 /* Passes ------------------------------------------------------------------------------ */

@@ -138,6 +138,7 @@ typedef struct td_nn_slot {
 struct td_model {
     td_device *dev; /* NULL while describing */
     td_dtype dtype;
+    td_weights weights; /* the format its matrices were rounded to (compact.c) */
     uint64_t seed;
     char *json;
     td_input_kind kind;
@@ -323,5 +324,42 @@ td_status td__model_reduce(td_model *m, td_tensor *t);
 void td__model_grads_ready(td_model *m, size_t first, size_t count);
 /* Zeros t (a view) on the device's thread. */
 td_status td__zero(td_tensor *t);
+
+/* A decoder's weight matrices packed in a compact format on the model's
+ * device (compact.c). td__packed_create packs m's matrices in the format
+ * td_weights_set_default chose, else m's own (td_model_weights),
+ * rounding m's values to it first; *out stays NULL for f32. */
+typedef struct td__packed_set td__packed_set;
+td_status td__packed_create(td_model *m, td__packed_set **out);
+void td__packed_destroy(td__packed_set *s); /* NULL-safe */
+td_weights td__packed_format(const td__packed_set *s);
+size_t td__packed_bytes(const td__packed_set *s);
+/* y (n, r) = x (n, c) W^T for W rows [first_row, first_row + r) of l's
+ * param k: from its packed copy when s holds one, else from w (f32). */
+td_status td__packed_matmul(const td__packed_set *s, const td_layer *l, int k, int64_t first_row,
+                            td_tensor *y, const td_tensor *x, const td_tensor *w);
+
+/* After loading m from a checkpoint: its matrices rounded to the process's
+ * default format (td_weights_set_default), if one is set. */
+td_status td__model_take_default_weights(td_model *m);
+
+/* *flags (malloc'ed, one per parameter of m) gets 1 for the weight
+ * matrices a compact format holds (compact.c), 0 for the others. */
+td_status td__model_matrix_flags(td_model *m, unsigned char **flags);
+
+/* A decoder's key/value caches (decode_kv.c): natt of (ctx, row) in the
+ * model's dtype, or in f16/bf16 with one shared f32 work cache, as
+ * td_decoder_set_default_kv_cache chose when created. add gives cache i's
+ * row width; finish allocates and fills kv[0..natt) with the tensors the
+ * attention reads (NULL for a width of 0); sync, after a pass computed rows
+ * [pos, pos + n) of cache i into kv[i], stores them and expands rows
+ * [0, pos + n) back (nothing for the model's dtype). */
+typedef struct td__kv_cache td__kv_cache;
+td_status td__kv_cache_create(td_model *m, int natt, int64_t ctx, td__kv_cache **out);
+void td__kv_cache_add(td__kv_cache *c, int i, int64_t row);
+td_status td__kv_cache_finish(td__kv_cache *c, td_tensor **kv);
+td_status td__kv_cache_sync(td__kv_cache *c, int i, int64_t pos, int64_t n);
+size_t td__kv_cache_bytes(const td__kv_cache *c);
+void td__kv_cache_destroy(td__kv_cache *c); /* NULL-safe */
 
 #endif

@@ -18,4 +18,11 @@ td_status td__safetensors_load_any(const char *path, td_safetensors **out);
  * when t is not one of st's. Valid while the program runs. */
 const char *td__safetensors_dtype(const td_safetensors *st, const td_st_tensor *t);
 
+/* Adds a tensor of a dtype td_dtype does not name (file_dtype: a string
+ * that outlives w, "BF16", "U8", ...) of esize bytes an element: numel(shape)
+ * elements from data (copied). Errors as td_safetensors_writer_add's. */
+td_status td__safetensors_writer_add_raw(td_safetensors_writer *w, const char *name,
+                                         const char *file_dtype, size_t esize, int ndim,
+                                         const int64_t *shape, const void *data);
+
 #endif

@@ -21,6 +21,7 @@
 typedef struct st_entry {
     char *name;
     td_dtype dtype;
+    const char *file_dtype; /* a dtype name other than F32 and F64; NULL: dtype's */
     int ndim;
     int64_t shape[TD_ST_MAX_DIMS];
     void *data;
@@ -112,6 +113,29 @@ td_status td_safetensors_writer_add(td_safetensors_writer *w, const char *name, 
     return st;
 }
 
+td_status td__safetensors_writer_add_raw(td_safetensors_writer *w, const char *name,
+                                         const char *file_dtype, size_t esize, int ndim,
+                                         const int64_t *shape, const void *data) {
+    st_entry *e = NULL;
+    /* sized as f32 first, then re-sized: add_entry checks the name and shape */
+    td_status st = add_entry(w, name, TD_F32, ndim, shape, &e);
+    void *bytes;
+    if (st != TD_OK)
+        return st;
+    e->file_dtype = file_dtype;
+    e->nbytes = e->nbytes / 4 * esize;
+    if (!(bytes = realloc(e->data, e->nbytes ? e->nbytes : 1))) {
+        w->count--;
+        free(e->name);
+        free(e->data);
+        return td__error(TD_ERR_OUT_OF_MEMORY, "safetensors writer: no memory for \"%s\"", name);
+    }
+    e->data = bytes;
+    if (e->nbytes)
+        memcpy(e->data, data, e->nbytes);
+    return TD_OK;
+}
+
 td_status td_safetensors_writer_add_tensor(td_safetensors_writer *w, const char *name,
                                            const td_tensor *t) {
     int64_t shape[TD_MAX_DIMS];
@@ -190,7 +214,10 @@ static td_status build_header(td_safetensors_writer *w, const char *crc, char **
         json_t *t = json_object(), *shape = json_array();
         for (int d = 0; d < e->ndim; d++)
             json_array_append_new(shape, json_integer(e->shape[d]));
-        json_object_set_new(t, "dtype", json_string(e->dtype == TD_F64 ? "F64" : "F32"));
+        json_object_set_new(t, "dtype",
+                            json_string(e->file_dtype        ? e->file_dtype
+                                        : e->dtype == TD_F64 ? "F64"
+                                                             : "F32"));
         json_object_set_new(t, "shape", shape);
         json_object_set_new(t, "data_offsets",
                             json_pack("[II]", (json_int_t)off, (json_int_t)(off + e->nbytes)));

@@ -51,10 +51,23 @@ static td_status reduce_hook(void *arg, td_tensor *t) {
 
 /* Sizing ---------------------------------------------------------------------------- */
 
-static void make_plans(tensor_dec *t, const td_split_info *units, int nunits) {
+/* The units a cut keeps together so that no q8_0 block of 32 columns is
+ * split between two members: whole blocks of features, or enough heads
+ * to fill one (a head width that divides no block cannot be q8_0 anyway). */
+static int64_t block_granule(const td_split_info *u, td_weights w) {
+    int64_t g = 1;
+    while (w == TD_WEIGHTS_Q8_0 && (g * u->width) % 32 != 0 && g < 32)
+        g *= 2;
+    return (g * u->width) % 32 == 0 ? g : 1;
+}
+
+static void make_plans(tensor_dec *t, const td_split_info *units, int nunits, td_weights w) {
     for (int u = 0; u < nunits; u++) {
-        int64_t first[TD_DP_MAX_MEMBERS], count[TD_DP_MAX_MEMBERS];
-        td__cut_by_shares(units[u].size, t->share, t->size, first, count);
+        int64_t first[TD_DP_MAX_MEMBERS], count[TD_DP_MAX_MEMBERS], g = block_granule(&units[u], w);
+        td__cut_by_shares(units[u].size / g, t->share, t->size, first, count);
+        for (int k = 0; k < t->size; k++)
+            first[k] *= g, count[k] *= g;
+        count[t->size - 1] += units[u].size % g; /* a tail shorter than a block: the last's */
         for (int k = 0; k < t->size; k++) {
             t->mb[k].plan.units = nunits;
             t->mb[k].plan.first[u] = first[k];
@@ -118,6 +131,7 @@ static td_status make_members(tensor_dec *t, const char *json, const char *check
     td_model_info info;
     int64_t vfirst[TD_DP_MAX_MEMBERS], vcount[TD_DP_MAX_MEMBERS];
     int nunits = 0;
+    td_weights w = (td_weights)td_weights_default();
     TD_CHECK(td_model_describe(json, checkpoint, &info, NULL, 0));
     TD_CHECK(td_model_describe_splits(json, checkpoint, units, TD_SHARD_MAX_UNITS, &nunits));
     if (nunits == 0)
@@ -125,7 +139,9 @@ static td_status make_members(tensor_dec *t, const char *json, const char *check
                                  "tensor: %s has no layer to split across devices (an MLP pair "
                                  "or attention); generate with `strategy` single",
                                  checkpoint);
-    make_plans(t, units, nunits);
+    if (td_weights_default() < 0)
+        TD_CHECK(td_checkpoint_read_weights(checkpoint, &w));
+    make_plans(t, units, nunits, w);
     td__cut_by_shares(info.classes, t->share, t->size, vfirst, vcount);
     for (int k = 0; k < t->size; k++)
         TD_CHECK(make_member(t, k, json, checkpoint, dtype, vfirst, vcount));

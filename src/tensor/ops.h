@@ -131,6 +131,10 @@ td_status td__op_rope(const td_tensor *tab, int64_t pos0, int64_t col, int64_t h
 td_status td__op_kv_expand(int64_t h, int64_t kv, int64_t d, const td_tensor *raw, td_tensor *qkv);
 td_status td__op_kv_reduce(int64_t h, int64_t kv, int64_t d, const td_tensor *dqkv,
                            td_tensor *draw);
+/* y (.., rows) = x (.., cols) W^T, W (rows, cols) in fmt's compact bytes
+ * at device pointer w (td_kernels.matmul_compact); x and y f32. */
+td_status td__op_matmul_compact(td_tensor *y, const td_tensor *x, td_weights fmt, const void *w,
+                                int64_t rows, int64_t cols);
 td_status td__op_sumsq(const td_tensor *x, double *out);
 td_status td__op_sgd(td_tensor *w, const td_tensor *g, td_tensor *buf, const td_opt_args *o);
 td_status td__op_adamw(td_tensor *w, const td_tensor *g, td_tensor *m, td_tensor *v,

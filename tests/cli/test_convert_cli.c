@@ -154,7 +154,7 @@ static void bad_input_is_a_clear_error(void **state) {
     free(run(args, 1, "tokens_llmc.bin: header[0] (magic) is 20240520, not 20240326"));
     snprintf(args, sizeof args, "convert --from hf '" FIXTURE "'");
     free(run(args, 2, "--out is required"));
-    free(run("convert --from onnx x --out y", 2, "--from is hf or llmc, not 'onnx'"));
+    free(run("convert --from onnx x --out y", 2, "--from is hf, llmc or tandem, not 'onnx'"));
     free(run("convert --from hf x --out y --optimizer lion", 2,
              "--optimizer is adamw, sgd or "
              "none, not 'lion'"));

@@ -128,4 +128,25 @@ td_status td__cpu_kv_expand(void *ctx, td_dtype dt, int64_t rows, int64_t h, int
 td_status td__cpu_kv_reduce(void *ctx, td_dtype dt, int64_t rows, int64_t h, int64_t kv, int64_t d,
                             const void *dqkv, void *draw);
 
+/* Compact weights (kern_compact.c). The paths, worst to best; EXT is the
+ * format's own instructions (VNNI for q8_0, AVX512-BF16 for bf16). */
+typedef enum td_compact_path {
+    TD_CPATH_SCALAR = 0,
+    TD_CPATH_AVX2 = 1,
+    TD_CPATH_AVX512 = 2,
+    TD_CPATH_EXT = 3,
+} td_compact_path;
+/* The best path this CPU (and TANDEM_SIMD) allows for fmt, and its name
+ * with the instruction that does the work ("AVX512-VNNI vpdpbusd"). */
+td_compact_path td__cpu_compact_best(td_weights fmt);
+const char *td__cpu_compact_path_name(td_weights fmt, td_compact_path p);
+/* The matmul_compact slot, and the same on the calling thread by a given
+ * path (which the CPU must support): for tests that run every path. */
+td_status td__cpu_matmul_compact(void *ctx, td_weights fmt, int64_t n, int64_t rows, int64_t cols,
+                                 const float *x, const void *w, float *y);
+td_status td__cpu_convert_half(void *ctx, int kind, int to_half, size_t n, const void *src,
+                               void *dst);
+td_status td__cpu_matmul_compact_path(td_compact_path path, td_weights fmt, int64_t n, int64_t rows,
+                                      int64_t cols, const float *x, const void *w, float *y);
+
 #endif

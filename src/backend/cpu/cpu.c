@@ -8,6 +8,7 @@
 
 #include "backend/backends.h"
 #include "backend/cpu/cpu-impl.h"
+#include "backend/cpu/cpu-kernels.h"
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/fpmode.h"
@@ -225,6 +226,9 @@ static td_status cpu_info(void *ctx, td_device_info *out) {
     /* SIMD lanes hold half as many doubles as floats. */
     out->fp64_rate = 0.5;
     td__cpu_isa_string(out->isa, sizeof out->isa);
+    snprintf(out->compact_kernels, sizeof out->compact_kernels, "q8_0: %s; bf16: %s",
+             td__cpu_compact_path_name(TD_WEIGHTS_Q8_0, td__cpu_compact_best(TD_WEIGHTS_Q8_0)),
+             td__cpu_compact_path_name(TD_WEIGHTS_BF16, td__cpu_compact_best(TD_WEIGHTS_BF16)));
     format_pu_list(cd, out->cores, sizeof out->cores);
     out->pinned = cd->pinned;
     out->numa_node = -1;

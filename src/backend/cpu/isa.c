@@ -105,7 +105,43 @@ td_cpu_simd td__cpu_simd(void) {
     return (td_cpu_simd)level;
 }
 
+/* TANDEM_SIMD=avx512f keeps AVX-512 but not its VNNI and BF16 extensions. */
+static int extensions_allowed(void) {
+    const char *env = getenv("TANDEM_SIMD");
+    return td__cpu_simd() == TD_SIMD_AVX512 && !(env && !strcmp(env, "avx512f"));
+}
+
+/* cpuid traps to the hypervisor on virtual machines: ask once. */
+static int cached_extension(atomic_int *cache, int want_bf16) {
+    int v = atomic_load(cache);
+    if (v < 0) {
+        cpu_features f = detect();
+        v = extensions_allowed() &&
+            (want_bf16 ? f.avx512bf16
+                       : f.avx512vnni && f.avx512vl && f.avx512bw && f.avx512dq && f.f16c);
+        atomic_store(cache, v); /* every thread computes the same value */
+    }
+    return v;
+}
+
+int td__cpu_has_vnni(void) {
+    static atomic_int cached = -1;
+    return cached_extension(&cached, 0);
+}
+
+int td__cpu_has_bf16(void) {
+    static atomic_int cached = -1;
+    return cached_extension(&cached, 1);
+}
+
 #else
+
+int td__cpu_has_vnni(void) {
+    return 0;
+}
+int td__cpu_has_bf16(void) {
+    return 0;
+}
 
 void td__cpu_isa_string(char *buf, size_t n) {
     snprintf(buf, n, "scalar");

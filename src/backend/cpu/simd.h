@@ -15,5 +15,10 @@ typedef enum td_cpu_simd {
 /* The best SIMD level this CPU and OS support (TANDEM_SIMD=scalar|avx2|avx512
  * lowers it, for testing each path). */
 td_cpu_simd td__cpu_simd(void);
+/* Whether AVX512-VNNI (int8 dot products) and AVX512-BF16 may be used: the
+ * CPU has them, the OS saves AVX-512 state, and TANDEM_SIMD does not lower
+ * the level below them ("avx512f": AVX-512 without either). */
+int td__cpu_has_vnni(void);
+int td__cpu_has_bf16(void);
 
 #endif

@@ -130,6 +130,8 @@ td_status cuda_kv_expand(void *ctx, td_dtype dt, int64_t rows, int64_t h, int64_
                          const void *raw, void *qkv);
 td_status cuda_kv_reduce(void *ctx, td_dtype dt, int64_t rows, int64_t h, int64_t kv, int64_t d,
                          const void *dqkv, void *draw);
+td_status cuda_matmul_compact(void *ctx, td_weights fmt, int64_t n, int64_t rows, int64_t cols,
+                              const float *x, const void *w, float *y);
 
 } // namespace td_cuda
 

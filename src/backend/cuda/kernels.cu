@@ -559,6 +559,7 @@ extern "C" const td_kernels td__cuda_kernels = {
     .rope = cuda_rope,
     .kv_expand = cuda_kv_expand,
     .kv_reduce = cuda_kv_reduce,
+    .matmul_compact = cuda_matmul_compact,
     .sumsq = cuda_sumsq,
     .sgd = cuda_sgd,
     .adamw = cuda_adamw,

@@ -638,6 +638,7 @@ const td_kernels td__opencl_kernels = {
     .rope = td__ocl_rope,
     .kv_expand = td__ocl_kv_expand,
     .kv_reduce = td__ocl_kv_reduce,
+    .matmul_compact = td__ocl_matmul_compact,
     .sumsq = ocl_sumsq,
     .sgd = ocl_sgd,
     .adamw = ocl_adamw,

@@ -46,6 +46,8 @@
     X(RMSNORM_BWD_W, rmsnorm_bwd_w)                                                                \
     X(SWIGLU_FWD, swiglu_fwd)                                                                      \
     X(SWIGLU_BWD, swiglu_bwd)                                                                      \
+    X(COMPACT_ROUND_X, compact_round_x)                                                            \
+    X(MATMUL_COMPACT, matmul_compact)                                                              \
     X(ROPE, rope)                                                                                  \
     X(KV_EXPAND, kv_expand)                                                                        \
     X(KV_REDUCE, kv_reduce)
@@ -212,6 +214,11 @@ td_status td__ocl_kv_reduce(void *ctx, td_dtype dt, int64_t rows, int64_t h, int
                             const void *dqkv, void *draw);
 
 extern const char td__ocl_source[];
+/* td__ocl_source with the compact weights' kernels after it (kernels_compact.c):
+ * what a device's programs are built from; NULL when out of memory. */
+const char *td__ocl_program_source(void);
+td_status td__ocl_matmul_compact(void *ctx, td_weights fmt, int64_t n, int64_t rows, int64_t cols,
+                                 const float *x, const void *w, float *y);
 extern const td_kernels td__opencl_kernels;
 
 /* CLBlast 1.5 builds its tuning database on a routine's first call without a

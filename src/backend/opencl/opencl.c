@@ -286,6 +286,8 @@ static td_status ocl_info(void *ctx, td_device_info *out) {
     out->local_mem = lmem;
     out->max_work_group = (int)wg;
     out->fp64 = od->fp64;
+    snprintf(out->compact_kernels, sizeof out->compact_kernels,
+             "q8_0: OpenCL C int8 block sums; bf16: OpenCL C exact products");
     out->numa_node = -1;
     return TD_OK;
 }

@@ -292,8 +292,11 @@ td_status td__ocl_kernel(ocl_device *od, td_dtype dt, td_ocl_kernel_id id, cl_ke
                            : od->fp64 ? "-cl-std=CL1.2 -DTD_FP64 "
                                         "-cl-fp32-correctly-rounded-divide-sqrt"
                                       : "-cl-std=CL1.2 -cl-fp32-correctly-rounded-divide-sqrt";
-        if ((st = td__ocl_build(od, td__ocl_source, opts, &od->program[p], &od->from_cache[p])) !=
-            TD_OK)
+        const char *src = td__ocl_program_source();
+        if (!src)
+            return td__error(TD_ERR_OUT_OF_MEMORY, "%s: no memory for the program source",
+                             od->name);
+        if ((st = td__ocl_build(od, src, opts, &od->program[p], &od->from_cache[p])) != TD_OK)
             return st;
     }
     if (!od->kernels[p][id]) {

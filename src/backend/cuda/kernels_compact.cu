@@ -1,0 +1,97 @@
+// Products with compact weights (bf16, q8_0) on CUDA: the matmul_compact
+// slot, as the CPU's (kern_compact.c) and OpenCL's (kernels_compact.c): x
+// rounded to the weights' kind into scratch (q8_0 blocks with an f16 scale,
+// or bf16 by rounding to nearest even), then one thread per output summing
+// its row, int8 block products in int times the two scales, or exact bf16
+// products, in the CPU C path's order.
+#include <cuda_fp16.h>
+
+#include "backend/cuda/kernels-impl.cuh"
+
+extern "C" {
+#include "core/quant.h"
+}
+
+namespace td_cuda {
+
+__device__ unsigned short bf16_rne(float f) {
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (unsigned short)((u >> 16) | 0x40u);
+    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+__device__ float f16_at(const unsigned char *p) {
+    return __half2float(__ushort_as_half((unsigned short)(p[0] | p[1] << 8)));
+}
+
+__global__ void round_x_k(int64_t n, int64_t cols, int fmt, const float *x, unsigned char *xq) {
+    if (fmt == TD_WEIGHTS_BF16) {
+        GRID_LOOP(e, n * cols)
+        ((unsigned short *)xq)[e] = bf16_rne(x[e]);
+        return;
+    }
+    GRID_LOOP(b, n * (cols / 32)) {
+        const float *v = x + b * 32;
+        unsigned char *o = xq + b * 34;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++)
+            amax = fmaxf(amax, fabsf(v[j]));
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        unsigned short h = __half_as_ushort(__float2half_rn(d));
+        o[0] = (unsigned char)(h & 0xff);
+        o[1] = (unsigned char)(h >> 8);
+        for (int j = 0; j < 32; j++)
+            o[2 + j] = (unsigned char)(signed char)roundf(__fmul_rn(v[j], id));
+    }
+}
+
+__global__ void matmul_compact_k(int64_t n, int64_t rows, int64_t cols, int fmt,
+                                 const unsigned char *xq, const unsigned char *w, float *y) {
+    int64_t nb = cols / 32;
+    GRID_LOOP(e, n * rows) {
+        int64_t i = (int64_t)e / rows, r = (int64_t)e % rows;
+        float acc = 0.0f;
+        if (fmt == TD_WEIGHTS_BF16) {
+            const unsigned short *wr = (const unsigned short *)w + r * cols;
+            const unsigned short *xr = (const unsigned short *)xq + i * cols;
+            for (int64_t p = 0; p < cols; p++)
+                acc = __fadd_rn(acc, __fmul_rn(__uint_as_float((unsigned)wr[p] << 16),
+                                               __uint_as_float((unsigned)xr[p] << 16)));
+        } else {
+            const unsigned char *wr = w + r * nb * 34, *xr = xq + i * nb * 34;
+            for (int64_t b = 0; b < nb; b++) {
+                const signed char *qw = (const signed char *)(wr + b * 34 + 2);
+                const signed char *qx = (const signed char *)(xr + b * 34 + 2);
+                int s = 0;
+                for (int j = 0; j < 32; j++)
+                    s += (int)qw[j] * (int)qx[j];
+                float d = __fmul_rn(f16_at(wr + b * 34), f16_at(xr + b * 34));
+                acc = __fadd_rn(acc, __fmul_rn((float)s, d));
+            }
+        }
+        y[e] = acc;
+    }
+}
+
+td_status cuda_matmul_compact(void *ctx, td_weights fmt, int64_t n, int64_t rows, int64_t cols,
+                              const float *x, const void *w, float *y) {
+    cuda_device *cd = dev_of(ctx);
+    size_t xbytes = (size_t)n * td__compact_row_bytes(fmt, cols);
+    void *xq;
+    if (n <= 0 || rows <= 0)
+        return TD_OK;
+    if (fmt == TD_WEIGHTS_Q8_0 && cols % TD_Q8_0_BLOCK)
+        return td__error(TD_ERR_INVALID_ARG,
+                         "matmul_compact: q8_0 rows of %lld values are not whole blocks of 32",
+                         (long long)cols);
+    TD_CHECK(td__cuda_scratch(cd, xbytes, &xq));
+    size_t nx = fmt == TD_WEIGHTS_Q8_0 ? (size_t)(n * (cols / 32)) : (size_t)(n * cols);
+    round_x_k<<<grid_for(nx), kThreads, 0, cd->stream>>>(n, cols, (int)fmt, x, (unsigned char *)xq);
+    TD_CHECK(launched(cd, "compact rounding kernel"));
+    matmul_compact_k<<<grid_for((size_t)(n * rows)), kThreads, 0, cd->stream>>>(
+        n, rows, cols, (int)fmt, (const unsigned char *)xq, (const unsigned char *)w, y);
+    return launched(cd, "compact product kernel");
+}
+
+} // namespace td_cuda

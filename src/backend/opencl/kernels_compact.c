@@ -1,0 +1,121 @@
+/* Products with compact weights (bf16, q8_0) on OpenCL devices: the
+ * matmul_compact slot. As the CPU's kernels (kern_compact.c), x is first
+ * rounded to the weights' kind, into scratch (compact_round_x: q8_0 blocks
+ * with an f16 scale by vstore_half_rte, or bf16 by rounding to nearest
+ * even), then one work-item per output sums a row: int8 block products in
+ * int, times the two scales, or exact bf16 products, in the CPU's C path's
+ * order, so PoCL gives the CPU's C results bit for bit. The OpenCL C here
+ * is appended to td__ocl_source (one program per device and precision; the
+ * kernels are f32 in both). */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/opencl/opencl-impl.h"
+#include "core/error.h"
+#include "core/quant.h"
+
+/* clang-format off */
+static const char compact_source[] =
+    "/* x (n, cols) f32 -> xq: q8_0 blocks (fmt 2) or bf16 (fmt 1). */\n"
+    "__kernel void compact_round_x(ulong n, ulong cols, int fmt, C(float, x), G(uchar, xq)) {\n"
+    "  CAT(float, x);\n"
+    "  AT(uchar, xq);\n"
+    "  if (fmt == 1) {\n"
+    "    LOOP(e, n * cols) {\n"
+    "      uint u = as_uint(x[e]);\n"
+    "      ushort h = (u & 0x7fffffffu) > 0x7f800000u ? (ushort)((u >> 16) | 0x40u)\n"
+    "                                                : (ushort)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);\n"
+    "      ((__global ushort *)xq)[e] = h;\n"
+    "    }\n"
+    "    return;\n"
+    "  }\n"
+    "  LOOP(b, n * (cols / 32)) {\n"
+    "    __global const float *v = x + b * 32;\n"
+    "    __global uchar *o = xq + b * 34;\n"
+    "    float amax = 0.0f;\n"
+    "    for (int j = 0; j < 32; j++) amax = fmax(amax, fabs(v[j]));\n"
+    "    float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;\n"
+    "    vstore_half_rte(d, 0, (__global half *)o);\n"
+    "    for (int j = 0; j < 32; j++) ((__global char *)o)[2 + j] = (char)round(v[j] * id);\n"
+    "  }\n"
+    "}\n"
+    "/* y (n, rows) = xq (n, cols) W^T for W (rows, cols) in fmt. */\n"
+    "__kernel void matmul_compact(ulong n, ulong rows, ulong cols, int fmt, C(uchar, xq),\n"
+    "                             C(uchar, w), G(float, y)) {\n"
+    "  CAT(uchar, xq);\n"
+    "  CAT(uchar, w);\n"
+    "  AT(float, y);\n"
+    "  ulong nb = cols / 32;\n"
+    "  LOOP(e, n * rows) {\n"
+    "    ulong i = e / rows, r = e % rows;\n"
+    "    float acc = 0.0f;\n"
+    "    if (fmt == 1) {\n"
+    "      __global const ushort *wr = (__global const ushort *)w + r * cols;\n"
+    "      __global const ushort *xr = (__global const ushort *)xq + i * cols;\n"
+    "      for (ulong p = 0; p < cols; p++)\n"
+    "        acc += as_float((uint)wr[p] << 16) * as_float((uint)xr[p] << 16);\n"
+    "    } else {\n"
+    "      __global const uchar *wr = w + r * nb * 34, *xr = xq + i * nb * 34;\n"
+    "      for (ulong b = 0; b < nb; b++) {\n"
+    "        __global const char *qw = (__global const char *)(wr + b * 34 + 2);\n"
+    "        __global const char *qx = (__global const char *)(xr + b * 34 + 2);\n"
+    "        int s = 0;\n"
+    "        for (int j = 0; j < 32; j++) s += (int)qw[j] * (int)qx[j];\n"
+    "        float dw = vload_half(0, (__global const half *)(wr + b * 34));\n"
+    "        float dx = vload_half(0, (__global const half *)(xr + b * 34));\n"
+    "        acc += (float)s * (dw * dx);\n"
+    "      }\n"
+    "    }\n"
+    "    y[e] = acc;\n"
+    "  }\n"
+    "}\n";
+/* clang-format on */
+
+static char *all_source;
+static pthread_once_t all_once = PTHREAD_ONCE_INIT;
+
+static void join_sources(void) {
+    size_t a = strlen(td__ocl_source), b = strlen(compact_source);
+    if ((all_source = malloc(a + b + 1))) {
+        memcpy(all_source, td__ocl_source, a);
+        memcpy(all_source + a, compact_source, b + 1);
+    }
+}
+
+const char *td__ocl_program_source(void) {
+    pthread_once(&all_once, join_sources);
+    return all_source;
+}
+
+td_status td__ocl_matmul_compact(void *ctx, td_weights fmt, int64_t n, int64_t rows, int64_t cols,
+                                 const float *x, const void *w, float *y) {
+    ocl_device *od = ctx;
+    size_t xbytes = (size_t)n * td__compact_row_bytes(fmt, cols);
+    cl_mem xq;
+    td_ocl_args a;
+    if (n <= 0 || rows <= 0)
+        return TD_OK;
+    if (fmt == TD_WEIGHTS_Q8_0 && cols % TD_Q8_0_BLOCK)
+        return td__error(TD_ERR_INVALID_ARG,
+                         "matmul_compact: q8_0 rows of %lld values are not whole blocks of 32",
+                         (long long)cols);
+    TD_CHECK(td__ocl_scratch(od, xbytes, &xq));
+    TD_CHECK(td__ocl_begin(&a, od, TD_F32, TD_OCL_K_COMPACT_ROUND_X));
+    td__ocl_arg_u64(&a, (uint64_t)n);
+    td__ocl_arg_u64(&a, (uint64_t)cols);
+    td__ocl_arg_int(&a, (int)fmt);
+    td__ocl_arg_ptr(&a, x);
+    td__ocl_arg_mem(&a, xq, 0);
+    TD_CHECK(td__ocl_run(&a, fmt == TD_WEIGHTS_Q8_0 ? (size_t)(n * (cols / TD_Q8_0_BLOCK))
+                                                    : (size_t)(n * cols)));
+    TD_CHECK(td__ocl_begin(&a, od, TD_F32, TD_OCL_K_MATMUL_COMPACT));
+    td__ocl_arg_u64(&a, (uint64_t)n);
+    td__ocl_arg_u64(&a, (uint64_t)rows);
+    td__ocl_arg_u64(&a, (uint64_t)cols);
+    td__ocl_arg_int(&a, (int)fmt);
+    td__ocl_arg_mem(&a, xq, 0);
+    td__ocl_arg_ptr(&a, w);
+    td__ocl_arg_ptr(&a, y);
+    return td__ocl_run(&a, (size_t)(n * rows));
+}
