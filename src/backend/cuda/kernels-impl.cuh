@@ -132,6 +132,7 @@ td_status cuda_kv_reduce(void *ctx, td_dtype dt, int64_t rows, int64_t h, int64_
                          const void *dqkv, void *draw);
 td_status cuda_matmul_compact(void *ctx, td_weights fmt, int64_t n, int64_t rows, int64_t cols,
                               const float *x, const void *w, float *y);
+td_status cuda_convert_half(void *ctx, int kind, int to_half, size_t n, const void *src, void *dst);
 
 } // namespace td_cuda
 

@@ -560,6 +560,7 @@ extern "C" const td_kernels td__cuda_kernels = {
     .kv_expand = cuda_kv_expand,
     .kv_reduce = cuda_kv_reduce,
     .matmul_compact = cuda_matmul_compact,
+    .convert_half = cuda_convert_half,
     .sumsq = cuda_sumsq,
     .sgd = cuda_sgd,
     .adamw = cuda_adamw,

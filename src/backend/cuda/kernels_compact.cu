@@ -94,4 +94,26 @@ td_status cuda_matmul_compact(void *ctx, td_weights fmt, int64_t n, int64_t rows
     return launched(cd, "compact product kernel");
 }
 
+__global__ void convert_half_k(size_t n, int kind, int to_half, const void *src, void *dst) {
+    GRID_LOOP(e, n) {
+        if (to_half)
+            ((unsigned short *)dst)[e] =
+                kind == 1 ? __half_as_ushort(__float2half_rn(((const float *)src)[e]))
+                          : bf16_rne(((const float *)src)[e]);
+        else
+            ((float *)dst)[e] =
+                kind == 1 ? __half2float(__ushort_as_half(((const unsigned short *)src)[e]))
+                          : __uint_as_float((unsigned)((const unsigned short *)src)[e] << 16);
+    }
+}
+
+td_status cuda_convert_half(void *ctx, int kind, int to_half, size_t n, const void *src,
+                            void *dst) {
+    cuda_device *cd = dev_of(ctx);
+    if (n == 0)
+        return TD_OK;
+    convert_half_k<<<grid_for(n), kThreads, 0, cd->stream>>>(n, kind, to_half, src, dst);
+    return launched(cd, "half conversion kernel");
+}
+
 } // namespace td_cuda

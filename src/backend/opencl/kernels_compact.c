@@ -69,6 +69,24 @@ static const char compact_source[] =
     "    }\n"
     "    y[e] = acc;\n"
     "  }\n"
+    "}\n"
+    "/* n values between f32 and f16 (kind 1) or bf16 (kind 2), to nearest even. */\n"
+    "__kernel void convert_half(ulong n, int kind, int to_half, C(uchar, src), G(uchar, dst)) {\n"
+    "  CAT(uchar, src);\n"
+    "  AT(uchar, dst);\n"
+    "  LOOP(e, n) {\n"
+    "    if (to_half && kind == 1) {\n"
+    "      vstore_half_rte(((__global const float *)src)[e], e, (__global half *)dst);\n"
+    "    } else if (to_half) {\n"
+    "      uint u = as_uint(((__global const float *)src)[e]);\n"
+    "      ((__global ushort *)dst)[e] = (u & 0x7fffffffu) > 0x7f800000u\n"
+    "          ? (ushort)((u >> 16) | 0x40u) : (ushort)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);\n"
+    "    } else if (kind == 1) {\n"
+    "      ((__global float *)dst)[e] = vload_half(e, (__global const half *)src);\n"
+    "    } else {\n"
+    "      ((__global float *)dst)[e] = as_float((uint)((__global const ushort *)src)[e] << 16);\n"
+    "    }\n"
+    "  }\n"
     "}\n";
 /* clang-format on */
 
@@ -118,4 +136,18 @@ td_status td__ocl_matmul_compact(void *ctx, td_weights fmt, int64_t n, int64_t r
     td__ocl_arg_ptr(&a, w);
     td__ocl_arg_ptr(&a, y);
     return td__ocl_run(&a, (size_t)(n * rows));
+}
+
+td_status td__ocl_convert_half(void *ctx, int kind, int to_half, size_t n, const void *src,
+                               void *dst) {
+    td_ocl_args a;
+    if (n == 0)
+        return TD_OK;
+    TD_CHECK(td__ocl_begin(&a, ctx, TD_F32, TD_OCL_K_CONVERT_HALF));
+    td__ocl_arg_u64(&a, (uint64_t)n);
+    td__ocl_arg_int(&a, kind);
+    td__ocl_arg_int(&a, to_half);
+    td__ocl_arg_ptr(&a, src);
+    td__ocl_arg_ptr(&a, dst);
+    return td__ocl_run(&a, n);
 }

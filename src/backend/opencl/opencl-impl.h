@@ -48,6 +48,7 @@
     X(SWIGLU_BWD, swiglu_bwd)                                                                      \
     X(COMPACT_ROUND_X, compact_round_x)                                                            \
     X(MATMUL_COMPACT, matmul_compact)                                                              \
+    X(CONVERT_HALF, convert_half)                                                                  \
     X(ROPE, rope)                                                                                  \
     X(KV_EXPAND, kv_expand)                                                                        \
     X(KV_REDUCE, kv_reduce)
@@ -219,6 +220,8 @@ extern const char td__ocl_source[];
 const char *td__ocl_program_source(void);
 td_status td__ocl_matmul_compact(void *ctx, td_weights fmt, int64_t n, int64_t rows, int64_t cols,
                                  const float *x, const void *w, float *y);
+td_status td__ocl_convert_half(void *ctx, int kind, int to_half, size_t n, const void *src,
+                               void *dst);
 extern const td_kernels td__opencl_kernels;
 
 /* CLBlast 1.5 builds its tuning database on a routine's first call without a
