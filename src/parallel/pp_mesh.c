@@ -181,21 +181,9 @@ static td_status run_pipeline(void *p) {
  * not the samples). */
 static td_batch rows_of(const pp_mesh *x, const pipeline *p, const td_batch *batch, int r,
                         int64_t *first) {
-    int64_t feats = 1, lps = p->info.kind == TD_INPUT_TOKENS ? p->info.in_shape[0] : 1, lo, hi;
-    td_batch rows = *batch;
-    *first = 0;
-    if (x->tensor > 1)
-        return rows;
-    for (int d = 0; d < p->info.in_ndim; d++)
-        feats *= p->info.in_shape[d];
-    lo = batch->n * r / x->m.replicas;
-    hi = batch->n * (r + 1) / x->m.replicas;
-    rows.n = hi - lo;
-    rows.x = batch->x ? batch->x + lo * feats : NULL;
-    rows.tokens = batch->tokens ? batch->tokens + lo * feats : NULL;
-    rows.labels = batch->labels + lo * lps;
-    *first = lo;
-    return rows;
+    int64_t lo = batch->n * r / x->m.replicas, hi = batch->n * (r + 1) / x->m.replicas;
+    *first = x->tensor > 1 ? 0 : lo;
+    return x->tensor > 1 ? *batch : td__batch_rows(batch, &p->info, lo, hi);
 }
 
 /* Pipeline r's stages in stats->m (at their ranks in the group). */
