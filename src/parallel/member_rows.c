@@ -35,3 +35,28 @@ void td__rows_to_stats(const td__member_row *rows, int n, double step_s, td_memb
         m[k].wait_s = fmax(0, step_s - rows[k].compute_s - rows[k].comm_s - rows[k].update_s);
     }
 }
+
+typedef struct eval_call {
+    td_model *const *models;
+    const td_batch *batches;
+    size_t n;
+    td_step_result *per_batch;
+} eval_call;
+
+static td_status evaluate_job(td_group *g, td_device *dev, int rank, int size, void *arg) {
+    eval_call *c = arg;
+    (void)g, (void)dev, (void)size;
+    for (size_t i = 0; i < c->n; i++) {
+        td_step_result r;
+        TD_CHECK(td_model_evaluate(c->models[rank], &c->batches[i], &r));
+        if (rank == 0)
+            c->per_batch[i] = r;
+    }
+    return TD_OK;
+}
+
+td_status td__rows_evaluate_alike(td_group *g, td_model *const *models, const td_batch *batches,
+                                  size_t n, td_step_result *per_batch) {
+    eval_call c = {models, batches, n, per_batch};
+    return n ? td_group_run(g, evaluate_job, &c) : TD_OK;
+}

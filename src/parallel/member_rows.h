@@ -5,6 +5,7 @@
 #define TD_PARALLEL_MEMBER_ROWS_H
 
 #include "tandem/comm.h"
+#include "tandem/nn.h"
 #include "tandem/parallel.h"
 
 typedef struct td__member_row {
@@ -35,5 +36,11 @@ td_status td__rows_read(const td__rows *r, td__member_row *rows);
 /* The time fields of m[0..n) from rows: each member's wait the rest of
  * step_s. */
 void td__rows_to_stats(const td__member_row *rows, int n, double step_s, td_member_stats *m);
+
+/* Evaluation where every member of g computes the same loss (a tensor
+ * shard, a spatial band model): member k evaluates models[k] on each batch,
+ * member 0's numbers go into per_batch. */
+td_status td__rows_evaluate_alike(td_group *g, td_model *const *models, const td_batch *batches,
+                                  size_t n, td_step_result *per_batch);
 
 #endif

@@ -106,32 +106,13 @@ static td_status sp_step(void *impl, const td_batch *batch, uint64_t step, td_st
     return td__sp_rebalance(p);
 }
 
-/* Evaluation: member 0's results (every member computes the same loss). */
-typedef struct eval_call {
-    spatial_par *p;
-    const td_batch *batches;
-    size_t n;
-    td_step_result *per_batch;
-} eval_call;
-
-static td_status evaluate_job(td_group *g, td_device *dev, int rank, int size, void *arg) {
-    eval_call *c = arg;
-    (void)g;
-    (void)dev;
-    (void)size;
-    for (size_t i = 0; i < c->n; i++) {
-        td_step_result r;
-        TD_CHECK(td_model_evaluate(c->p->mb[rank].m, &c->batches[i], &r));
-        if (rank == 0)
-            c->per_batch[i] = r;
-    }
-    return TD_OK;
-}
-
 static td_status sp_evaluate(void *impl, const td_batch *batches, size_t n,
                              td_step_result *per_batch) {
-    eval_call c = {impl, batches, n, per_batch};
-    return td_group_run(((spatial_par *)impl)->g, evaluate_job, &c);
+    spatial_par *p = impl;
+    td_model *models[TD_DP_MAX_MEMBERS];
+    for (int k = 0; k < p->size; k++)
+        models[k] = p->mb[k].m;
+    return td__rows_evaluate_alike(p->g, models, batches, n, per_batch);
 }
 
 /* Checkpoints (placement.c) and the rest ----------------------------------------- */

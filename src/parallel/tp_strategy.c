@@ -146,28 +146,6 @@ td_status td__tp_update_job(td_group *g, td_device *dev, int rank, int size, voi
     return update(g, &c->p->mb[rank]);
 }
 
-/* Evaluation: member 0's results (every member computes the same). */
-typedef struct eval_call {
-    tensor_par *p;
-    const td_batch *batches;
-    size_t n;
-    td_step_result *per_batch;
-} eval_call;
-
-static td_status evaluate_job(td_group *g, td_device *dev, int rank, int size, void *arg) {
-    eval_call *c = arg;
-    (void)g;
-    (void)dev;
-    (void)size;
-    for (size_t i = 0; i < c->n; i++) {
-        td_step_result r;
-        TD_CHECK(td_model_evaluate(c->p->mb[rank].m, &c->batches[i], &r));
-        if (rank == 0)
-            c->per_batch[i] = r;
-    }
-    return TD_OK;
-}
-
 static void fill_stats(tensor_par *p, const td__member_row *rows, int64_t n, double step_s,
                        td_step_stats *stats) {
     double speed = 0;
@@ -223,8 +201,11 @@ static td_status tp_step(void *impl, const td_batch *batch, uint64_t step, td_st
 
 static td_status tp_evaluate(void *impl, const td_batch *batches, size_t n,
                              td_step_result *per_batch) {
-    eval_call c = {impl, batches, n, per_batch};
-    return n ? td_group_run(((tensor_par *)impl)->g, evaluate_job, &c) : TD_OK;
+    tensor_par *p = impl;
+    td_model *models[TD_DP_MAX_MEMBERS];
+    for (int k = 0; k < p->size; k++)
+        models[k] = p->mb[k].m;
+    return td__rows_evaluate_alike(p->g, models, batches, n, per_batch);
 }
 
 /* Checkpoints (placement.c) and the rest ----------------------------------------- */
