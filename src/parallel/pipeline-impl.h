@@ -175,8 +175,10 @@ td_status td__pp_mesh_open(td_strategy *s, int replicas, int tensor, pipeline **
  * checkpoint then gathers from every one. */
 int td__pp_mesh_sliced(const pp_mesh *x);
 void td__pp_mesh_close(pp_mesh *x);
-int td__pp_mesh_replicas(const pp_mesh *x);
-pipeline *td__pp_mesh_replica(const pp_mesh *x, int r);
+/* The mesh's pipelines (1 for none): its replicas, or a tensor mesh's
+ * chains; pipeline r of them (0 is the strategy's own). */
+int td__pp_mesh_pipelines(const pp_mesh *x);
+pipeline *td__pp_mesh_pipeline(const pp_mesh *x, int r);
 td_status td__pp_mesh_step(pipeline *p, const td_batch *batch, uint64_t step, td_step_result *res,
                            td_step_stats *stats);
 /* The plan text of a tensor mesh: a line per stage, with its members'

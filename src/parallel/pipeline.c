@@ -167,19 +167,19 @@ static void end_evaluation(pipeline *p) {
 static td_status pp_evaluate(void *impl, const td_batch *batches, size_t n,
                              td_step_result *per_batch) {
     pipeline *p = impl;
-    int chains = td__pp_mesh_sliced(p->mesh) ? td__pp_mesh_replicas(p->mesh) : 1;
+    int chains = td__pp_mesh_sliced(p->mesh) ? td__pp_mesh_pipelines(p->mesh) : 1;
     td_step_result *scratch = NULL;
     td_status st = TD_OK;
     if (chains > 1 && !(scratch = td__calloc(sizeof *scratch * (n ? n : 1) * (size_t)chains,
                                              "evaluation results")))
         return TD_ERR_OUT_OF_MEMORY;
     for (int j = 0; j < chains && st == TD_OK; j++)
-        st = setup_evaluation(j ? td__pp_mesh_replica(p->mesh, j) : p, batches, n,
+        st = setup_evaluation(j ? td__pp_mesh_pipeline(p->mesh, j) : p, batches, n,
                               j ? scratch + (size_t)j * n : per_batch);
     if (st == TD_OK && p->m > 0)
         st = chains > 1 ? td__pp_mesh_run(p) : td__pp_run(p);
     for (int j = 0; j < chains; j++)
-        end_evaluation(j ? td__pp_mesh_replica(p->mesh, j) : p);
+        end_evaluation(j ? td__pp_mesh_pipeline(p->mesh, j) : p);
     free(scratch);
     return st;
 }
@@ -196,18 +196,18 @@ static void holdings_of(const pipeline *p, td__holding *h, int *n) {
 /* Every pipeline's stages, pipeline after pipeline. */
 static void pp_holdings(void *impl, td__holding *h, int *n) {
     pipeline *p = impl;
-    int pipelines = td__pp_mesh_replicas(p->mesh);
+    int pipelines = td__pp_mesh_pipelines(p->mesh);
     *n = 0;
     for (int r = 0; r < pipelines; r++) {
         int got;
-        holdings_of(r ? td__pp_mesh_replica(p->mesh, r) : p, h + *n, &got);
+        holdings_of(r ? td__pp_mesh_pipeline(p->mesh, r) : p, h + *n, &got);
         *n += got;
     }
 }
 
 static td_status settle_all(pipeline *p) {
-    for (int r = 0; r < td__pp_mesh_replicas(p->mesh); r++)
-        TD_CHECK(td__pp_settle(r ? td__pp_mesh_replica(p->mesh, r) : p));
+    for (int r = 0; r < td__pp_mesh_pipelines(p->mesh); r++)
+        TD_CHECK(td__pp_settle(r ? td__pp_mesh_pipeline(p->mesh, r) : p));
     return TD_OK;
 }
 
@@ -270,7 +270,7 @@ static size_t plan_lines(const pipeline *p, char *buf, size_t n) {
 
 static const char *pp_plan_text(void *impl, char *buf, size_t n) {
     pipeline *p = impl;
-    int replicas = td__pp_mesh_replicas(p->mesh);
+    int replicas = td__pp_mesh_pipelines(p->mesh);
     size_t used = 0;
     buf[0] = '\0';
     if (td__pp_mesh_sliced(p->mesh))
@@ -281,7 +281,7 @@ static const char *pp_plan_text(void *impl, char *buf, size_t n) {
                                      "replica %d of %d, rows %d/%d of each batch%s:\n", r + 1,
                                      replicas, r + 1, replicas, r ? ", cut as the first" : "");
         if (used < n)
-            used += plan_lines(r ? td__pp_mesh_replica(p->mesh, r) : p, buf + used, n - used);
+            used += plan_lines(r ? td__pp_mesh_pipeline(p->mesh, r) : p, buf + used, n - used);
     }
     return buf;
 }

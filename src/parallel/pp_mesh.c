@@ -25,7 +25,7 @@ struct pp_mesh {
     pipeline *rep[TD_DP_MAX_MEMBERS];                  /* rep[0] is the strategy's own */
 };
 
-int td__pp_mesh_replicas(const pp_mesh *x) {
+int td__pp_mesh_pipelines(const pp_mesh *x) {
     return !x ? 1 : x->tensor > 1 ? x->tensor : x->m.replicas;
 }
 
@@ -33,14 +33,14 @@ int td__pp_mesh_sliced(const pp_mesh *x) {
     return x && x->tensor > 1;
 }
 
-pipeline *td__pp_mesh_replica(const pp_mesh *x, int r) {
+pipeline *td__pp_mesh_pipeline(const pp_mesh *x, int r) {
     return x->rep[r];
 }
 
 void td__pp_mesh_close(pp_mesh *x) {
     if (!x)
         return;
-    for (int r = 1; r < td__pp_mesh_replicas(x); r++)
+    for (int r = 1; r < td__pp_mesh_pipelines(x); r++)
         td__pp_free(x->rep[r]);
     td__mesh_close(&x->m);
     free(x);
@@ -189,7 +189,7 @@ static td_batch rows_of(const pp_mesh *x, const pipeline *p, const td_batch *bat
 /* Pipeline r's stages in stats->m (at their ranks in the group). */
 static void fill_member_stats(const pp_mesh *x, const pipeline *q, const td__member_row *rows,
                               int64_t samples, double step_s, td_step_stats *stats, double *speed) {
-    int pipelines = td__pp_mesh_replicas(x);
+    int pipelines = td__pp_mesh_pipelines(x);
     double cost = 0;
     td_member_stats one[TD_PP_MAX_STAGES];
     td__rows_to_stats(rows, q->size, step_s, one);
@@ -209,7 +209,7 @@ static void fill_member_stats(const pp_mesh *x, const pipeline *q, const td__mem
 td_status td__pp_mesh_step(pipeline *p, const td_batch *batch, uint64_t step, td_step_result *res,
                            td_step_stats *stats) {
     pp_mesh *x = p->mesh;
-    int pipelines = td__pp_mesh_replicas(x);
+    int pipelines = td__pp_mesh_pipelines(x);
     td_batch rows[TD_DP_MAX_MEMBERS];
     td__member_row stage_rows[TD_PP_MAX_STAGES];
     int64_t lps = p->info.kind == TD_INPUT_TOKENS ? p->info.in_shape[0] : 1, first;
@@ -251,9 +251,9 @@ td_status td__pp_mesh_step(pipeline *p, const td_batch *batch, uint64_t step, td
 
 td_status td__pp_mesh_run(pipeline *p) {
     void *args[TD_DP_MAX_MEMBERS];
-    int pipelines = td__pp_mesh_replicas(p->mesh);
+    int pipelines = td__pp_mesh_pipelines(p->mesh);
     for (int r = 0; r < pipelines; r++)
-        args[r] = td__pp_mesh_replica(p->mesh, r);
+        args[r] = td__pp_mesh_pipeline(p->mesh, r);
     return td__mesh_run_all(pipelines, run_pipeline, args);
 }
 
