@@ -134,6 +134,39 @@ static void print_worst(const char *pa, const char *pb) {
     td_device_list_destroy(l);
 }
 
+/* The heads cpu:0 holds in s's plan, or -1. */
+static long long heads_of_first(td_strategy *s) {
+    char plan[4096];
+    long long mine = 0, all = 0;
+    const char *line = strstr(td_strategy_plan(s, plan, sizeof plan), "cpu:0: ");
+    return line && sscanf(line, "cpu:0: %lld of %lld heads", &mine, &all) == 2 ? mine : -1;
+}
+
+/* The first device holds more than n heads. How many follows the speeds
+ * measured at create, which a machine busy with other work blurs (the fast
+ * device preempted while the slowed one spins, in every timed try): a plan
+ * that misses is measured again, twice at most, before the test fails. */
+static void check_first_holds_more(td_group *g, td_strategy *tp, const char *json, td_dtype dt,
+                                   int64_t batch, long long n) {
+    td_strategy_config c = config("tensor", dt, batch);
+    char plan[4096];
+    if (heads_of_first(tp) > n)
+        return;
+    for (int again = 0; again < 2; again++) {
+        td_strategy *s = NULL;
+        int holds_more;
+        printf("cpu:0 holds %lld heads, not more than %lld: measuring again\n", heads_of_first(tp),
+               n);
+        TD_ASSERT_OK(create(g, json, &c, &s));
+        holds_more = heads_of_first(s) > n;
+        td_strategy_destroy(s);
+        if (holds_more)
+            return;
+    }
+    fail_msg("cpu:0 does not hold more than %lld heads:\n%s", n,
+             td_strategy_plan(tp, plan, sizeof plan));
+}
+
 static void check_like_one_device(const char *json, const char *spec, td_dtype dt, int64_t batch,
                                   double tol, const char *want_plan) {
     td_test_data *d = td_test_data_create(json, STEPS, batch);
@@ -161,15 +194,8 @@ static void check_like_one_device(const char *json, const char *spec, td_dtype d
     td_strategy_plan(tp, plan, sizeof plan);
     if (want_plan && want_plan[0] != '>' && !strstr(plan, want_plan))
         fail_msg("the plan does not say \"%s\":\n%s", want_plan, plan);
-    if (want_plan && want_plan[0] == '>') {
-        /* ">N": the first device holds more than N of the heads (how many
-         * more follows the speeds measured, which a loaded machine blurs). */
-        long long mine = 0, all = 0;
-        const char *line = strstr(plan, "cpu:0: ");
-        if (!line || sscanf(line, "cpu:0: %lld of %lld heads", &mine, &all) != 2 ||
-            mine <= atoll(want_plan + 1))
-            fail_msg("cpu:0 does not hold more than %s heads:\n%s", want_plan + 1, plan);
-    }
+    if (want_plan && want_plan[0] == '>')
+        check_first_holds_more(g, tp, json, dt, d->n, atoll(want_plan + 1));
     td_strategy_destroy(tp);
     td_strategy_destroy(one);
     td_group_destroy(g);
