@@ -6,20 +6,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "support/bench.h"
 #include "tandem/tandem.h"
 #include "tensor/ops.h"
 
 #define RUNS 7
-
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp);
-    return v[n / 2];
-}
 
 typedef struct gemm_args {
     td_tensor *a, *b, *c;
@@ -99,7 +90,8 @@ int main(void) {
                 tc[r] = cublas_seconds(n, (td_dtype)d, reps);
             }
             {
-                double a = flops / median(tt, RUNS) * 1e-12, b = flops / median(tc, RUNS) * 1e-12;
+                double a = flops / td_bench_median(tt, RUNS) * 1e-12,
+                       b = flops / td_bench_median(tc, RUNS) * 1e-12;
                 printf("%-6s %6d %14.2f %14.2f %7.2f\n", td_dtype_name((td_dtype)d), n, a, b,
                        a / b);
             }

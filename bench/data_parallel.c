@@ -47,6 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "support/bench.h"
 #include "tandem/tandem.h"
 
 #define MAX_RUNS    16
@@ -63,38 +64,6 @@ typedef struct bench_opts {
     int windows;     /* timed windows per configuration and run, at most RUN_WINDOWS */
     int runs;        /* at most MAX_RUNS */
 } bench_opts;
-
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(const double *v, int n) {
-    double s[MAX_WINDOWS];
-    memcpy(s, v, sizeof *v * (size_t)n);
-    qsort(s, (size_t)n, sizeof *s, cmp);
-    return s[n / 2];
-}
-
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    char *s;
-    long n;
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    s = malloc((size_t)n + 1);
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) {
-        free(s);
-        s = NULL;
-    }
-    if (s)
-        s[n] = '\0';
-    fclose(f);
-    return s;
-}
 
 /* One configuration under test: a group with a replica on each member. */
 typedef struct config {
@@ -163,7 +132,7 @@ static int setup(config *c, const char *json, int64_t batch, td_loader *loader, 
             return 1;
         t[s] = (double)(td_clock_ns() - t0) * 1e-9;
     }
-    c->steps = (int)ceil(window_s / median(t, SETTLE_STEPS));
+    c->steps = (int)ceil(window_s / td_bench_median(t, SETTLE_STEPS));
     if (c->steps < min_steps)
         c->steps = min_steps;
     return 0;
@@ -407,7 +376,7 @@ static const char *const specs[NCONFIGS] = {"cpu:0",
 static int model_setup(model_bench *m, const bench_opts *o, td_dataset *train) {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", o->examples, m->file);
-    if (!(m->json = slurp(path))) {
+    if (!(m->json = td_bench_slurp(path))) {
         fprintf(stderr, "bench: cannot read %s\n", path);
         return 1;
     }
@@ -444,19 +413,20 @@ static int model_run(model_bench *m, const bench_opts *o, int r) {
             return 1;
         }
     }
-    double one = median(m->cf[0].sps + first, W);
-    double ideal = one + median(m->cf[3].sps + first, W);
-    double both = median(m->both[0].sps + first, W),
-           slowed_both = median(m->both[1].sps + first, W);
+    double one = td_bench_median(m->cf[0].sps + first, W);
+    double ideal = one + td_bench_median(m->cf[3].sps + first, W);
+    double both = td_bench_median(m->both[0].sps + first, W),
+           slowed_both = td_bench_median(m->both[1].sps + first, W);
     for (int mode = 0; mode < 2; mode++) {
-        double pair = median(m->cf[mode ? 4 : 1].sps + first, W);
-        double slowed = median(m->cf[mode ? 5 : 2].sps + first, W);
+        double pair = td_bench_median(m->cf[mode ? 4 : 1].sps + first, W);
+        double slowed = td_bench_median(m->cf[mode ? 5 : 2].sps + first, W);
         m->eff[mode][r] = pair / one / 2.0;
         m->vs_ideal[mode][r] = ideal / slowed;
         m->vs_both[mode][r] = pair / both;
         m->vs_slowed_both[mode][r] = slowed_both / slowed;
     }
-    m->overlap_vs[r] = median(m->cf[OVERLAPPED].sps + first, W) / median(m->cf[1].sps + first, W);
+    m->overlap_vs[r] = td_bench_median(m->cf[OVERLAPPED].sps + first, W) /
+                       td_bench_median(m->cf[1].sps + first, W);
     return 0;
 }
 
@@ -472,38 +442,41 @@ static void print_runs(const char *what, const double *v, int n, int percent) {
 static void print_breakdown(const char *what, const config *c, int n) {
     printf("    %s's step, ms: compute %.3f, wait for the other member %.3f, reduction %.3f, "
            "update %.3f, the rest %.3f\n",
-           what, 1e3 * median(c->compute, n), 1e3 * median(c->gap, n), 1e3 * median(c->reduce, n),
-           1e3 * median(c->update, n), 1e3 * median(c->rest, n));
+           what, 1e3 * td_bench_median(c->compute, n), 1e3 * td_bench_median(c->gap, n),
+           1e3 * td_bench_median(c->reduce, n), 1e3 * td_bench_median(c->update, n),
+           1e3 * td_bench_median(c->rest, n));
 }
 
 /* The table's rows and the floors; returns whether a judged floor failed. */
 static int model_report(const model_bench *m, const bench_opts *o, int judge) {
     const config *cf = m->cf;
     const int n = o->runs * o->windows;
-    double one = median(cf[0].sps, n), slow_alone = median(cf[3].sps, n);
-    double both = median(m->both[0].sps, n), slowed_both = median(m->both[1].sps, n);
+    double one = td_bench_median(cf[0].sps, n), slow_alone = td_bench_median(cf[3].sps, n);
+    double both = td_bench_median(m->both[0].sps, n),
+           slowed_both = td_bench_median(m->both[1].sps, n);
     int failed = 0;
     printf("%-8s %5lld at once, no communication: cpu*2 %.0f samples/s (%.1f%% of twice one "
            "device alone), the two-device pair at %.1f%% of that; cpu:0 and the slowed device "
            "%.0f, the slowed pair's step %.2fx that\n",
            m->name, (long long)m->batch, both, 100 * both / one / 2,
-           100 * median(m->vs_both[0], o->runs), slowed_both,
-           median(m->vs_slowed_both[0], o->runs));
+           100 * td_bench_median(m->vs_both[0], o->runs), slowed_both,
+           td_bench_median(m->vs_slowed_both[0], o->runs));
     printf("%-8s %5lld overlap forced on cpu*2: %.0f%% of the reduction hidden behind backward, "
            "%.0f samples/s, %.3fx the default's\n",
-           m->name, (long long)m->batch, 100 * median(cf[OVERLAPPED].hidden, n),
-           median(cf[OVERLAPPED].sps, n), median(m->overlap_vs, o->runs));
+           m->name, (long long)m->batch, 100 * td_bench_median(cf[OVERLAPPED].hidden, n),
+           td_bench_median(cf[OVERLAPPED].sps, n), td_bench_median(m->overlap_vs, o->runs));
     for (int mode = 0; mode < 2; mode++) {
         const config *pair = &cf[mode ? 4 : 1], *slowed = &cf[mode ? 5 : 2];
-        double eff = median(m->eff[mode], o->runs), vs_ideal = median(m->vs_ideal[mode], o->runs);
+        double eff = td_bench_median(m->eff[mode], o->runs),
+               vs_ideal = td_bench_median(m->vs_ideal[mode], o->runs);
         const char *name = mode ? "ZeRO-1" : "replicated";
         int ok;
         printf("%-8s %5lld %-10s %9.0f %9.0f %6.1f%% | %9.0f %9.0f %9.0f %7.2fx %6.3f | %5.0f%% "
                "%6.0f\n",
-               m->name, (long long)m->batch, name, one, median(pair->sps, n), 100 * eff, slow_alone,
-               one + slow_alone, median(slowed->sps, n), vs_ideal,
-               td_balancer_share(td_dp_balancer(slowed->dp), 1), 100 * median(slowed->comm, n),
-               1e6 * median(pair->reduce, n));
+               m->name, (long long)m->batch, name, one, td_bench_median(pair->sps, n), 100 * eff,
+               slow_alone, one + slow_alone, td_bench_median(slowed->sps, n), vs_ideal,
+               td_balancer_share(td_dp_balancer(slowed->dp), 1),
+               100 * td_bench_median(slowed->comm, n), 1e6 * td_bench_median(pair->reduce, n));
         print_breakdown("two-device pair", pair, n);
         print_breakdown("slowed pair", slowed, n);
         if (o->runs > 1) {

@@ -29,6 +29,7 @@
 
 #include "backend/cpu/cpu-kernels.h"
 #include "device/device-impl.h"
+#include "support/bench.h"
 #include "tandem/tandem.h"
 
 typedef void (*sgemm_fn)(int order, int ta, int tb, int m, int n, int k, float alpha,
@@ -165,16 +166,6 @@ static void make_prods(void) {
     add_gpt("gpt-512", 16, 128, 512, 8, 256);
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* who: 0 OpenBLAS, 1 tandem, 2 tandem's own f32 kernel whatever
  * td__cpu_gemm_serial would pick. threads: 1 or 2 (dev: the two-core device). */
 static void run_once(int who, td_dtype dt, int threads, void *dev, const prod *p, const void *a,
@@ -278,7 +269,7 @@ static int shapes_main(int reps, const char *only, const char *argv0) {
                         g[th - 1][who][r] = time_gflops(who, dt, th, dev, p, a, b, c, inner);
                     }
                 for (int who = 0; who < 2; who++)
-                    med[who] = median(g[th - 1][who], reps);
+                    med[who] = td_bench_median(g[th - 1][who], reps);
                 printf(" %7.1f %7.1f %5.2f  ", med[1], med[0], med[1] / med[0]);
             }
             openblas_set_num_threads(1);
@@ -286,7 +277,7 @@ static int shapes_main(int reps, const char *only, const char *argv0) {
                 (void)time_gflops(2, dt, 1, dev, p, a, b, c, 1);
                 for (int r = 0; r < reps; r++)
                     own[r] = time_gflops(2, dt, 1, dev, p, a, b, c, inner);
-                printf("%7.1f", median(own, reps));
+                printf("%7.1f", td_bench_median(own, reps));
             } else {
                 printf("%7s", "-");
             }

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "support/bench.h"
 #include "tandem/tandem.h"
 #include "train/train-impl.h"
 
@@ -25,11 +26,6 @@ static void busy(uint64_t ns) {
     uint64_t t0 = td_clock_ns();
     while (td_clock_ns() - t0 < ns)
         ;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 /* The caller's time in td_loader_next over about ms of batches, each
@@ -59,7 +55,7 @@ static int measure(const td_dataset *ds, int64_t batch, int prefetch, double wor
         sum += calls[n++];
         busy(work);
     } while (td_clock_ns() < until && n < cap);
-    qsort(calls, n, sizeof *calls, cmp_double);
+    qsort(calls, n, sizeof *calls, td_bench_cmp_double);
     *median = calls[n / 2];
     *mean = sum / (double)n;
     td_loader_destroy(l);
@@ -112,8 +108,8 @@ int main(int argc, char **argv) {
                     if (measure(train, batches[bi], p, works[wi], ms, &med[p][k], &avg[p][k]))
                         return 1;
             for (int p = 0; p < 2; p++) {
-                qsort(med[p], (size_t)rounds, sizeof **med, cmp_double);
-                qsort(avg[p], (size_t)rounds, sizeof **avg, cmp_double);
+                qsort(med[p], (size_t)rounds, sizeof **med, td_bench_cmp_double);
+                qsort(avg[p], (size_t)rounds, sizeof **avg, td_bench_cmp_double);
             }
             printf("%6lld %7.0f %10.2f / %8.2f %10.2f / %8.2f\n", (long long)batches[bi], works[wi],
                    med[0][rounds / 2], avg[0][rounds / 2], med[1][rounds / 2], avg[1][rounds / 2]);

@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "support/bench.h"
 #include "tandem/tandem.h"
 
 #define MAX_ROUNDS 32
@@ -38,38 +39,6 @@ static const char *conv_json =
     "{\"type\": \"conv2d\", \"out\": 16, \"kernel\": 3, \"padding\": 1}, {\"type\": \"relu\"},"
     "{\"type\": \"maxpool\", \"kernel\": 2},"
     "{\"type\": \"flatten\"}, {\"type\": \"linear\", \"out\": 10}]}";
-
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(const double *v, int n) {
-    double s[MAX_ROUNDS];
-    memcpy(s, v, sizeof *v * (size_t)n);
-    qsort(s, (size_t)n, sizeof *s, cmp);
-    return s[n / 2];
-}
-
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    char *s;
-    long n;
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    s = malloc((size_t)n + 1);
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) {
-        free(s);
-        s = NULL;
-    }
-    if (s)
-        s[n] = '\0';
-    fclose(f);
-    return s;
-}
 
 /* A batch of n samples of `features` values (uniform in [0, 1)) and labels below classes. */
 static td_batch random_batch(int64_t n, int64_t features, int classes, float **x, int32_t **y) {
@@ -181,7 +150,7 @@ static int bench_mirror(const char *examples, int rounds, int steps, int judge) 
     double ratio[MAX_ROUNDS], alone[MAX_ROUNDS], both[MAX_ROUNDS], med;
     int bad = 0;
     snprintf(path, sizeof path, "%s/lenet5.json", examples);
-    if (!(json = slurp(path))) {
+    if (!(json = td_bench_slurp(path))) {
         fprintf(stderr, "bench_mirror_tiles: cannot read %s\n", path);
         return 1;
     }
@@ -195,14 +164,14 @@ static int bench_mirror(const char *examples, int rounds, int steps, int judge) 
         alone[r] = c[1].t[r] / c[0].t[r];
     }
     if (!bad) {
-        med = median(ratio, rounds);
+        med = td_bench_median(ratio, rounds);
         printf("mirror, LeNet-5 at batch 128, a step: single cpu:0 %.2f ms, two singles at once "
                "(cpu:0, cpu:1) %.2f ms, mirror cpu*2 %.2f ms; digests and comparison %.2f%% of "
                "mirror's step\n",
-               1e3 * median(c[0].t, rounds), 1e3 * median(both, rounds),
-               1e3 * median(c[1].t, rounds), 100 * median(c[1].digest, rounds));
+               1e3 * td_bench_median(c[0].t, rounds), 1e3 * td_bench_median(both, rounds),
+               1e3 * td_bench_median(c[1].t, rounds), 100 * td_bench_median(c[1].digest, rounds));
         printf("  mirror over one device alone: %.3fx (no floor: two busy cores)\n",
-               median(alone, rounds));
+               td_bench_median(alone, rounds));
         printf("  mirror over two devices at once: %.3fx (floor <= 1.10x): %s\n", med,
                !judge        ? "not judged (--quick)"
                : med <= 1.10 ? "PASS"
@@ -236,12 +205,12 @@ static int bench_tiles(int rounds, int evals, int judge) {
     if (!bad) {
         td_strategy_report words;
         td_run_figures none = {0};
-        med = median(ratio, rounds);
+        med = td_bench_median(ratio, rounds);
         td_strategy_report_make(c[2].s, &none, &words);
         printf("tiles, 2 images of 3x256x256 in 8x8 tiles: cpu:0 alone %.1f ms, "
                "cpu:1{slowdown=3} alone %.1f ms, the pair %.1f ms\n  %s\n",
-               1e3 * median(c[0].t, rounds), 1e3 * median(c[1].t, rounds),
-               1e3 * median(c[2].t, rounds), words.note);
+               1e3 * td_bench_median(c[0].t, rounds), 1e3 * td_bench_median(c[1].t, rounds),
+               1e3 * td_bench_median(c[2].t, rounds), words.note);
         printf("  tiles on the unequal pair over the ideal: %.3fx (floor <= 1.10x): %s\n", med,
                !judge        ? "not judged (--quick)"
                : med <= 1.10 ? "PASS"

@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "support/bench.h"
 #include "tandem/tandem.h"
 
 #define MAX_ROUNDS 16
@@ -41,18 +42,6 @@ typedef struct config {
     td_step_stats last;
     int wanted; /* --only leaves the other strategy's rows out */
 } config;
-
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(const double *v, int n) {
-    double s[MAX_ROUNDS];
-    memcpy(s, v, sizeof *v * (size_t)n);
-    qsort(s, (size_t)n, sizeof *s, cmp);
-    return s[n / 2];
-}
 
 static void gpt_json(char *buf, size_t n, int channels, int heads, int context, int layers) {
     snprintf(buf, n,
@@ -79,10 +68,11 @@ static const char *verdict(int quick, int pass) {
 
 /* The pipeline's rows: the stages of its last steps, its floors. */
 static int report_pipeline(const config *cf, int rounds, int micro, int quick) {
-    double t_one = median(cf[ONE].seconds, rounds), t_slow = median(cf[ONE_SLOWED].seconds, rounds);
+    double t_one = td_bench_median(cf[ONE].seconds, rounds),
+           t_slow = td_bench_median(cf[ONE_SLOWED].seconds, rounds);
     double ideal = 1.0 / (1.0 / t_one + 1.0 / t_slow);
-    double speedup = t_one / median(cf[PIPE].seconds, rounds);
-    double vs_ideal = median(cf[PIPE_SLOWED].seconds, rounds) / ideal;
+    double speedup = t_one / td_bench_median(cf[PIPE].seconds, rounds);
+    double vs_ideal = td_bench_median(cf[PIPE_SLOWED].seconds, rounds) / ideal;
     for (int c = PIPE; c <= PIPE_SLOWED; c++) {
         const td_step_stats *st = &cf[c].last;
         printf("\n%s, the last step (%.4f s): bubble %.3f measured, %.3f in theory "
@@ -103,11 +93,11 @@ static int report_pipeline(const config *cf, int rounds, int micro, int quick) {
 
 /* The tensor strategy's rows: each member's compute and all-reduces, its floors. */
 static int report_tensor(const config *cf, int rounds, int quick) {
-    double t_one = median(cf[ONE_B1].seconds, rounds);
-    double t_slow = median(cf[ONE_SLOWED_B1].seconds, rounds);
+    double t_one = td_bench_median(cf[ONE_B1].seconds, rounds);
+    double t_slow = td_bench_median(cf[ONE_SLOWED_B1].seconds, rounds);
     double ideal = 1.0 / (1.0 / t_one + 1.0 / t_slow);
-    double speedup = t_one / median(cf[TENSOR].seconds, rounds);
-    double vs_ideal = median(cf[TENSOR_SLOWED].seconds, rounds) / ideal;
+    double speedup = t_one / td_bench_median(cf[TENSOR].seconds, rounds);
+    double vs_ideal = td_bench_median(cf[TENSOR_SLOWED].seconds, rounds) / ideal;
     for (int c = TENSOR; c <= TENSOR_SLOWED; c++) {
         const td_step_stats *st = &cf[c].last;
         printf("\n%s, the last step (%.4f s): member by member\n", cf[c].label, st->step_s);
@@ -218,7 +208,7 @@ int main(int argc, char **argv) {
     printf("\n%-46s %12s\n", "configuration", "s per step");
     for (int c = 0; c < NCONFIGS; c++)
         if (cf[c].wanted)
-            printf("%-46s %12.4f\n", cf[c].label, median(cf[c].seconds, rounds));
+            printf("%-46s %12.4f\n", cf[c].label, td_bench_median(cf[c].seconds, rounds));
     if (want_pipeline)
         ok &= report_pipeline(cf, rounds, micro, quick);
     if (want_tensor)

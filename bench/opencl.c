@@ -10,22 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "support/bench.h"
 #include "tandem/comm.h"
 #include "tandem/parallel.h"
 #include "tandem/tandem.h"
 #include "tensor/ops.h"
 
 #define WINDOWS 5
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* GEMM ------------------------------------------------------------------------ */
 
@@ -64,7 +55,7 @@ static double gemm_gflops(td_device *dev, td_dtype dt, int64_t n, int reps) {
             goto done;
         g[r] = flop * j.inner / ((double)(td_clock_ns() - t0) / 1e9) / 1e9;
     }
-    out = median(g, reps);
+    out = td_bench_median(g, reps);
 done:
     if (out == 0)
         fprintf(stderr, "gemm on %s: %s\n", td_device_name(dev), td_last_error());
@@ -125,7 +116,7 @@ static double train_samples_per_s(td_device *dev, int steps) {
         if (s >= WARM)
             t[s - WARM] = (double)(td_clock_ns() - t0) / 1e9;
     }
-    out = BATCH / median(t, steps);
+    out = BATCH / td_bench_median(t, steps);
 done:
     if (out == 0)
         fprintf(stderr, "training on %s: %s\n", td_device_name(dev), td_last_error());
@@ -239,7 +230,8 @@ int main(int argc, char **argv) {
                 for (int k = 0; k < 2 && !bad; k++)
                     bad = dp_window(&runs[k], w, steps / WINDOWS + 1);
             if (!bad) {
-                double alone = median(runs[0].sps, WINDOWS), mixed = median(runs[1].sps, WINDOWS);
+                double alone = td_bench_median(runs[0].sps, WINDOWS),
+                       mixed = td_bench_median(runs[1].sps, WINDOWS);
                 double best = alone > so ? alone : so;
                 int parked = td_balancer_parked(td_dp_balancer(runs[1].dp), 1);
                 printf("\ndata strategy, medians of %d windows taking turns:\n", WINDOWS);

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "support/bench.h"
 #include "tandem/tandem.h"
 
 #define MAX_ROUNDS 16
@@ -36,18 +37,6 @@ typedef struct config {
     double halo[MAX_ROUNDS];    /* the halo exchange's share of the step, each round */
     td_step_stats last;
 } config;
-
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(const double *v, int n) {
-    double s[MAX_ROUNDS];
-    memcpy(s, v, sizeof *v * (size_t)n);
-    qsort(s, (size_t)n, sizeof *s, cmp);
-    return s[n / 2];
-}
 
 /* examples/shapes_cnn.json's layers on a size x size image. */
 static void cnn_json(char *buf, size_t n, int size) {
@@ -83,10 +72,11 @@ static double halo_share(const td_step_stats *st) {
 }
 
 static int report(const config *cf, int rounds, int quick) {
-    double t_one = median(cf[ONE].seconds, rounds), t_slow = median(cf[ONE_SLOWED].seconds, rounds);
+    double t_one = td_bench_median(cf[ONE].seconds, rounds),
+           t_slow = td_bench_median(cf[ONE_SLOWED].seconds, rounds);
     double ideal = 1.0 / (1.0 / t_one + 1.0 / t_slow);
-    double speedup = t_one / median(cf[SPATIAL].seconds, rounds);
-    double vs_ideal = median(cf[SPATIAL_SLOWED].seconds, rounds) / ideal;
+    double speedup = t_one / td_bench_median(cf[SPATIAL].seconds, rounds);
+    double vs_ideal = td_bench_median(cf[SPATIAL_SLOWED].seconds, rounds) / ideal;
     for (int c = SPATIAL; c <= SPATIAL_SLOWED; c++) {
         const td_step_stats *st = &cf[c].last;
         printf("\n%s, the last step (%.4f s): member by member\n", cf[c].label, st->step_s);
@@ -96,7 +86,7 @@ static int report(const config *cf, int rounds, int quick) {
             printf("  %-8d %7.1f%% %10.4f %12.4f %10.4f %10.4f\n", k, 100 * st->m[k].share,
                    st->m[k].compute_s, st->m[k].comm_s, st->m[k].halo_s, st->m[k].wait_s);
         printf("  the halo exchange's share of the step: %.1f%% (median over the rounds)\n",
-               100 * median(cf[c].halo, rounds));
+               100 * td_bench_median(cf[c].halo, rounds));
     }
     printf("\nspatial speed-up on 2 devices at batch 1: %.2fx (floor 1.6x)%s\n", speedup,
            verdict(quick, speedup >= 1.6));
@@ -191,7 +181,7 @@ int main(int argc, char **argv) {
         }
     printf("\n%-46s %12s\n", "configuration", "s per step");
     for (int c = 0; c < NCONFIGS; c++)
-        printf("%-46s %12.4f\n", cf[c].label, median(cf[c].seconds, rounds));
+        printf("%-46s %12.4f\n", cf[c].label, td_bench_median(cf[c].seconds, rounds));
     ok = report(cf, rounds, quick);
     for (int c = 0; c < NCONFIGS; c++) {
         td_strategy_destroy(cf[c].s);
