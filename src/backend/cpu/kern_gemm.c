@@ -11,7 +11,7 @@
 
 /* Per-thread scratch ------------------------------------------------------- */
 
-#define SCRATCH_SLOTS 2
+#define SCRATCH_SLOTS 3
 
 typedef struct scratch {
     void *p[SCRATCH_SLOTS];
@@ -117,7 +117,23 @@ typedef struct gemm_args {
     int64_t sa, sb, sc; /* batch strides in elements */
     int64_t batch;
     int split_n; /* split columns of C rather than rows */
+    int bf16;    /* f32 with inputs rounded to bf16 (kern_bgemm.c), by the native path */
+    int native;
+    int failed; /* a part found no memory (bf16 only) */
 } gemm_args;
+
+/* One part's product, of g's kind. */
+static void part_gemm(gemm_args *g, int64_t m, int64_t n, const char *a, const char *b, char *c) {
+    if (!g->bf16) {
+        td__cpu_gemm_serial(g->dt, g->ta, g->tb, m, n, g->k, g->alpha, a, g->lda, b, g->ldb,
+                            g->beta, c, g->ldc);
+        return;
+    }
+    if (!td__cpu_bgemm_serial(g->native, g->ta, g->tb, m, n, g->k, (float)g->alpha,
+                              (const float *)a, g->lda, (const float *)b, g->ldb, (float)g->beta,
+                              (float *)c, g->ldc))
+        g->failed = 1;
+}
 
 /* Blocks are multiples of this many rows or columns, to keep BLAS's kernels
  * on full panels. */
@@ -141,12 +157,10 @@ static void gemm_part(void *p, int part, int nparts) {
     if (g->split_n) {
         /* C[:, lo:hi] = op(A) op(B)[:, lo:hi] */
         const char *b = g->b + (size_t)(g->tb ? lo * g->ldb : lo) * es;
-        td__cpu_gemm_serial(g->dt, g->ta, g->tb, g->m, hi - lo, g->k, g->alpha, g->a, g->lda, b,
-                            g->ldb, g->beta, g->c + (size_t)lo * es, g->ldc);
+        part_gemm(g, g->m, hi - lo, g->a, b, g->c + (size_t)lo * es);
     } else {
         const char *a = g->a + (size_t)(g->ta ? lo : lo * g->lda) * es;
-        td__cpu_gemm_serial(g->dt, g->ta, g->tb, hi - lo, g->n, g->k, g->alpha, a, g->lda, g->b,
-                            g->ldb, g->beta, g->c + (size_t)(lo * g->ldc) * es, g->ldc);
+        part_gemm(g, hi - lo, g->n, a, g->b, g->c + (size_t)(lo * g->ldc) * es);
     }
 }
 
@@ -154,22 +168,70 @@ static void gemm_part(void *p, int part, int nparts) {
  * costs more than it saves. */
 #define GEMM_PARALLEL_MIN (64.0 * 64.0 * 64.0)
 
+/* Runs g, split over cd's cores when it is big enough. */
+static td_status gemm_run(cpu_device *cd, gemm_args *g) {
+    if (g->m > INT32_MAX || g->n > INT32_MAX || g->k > INT32_MAX)
+        return td__error(TD_ERR_UNSUPPORTED, "gemm: %lld x %lld x %lld exceeds BLAS's int range",
+                         (long long)g->m, (long long)g->n, (long long)g->k);
+    if (td__cpu_threads(cd) == 1 ||
+        (double)g->m * (double)g->n * (double)g->k < GEMM_PARALLEL_MIN) {
+        part_gemm(g, g->m, g->n, g->a, g->b, g->c);
+    } else {
+        g->split_n = g->n > g->m;
+        td__cpu_parallel(cd, gemm_part, g);
+    }
+    if (g->failed)
+        return td__error(TD_ERR_OUT_OF_MEMORY,
+                         "gemm_bf16: no memory for the rounded inputs of a %lld x %lld x %lld "
+                         "product",
+                         (long long)g->m, (long long)g->n, (long long)g->k);
+    return TD_OK;
+}
+
 td_status td__cpu_gemm(void *ctx, td_dtype dt, int ta, int tb, int64_t m, int64_t n, int64_t k,
                        double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
                        double beta, void *c, int64_t ldc) {
     /* c (m, n) = alpha op(a) (m, k) op(b) (k, n) + beta c; rows lda, ldb, ldc apart */
-    cpu_device *cd = ctx;
-    gemm_args g = {dt, ta, tb, m, n, k, alpha, beta, a, b, c, lda, ldb, ldc, 0, 0, 0, 1, 0};
-    if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX)
-        return td__error(TD_ERR_UNSUPPORTED, "gemm: %lld x %lld x %lld exceeds BLAS's int range",
-                         (long long)m, (long long)n, (long long)k);
-    if (td__cpu_threads(cd) == 1 || (double)m * (double)n * (double)k < GEMM_PARALLEL_MIN) {
-        td__cpu_gemm_serial(dt, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-        return TD_OK;
-    }
-    g.split_n = n > m;
-    td__cpu_parallel(cd, gemm_part, &g);
-    return TD_OK;
+    gemm_args g = {.dt = dt,
+                   .ta = ta,
+                   .tb = tb,
+                   .m = m,
+                   .n = n,
+                   .k = k,
+                   .alpha = alpha,
+                   .beta = beta,
+                   .a = a,
+                   .b = b,
+                   .c = c,
+                   .lda = lda,
+                   .ldb = ldb,
+                   .ldc = ldc,
+                   .batch = 1};
+    return gemm_run(ctx, &g);
+}
+
+td_status td__cpu_gemm_bf16(void *ctx, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                            double alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                            double beta, float *c, int64_t ldc) {
+    /* c (m, n) = alpha bf16(op(a)) (m, k) bf16(op(b)) (k, n) + beta c, f32 sums */
+    gemm_args g = {.dt = TD_F32,
+                   .ta = ta,
+                   .tb = tb,
+                   .m = m,
+                   .n = n,
+                   .k = k,
+                   .alpha = alpha,
+                   .beta = beta,
+                   .a = (const char *)a,
+                   .b = (const char *)b,
+                   .c = (char *)c,
+                   .lda = lda,
+                   .ldb = ldb,
+                   .ldc = ldc,
+                   .batch = 1,
+                   .bf16 = 1,
+                   .native = td__cpu_bgemm_native()};
+    return gemm_run(ctx, &g);
 }
 
 static void gemm_batched_part(void *p, int part, int nparts) {
@@ -189,8 +251,24 @@ td_status td__cpu_gemm_batched(void *ctx, td_dtype dt, int ta, int tb, int64_t m
                                double beta, void *c, int64_t ldc, int64_t stride_c, int64_t batch) {
     /* batch x [c (m, n) = alpha op(a) (m, k) op(b) (k, n) + beta c], stride_* apart */
     cpu_device *cd = ctx;
-    gemm_args g = {dt, ta,  tb,  m,   n,        k,        alpha,    beta,  a, b,
-                   c,  lda, ldb, ldc, stride_a, stride_b, stride_c, batch, 0};
+    gemm_args g = {.dt = dt,
+                   .ta = ta,
+                   .tb = tb,
+                   .m = m,
+                   .n = n,
+                   .k = k,
+                   .alpha = alpha,
+                   .beta = beta,
+                   .a = a,
+                   .b = b,
+                   .c = c,
+                   .lda = lda,
+                   .ldb = ldb,
+                   .ldc = ldc,
+                   .sa = stride_a,
+                   .sb = stride_b,
+                   .sc = stride_c,
+                   .batch = batch};
     int threads = td__cpu_threads(cd);
     if (batch <= 0)
         return TD_OK;
