@@ -2,7 +2,8 @@
  * of the bf16-rounded inputs' products (exact products, so only the order
  * of the f32 sums is left: a tight bound), against f32 on the unrounded
  * inputs (bf16's 8 bits: a loose one), and the paths against each other;
- * and its rounding bit for bit against core/quant.h's. */
+ * its rounding bit for bit against core/quant.h's; and the whole slot
+ * through a device and the tensor layer with the device set to bf16. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,7 @@
 #include "backend/cpu/cpu-kernels.h"
 #include "core/quant.h"
 #include "support/support.h"
+#include "tensor/ops.h"
 
 static uint32_t lcg(uint32_t *s) {
     *s = *s * 1664525u + 1013904223u;
@@ -159,10 +161,77 @@ static void products_match_f64_on_every_path(void **state) {
                       "alone was checked\n");
 }
 
+/* The slot through a device: threads split the product, the tensor layer
+ * picks gemm_bf16 once the device is set to bf16, and an f64 product on the
+ * same device stays f64. */
+typedef struct dev_case {
+    float *y_bf16, *y_f32;
+    double y_f64;
+} dev_case;
+
+static td_status dev_task(td_device *dev, void *arg) {
+    dev_case *dc = arg;
+    enum { M = 96, N = 160, K = 300 };
+    int64_t sa[2] = {M, K}, sb[2] = {N, K}, sc[2] = {M, N}, one[2] = {1, 1};
+    td_tensor *a = NULL, *b = NULL, *c = NULL, *a64 = NULL, *c64 = NULL;
+    uint32_t seed = 5;
+    float *ha = malloc(sizeof(float) * M * K), *hb = malloc(sizeof(float) * N * K);
+    double one64 = 1.0 / 3.0;
+    for (int i = 0; i < M * K; i++)
+        ha[i] = frand(&seed);
+    for (int i = 0; i < N * K; i++)
+        hb[i] = frand(&seed);
+    TD_ASSERT_OK(td_tensor_create(dev, TD_F32, 2, sa, &a));
+    TD_ASSERT_OK(td_tensor_create(dev, TD_F32, 2, sb, &b));
+    TD_ASSERT_OK(td_tensor_create(dev, TD_F32, 2, sc, &c));
+    TD_ASSERT_OK(td_tensor_write(a, ha, sizeof(float) * M * K));
+    TD_ASSERT_OK(td_tensor_write(b, hb, sizeof(float) * N * K));
+    TD_ASSERT_OK(td__op_matmul(c, a, 0, b, 1, 1.0, 0.0));
+    TD_ASSERT_OK(td_tensor_read(c, dc->y_bf16, sizeof(float) * M * N));
+    /* reference: the emulated path on this thread */
+    assert_true(td__cpu_bgemm_serial(0, 0, 1, M, N, K, 1.0f, ha, K, hb, K, 0.0f, dc->y_f32, N));
+    TD_ASSERT_OK(td_tensor_create(dev, TD_F64, 2, one, &a64));
+    TD_ASSERT_OK(td_tensor_create(dev, TD_F64, 2, one, &c64));
+    TD_ASSERT_OK(td_tensor_write(a64, &one64, sizeof one64));
+    TD_ASSERT_OK(td__op_matmul(c64, a64, 0, a64, 0, 1.0, 0.0));
+    TD_ASSERT_OK(td_tensor_read(c64, &dc->y_f64, sizeof dc->y_f64));
+    td_tensor_destroy(a), td_tensor_destroy(b), td_tensor_destroy(c);
+    td_tensor_destroy(a64), td_tensor_destroy(c64);
+    free(ha), free(hb);
+    return TD_OK;
+}
+
+static void device_in_bf16_uses_the_slot(void **state) {
+    (void)state;
+    td_device_list *list = NULL;
+    td_device *dev;
+    dev_case dc;
+    TD_ASSERT_OK(td_devices_open("cpu", &list));
+    dev = td_device_list_get(list, 0);
+    assert_true(td_device_caps(dev) & TD_DEVICE_CAP_BF16);
+    assert_int_equal(td_device_precision(dev), TD_PRECISION_F32);
+    TD_ASSERT_OK(td_device_set_precision(dev, TD_PRECISION_BF16));
+    assert_int_equal(td_device_precision(dev), TD_PRECISION_BF16);
+    assert_true(strlen(td_device_bf16_path(dev)) > 0);
+    dc.y_bf16 = malloc(sizeof(float) * 96 * 160);
+    dc.y_f32 = malloc(sizeof(float) * 96 * 160);
+    TD_ASSERT_OK(td_device_run(dev, dev_task, &dc));
+    for (int i = 0; i < 96 * 160; i++)
+        assert_true(fabsf(dc.y_bf16[i] - dc.y_f32[i]) <= 1e-4f * (1.0f + fabsf(dc.y_f32[i])));
+    /* f64 is untouched: 1/3 squared to f64's precision, not bf16's */
+    assert_true(fabs(dc.y_f64 - 1.0 / 9.0) < 1e-15);
+    assert_int_equal(td_device_set_precision(dev, (td_precision)7), TD_ERR_INVALID_ARG);
+    print_message("cpu in bf16 (%s): the tensor layer's matmul agrees with the serial kernel\n",
+                  td_device_bf16_path(dev));
+    free(dc.y_bf16), free(dc.y_f32);
+    td_device_list_destroy(list);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(rounding_matches_core_bit_for_bit),
         cmocka_unit_test(products_match_f64_on_every_path),
+        cmocka_unit_test(device_in_bf16_uses_the_slot),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
