@@ -117,15 +117,15 @@ TD_API int td_device_supports_f64(const td_device *dev);
 /* The device's td_device_cap flags; 0 for NULL. Safe from any thread. */
 TD_API unsigned td_device_caps(const td_device *dev);
 
-/* Sets how dev computes the products of f32 matrices that the tensor layer
- * asks of it (matmul and the nn layers' linear maps, forward and backward;
- * f64 products, and kernels with products inside them such as convolution
- * and fused attention, stay as they are): TD_PRECISION_BF16 rounds both
- * inputs to bf16 and sums in f32, as cuBLAS's math modes and PyTorch's
- * autocast do. A device without TD_DEVICE_CAP_BF16 refuses bf16 with
- * TD_ERR_UNSUPPORTED naming it and stays f32. Set it while no work of the
- * device is queued (before a strategy is built on it); it lasts until set
- * again or the device closes. */
+/* Sets how dev computes the products of f32 matrices: TD_PRECISION_BF16
+ * rounds both inputs to bf16 and sums in f32, as cuBLAS's math modes and
+ * PyTorch's autocast do, in the tensor layer's matmul (the nn layers' linear
+ * maps, forward and backward) and, where the backend implements it, in its
+ * kernels with products inside (CPU: convolution, attention, batched GEMMs).
+ * f64 products stay f64. A device without TD_DEVICE_CAP_BF16 refuses bf16
+ * with TD_ERR_UNSUPPORTED naming it and stays f32. Set it while no work of
+ * the device is queued (before a strategy is built on it); it lasts until
+ * set again or the device closes. */
 TD_API td_status td_device_set_precision(td_device *dev, td_precision p);
 /* dev's precision; TD_PRECISION_F32 for NULL. Safe from any thread. */
 TD_API td_precision td_device_precision(const td_device *dev);

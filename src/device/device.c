@@ -260,6 +260,8 @@ td_status td_device_set_precision(td_device *dev, td_precision p) {
                          "%s: the %s backend has no bf16 matrix products; it computes in f32",
                          dev->name, dev->ops->name);
     atomic_store(&dev->precision, (int)p);
+    if (dev->ops->set_precision)
+        dev->ops->set_precision(dev->ctx, p);
     return TD_OK;
 }
 

@@ -60,6 +60,13 @@ const char *td__cpu_bgemm_path_name(int native);
 /* y[0:n] = x rounded to bf16 (td__f32_to_bf16's bits) and widened back. */
 void td__cpu_round_bf16(const float *x, float *y, size_t n);
 
+/* The serial GEMM of a kernel with products inside it (convolution, fused
+ * attention) on cd: from bf16-rounded inputs when cd is set to bf16 and dt
+ * is f32, else td__cpu_gemm_serial. 0 when it found no memory. */
+int td__cpu_gemm_inner(cpu_device *cd, td_dtype dt, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                       double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
+                       double beta, void *c, int64_t ldc);
+
 /* kern_gemm.c; td__cpu_gemm_bf16 is the table's gemm_bf16. */
 td_status td__cpu_gemm_bf16(void *ctx, int ta, int tb, int64_t m, int64_t n, int64_t k,
                             double alpha, const float *a, int64_t lda, const float *b, int64_t ldb,

@@ -277,6 +277,10 @@ static const char *cpu_bf16_path(void) {
     return td__cpu_bgemm_path_name(td__cpu_bgemm_native());
 }
 
+static void cpu_set_precision(void *ctx, td_precision p) {
+    atomic_store(&((cpu_device *)ctx)->bf16, p == TD_PRECISION_BF16);
+}
+
 const td_backend_ops td__cpu_backend = {
     .api_version = TD_BACKEND_API_VERSION,
     .name = "cpu",
@@ -297,4 +301,5 @@ const td_backend_ops td__cpu_backend = {
     .sync = NULL,
     .kernels = &td__cpu_kernels,
     .bf16_path = cpu_bf16_path,
+    .set_precision = cpu_set_precision,
 };
