@@ -18,6 +18,7 @@
  * multiplies low halves with low halves). A strip of A: the same pairs along
  * its rows, in rows (ap[i * ldp + q]) or in columns (ap[q * mrv + i]). A
  * missing partner (odd k) and columns past n are zeros. */
+#include <assert.h>
 #include <string.h>
 
 #include "backend/cpu/cpu-kernels.h"
@@ -126,6 +127,7 @@ static inline __mmask16 lanes(int64_t cnt) {
 static void pack_b(int tb, const float *b, int64_t ldb, int64_t pc, int64_t jc, int64_t kc,
                    int64_t nc, uint32_t *bp) {
     int64_t kq = (kc + 1) / 2;
+    assert(kc > 0 && kc <= KC && nc > 0 && nc <= NC);
     for (int64_t j0 = 0; j0 < nc; j0 += NR) {
         int64_t w = nc - j0 < NR ? nc - j0 : NR;
         uint32_t *dst = bp + j0 * kq;
@@ -170,6 +172,7 @@ static void pack_b(int tb, const float *b, int64_t ldb, int64_t pc, int64_t jc, 
 static int64_t pack_a(int ta, const float *a, int64_t lda, int64_t ir, int64_t pc, int64_t kc,
                       int64_t mr, int mrv, uint32_t *ap) {
     int64_t kq = (kc + 1) / 2, ldp = kq + 16;
+    assert(mr > 0 && mr <= mrv && mrv <= MR && kc <= KC);
     if (ta) {
         __mmask16 m = lanes(mr), all = lanes(mrv);
         for (int64_t q = 0; q < kq; q++) {
@@ -301,6 +304,8 @@ static int gemm_dpbf16(int ta, int tb, int64_t m, int64_t n, int64_t k, float al
     int mrv = strip_rows(m);
     if (!bp)
         return 0;
+    /* a B block's strips fill whole 32-column slots: NC must be their multiple */
+    assert(NC % NR == 0 && KC % 2 == 0);
     ap = bp + KC / 2 * NC;
     for (int64_t jc = 0; jc < n; jc += NC) {
         int64_t nc = n - jc < NC ? n - jc : NC;

@@ -127,9 +127,9 @@ typedef struct gemm_args {
     int64_t sa, sb, sc; /* batch strides in elements */
     int64_t batch;
     int split_n; /* split columns of C rather than rows */
-    int bf16;    /* f32 with inputs rounded to bf16 (kern_bgemm.c), by the native path */
-    int native;
-    int failed; /* a part found no memory (bf16 only) */
+    int bf16;    /* f32 products of bf16-rounded inputs (kern_bgemm.c) */
+    int native;  /* ... by AVX512-BF16, not the emulation */
+    int failed;  /* a part found no memory (bf16 only) */
 } gemm_args;
 
 /* One part's product, of g's kind. */
