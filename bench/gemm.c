@@ -18,7 +18,13 @@
  *       contains WORD. --coretype-both runs the table twice in child
  *       processes, with OPENBLAS_CORETYPE=Haswell and with it unset (OpenBLAS
  *       reads it when it loads), to show which path each shape should take
- *       whatever the variable says. */
+ *       whatever the variable says.
+ *
+ *   bench_gemm bf16 [--reps N] [--only WORD]
+ *       the same products (and the MLP's at batch 1024) on one core in f32
+ *       (td__cpu_gemm_serial) against the bf16 GEMM (kern_bgemm.c) by
+ *       AVX512-BF16 where the CPU has it and by its emulation, timed in
+ *       turn, the median of N runs of each. */
 #include <cblas.h>
 #include <dlfcn.h>
 #include <stdio.h>
@@ -164,6 +170,10 @@ static void make_prods(void) {
     /* GPT-tiny at bench/train_vs_pytorch's batch, 32; the 512-channel GPT at 16 */
     add_gpt("gpt-tiny", 32, 128, 128, 4, 256);
     add_gpt("gpt-512", 16, 128, 512, 8, 256);
+    /* bench/train_vs_pytorch's MLP at batch 1024 */
+    add_linear("mlp-1024", "fc1", 1024, 784, 256);
+    add_linear("mlp-1024", "fc2", 1024, 256, 128);
+    add_linear("mlp-1024", "fc3", 1024, 128, 10);
 }
 
 /* who: 0 OpenBLAS, 1 tandem, 2 tandem's own f32 kernel whatever
@@ -292,6 +302,66 @@ static int shapes_main(int reps, const char *only, const char *argv0) {
     return 0;
 }
 
+/* bench_gemm bf16 ------------------------------------------------------------ */
+
+/* One core: who 0 f32, 1 bf16 native, 2 bf16 emulated; GFLOP/s of inner runs. */
+static double time_bf16(int who, const prod *p, const float *a, const float *b, float *c,
+                        int inner) {
+    double flop = 2.0 * p->m * p->n * p->k;
+    uint64_t t0 = td_clock_ns();
+    for (int i = 0; i < inner; i++) {
+        if (who == 0)
+            td__cpu_gemm_serial(TD_F32, p->ta, p->tb, p->m, p->n, p->k, p->alpha, a, p->lda, b,
+                                p->ldb, 0.0, c, p->ldc);
+        else
+            (void)td__cpu_bgemm_serial(who == 1, p->ta, p->tb, p->m, p->n, p->k, (float)p->alpha, a,
+                                       p->lda, b, p->ldb, 0.0f, c, p->ldc);
+    }
+    return flop * inner / ((double)(td_clock_ns() - t0) / 1e9) / 1e9;
+}
+
+static int bf16_main(int reps, const char *only) {
+    int native = td__cpu_bgemm_native();
+    make_prods();
+    openblas_set_num_threads(1);
+    printf("GFLOP/s on one core, median of %d runs in turn; bf16: %s\n", reps,
+           td__cpu_bgemm_path_name(native));
+    printf("%-9s %-17s %2s %16s %8s %8s %8s %6s\n", "model", "product", "tr", "m,n,k", "f32",
+           "bf16", "bf16-emu", "bf16x");
+    for (int i = 0; i < nprods; i++) {
+        const prod *p = &prods[i];
+        size_t na = (size_t)(p->ta ? p->k : p->m) * (size_t)p->lda;
+        size_t nb = (size_t)(p->tb ? p->n : p->k) * (size_t)p->ldb;
+        int inner = (int)(1e8 / (2.0 * p->m * p->n * p->k)) + 1;
+        double g[3][64], med[3] = {0, 0, 0};
+        char dims[32];
+        float *a, *b, *c;
+        if (only && !strstr(p->model, only) && !strstr(p->what, only))
+            continue;
+        a = filled(na, TD_F32, 1), b = filled(nb, TD_F32, 2);
+        c = filled((size_t)p->m * (size_t)p->ldc, TD_F32, 3);
+        if (!a || !b || !c)
+            return 1;
+        for (int who = 0; who < 3; who++) /* warm up */
+            if (who != 1 || native)
+                (void)time_bf16(who, p, a, b, c, 1);
+        for (int r = 0; r < reps; r++)
+            for (int who = 0; who < 3; who++)
+                if (who != 1 || native)
+                    g[who][r] = time_bf16(who, p, a, b, c, inner);
+        for (int who = 0; who < 3; who++)
+            if (who != 1 || native)
+                med[who] = median(g[who], reps);
+        snprintf(dims, sizeof dims, "%d,%d,%d", p->m, p->n, p->k);
+        printf("%-9s %-17s %c%c %16s %8.1f %8.1f %8.1f %6.2f\n", p->model, p->what,
+               p->ta ? 'T' : 'N', p->tb ? 'T' : 'N', dims, med[0], med[1], med[2],
+               (native ? med[1] : med[2]) / med[0]);
+        fflush(stdout);
+        free(a), free(b), free(c);
+    }
+    return 0;
+}
+
 /* Runs this program's shapes table in a child with OPENBLAS_CORETYPE set to
  * value (NULL: unset). */
 static int run_child(const char *value, int reps, const char *only) {
@@ -318,6 +388,17 @@ static int run_child(const char *value, int reps, const char *only) {
 
 int main(int argc, char **argv) {
     int reps = argc > 1 ? atoi(argv[1]) : 5;
+    if (argc > 1 && strcmp(argv[1], "bf16") == 0) {
+        const char *only = NULL;
+        reps = 5;
+        for (int i = 2; i + 1 < argc; i += 2) {
+            if (strcmp(argv[i], "--reps") == 0)
+                reps = atoi(argv[i + 1]);
+            else if (strcmp(argv[i], "--only") == 0)
+                only = argv[i + 1];
+        }
+        return bf16_main(reps < 1 || reps > 64 ? 5 : reps, only);
+    }
     if (argc > 1 && strcmp(argv[1], "shapes") == 0) {
         const char *only = NULL;
         int both = 0;

@@ -15,6 +15,13 @@ Floors (CPU):
   FMA peak, which the bench measures with a small C program of its own.
 --full trains long enough for the accuracy floors and checks them too.
 
+--precision bf16 runs the bf16 rows (GPT-tiny, MLP batch 1024, GPT-512):
+tandem with --precision bf16 against PyTorch under torch.autocast(dtype=
+torch.bfloat16), and tandem in f32 beside them in every round. Floors: where
+the CPU has AVX512-BF16 or AMX, tandem bf16 >= 1.2x PyTorch autocast; where it
+has neither, tandem bf16 >= 0.95x tandem f32. The bench says which case it
+measured.
+
 --devices cuda:0 --torch-device cuda compares on a GPU: PyTorch keeps the
 training images on the GPU and waits for it (torch.cuda.synchronize) before
 reading the clock; the first three rows run, with the GPU floors (MLP >= 2x
@@ -55,11 +62,11 @@ MODELS = [
          metric="test accuracy", floor=0.988),
     dict(name="gpt_tiny", label="GPT-tiny", file="examples/gpt_tiny.json", data=TEXT,
          gpt=(4, 4, 128), batch=32, opt="adamw", lr=1e-3, full_steps=3000, warmup=100, clip=1.0,
-         speed_floor=1.2, gpu_floor=1.0, metric="validation loss", floor=1.8),
+         speed_floor=1.2, gpu_floor=1.0, metric="validation loss", floor=1.8, bf16=True),
     dict(name="mnist_mlp_1024", label="MLP-1024", file="examples/mnist_mlp.json", data=MNIST,
-         batch=1024, opt="sgd", lr=0.05, speed_floor=1.2, cpu_only=True),
+         batch=1024, opt="sgd", lr=0.05, speed_floor=1.2, cpu_only=True, bf16=True),
     dict(name="gpt_512", label="GPT-512", gpt=(4, 8, 512), data=TEXT, batch=16, opt="adamw",
-         lr=3e-4, warmup=100, clip=1.0, speed_floor=1.2, cpu_only=True),
+         lr=3e-4, warmup=100, clip=1.0, speed_floor=1.2, cpu_only=True, bf16=True),
     dict(name="gpt_llmc", label="GPT-llm.c", gpt=(4, 4, 256), data=TEXT, batch=8, opt="adamw",
          lr=3e-4, warmup=100, clip=1.0, speed_floor=None, peak_floor=0.55, cpu_only=True),
 ]
@@ -265,8 +272,11 @@ def sync(dev):
         torch.cuda.synchronize(dev)
 
 
-def torch_run(spec, dev, seconds=None, steps=None, full=False):
-    """Trains for `seconds` (or `steps`); samples/s over the training steps."""
+def torch_run(spec, dev, seconds=None, steps=None, full=False, bf16=False):
+    """Trains for `seconds` (or `steps`); samples/s over the training steps. bf16:
+    the forward and the loss under torch.autocast(dtype=torch.bfloat16), as
+    PyTorch's mixed-precision recipe has it (the backward follows the forward's
+    dtypes; the weights and optimizer stay f32)."""
     torch.manual_seed(1)
     g = torch.Generator().manual_seed(1)
     b = spec["batch"]
@@ -303,8 +313,9 @@ def torch_run(spec, dev, seconds=None, steps=None, full=False):
     while (done < steps) if steps else (done == 0 or time.perf_counter() - t0 < seconds):
         x, y = batch()
         opt.zero_grad(set_to_none=True)
-        out = model(x)
-        loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
+            out = model(x)
+            loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
         loss.backward()
         if spec.get("clip"):
             torch.nn.utils.clip_grad_norm_(model.parameters(), spec["clip"])
@@ -366,11 +377,11 @@ def interop_check(exe, ckpt):
 
 
 def tandem_run(exe, spec, model, devices, seconds=None, steps=None, full=False,
-               checkpoint=None):
+               checkpoint=None, precision="f32"):
     """Trains for `seconds` (or `steps`, or the full run)."""
     cmd = [exe, "train", "--model", model, "--data", spec["data"],
            "--batch", str(spec["batch"]), "--optimizer", spec["opt"], "--lr", str(spec["lr"]),
-           "--schedule", "cosine", "--precision", "f32", "--devices", devices, "--seed", "1",
+           "--schedule", "cosine", "--precision", precision, "--devices", devices, "--seed", "1",
            "--no-epoch-eval", "--quiet", "--summary"]
     if spec["opt"] == "sgd":
         cmd += ["--momentum", "0.9"]
@@ -408,22 +419,38 @@ def fmt(x):
     return "%.0f" % x if x >= 100 else "%.1f" % x if x >= 10 else "%.2f" % x
 
 
+def cpu_has_bf16():
+    """Whether this CPU multiplies bf16 itself (AVX512-BF16 or AMX)."""
+    flags = next((l.split(":", 1)[1].split() for l in open("/proc/cpuinfo")
+                  if l.startswith("flags")), [])
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def timed_row(a, spec, dev, gpu, workdir):
-    """Rounds of tandem and PyTorch, alternating which goes first."""
+    """Rounds of tandem and PyTorch, alternating which goes first; in bf16, tandem
+    in f32 as well, third or first."""
     model = model_file(spec, workdir)
-    td, pt = [], []
-    print("\n%s: batch %d, %s lr %g, %d rounds of %g s each side" %
-          (spec["name"], spec["batch"], spec["opt"], spec["lr"], a.rounds, a.seconds), flush=True)
+    bf16 = a.precision == "bf16"
+    td, pt, td32 = [], [], []
+    print("\n%s: batch %d, %s lr %g, %s, %d rounds of %g s each side" %
+          (spec["name"], spec["batch"], spec["opt"], spec["lr"],
+           "bf16 (PyTorch autocast)" if bf16 else "f32", a.rounds, a.seconds), flush=True)
     for r in range(a.rounds):
-        order = ("tandem", "pytorch") if r % 2 == 0 else ("pytorch", "tandem")
+        order = ["tandem", "pytorch"] if r % 2 == 0 else ["pytorch", "tandem"]
+        if bf16:
+            order = order + ["tandem-f32"] if r % 2 == 0 else ["tandem-f32"] + order
         for side in order:
             if side == "tandem":
-                v = tandem_run(a.tandem, spec, model, a.devices, seconds=a.seconds)["samples_per_s"]
+                v = tandem_run(a.tandem, spec, model, a.devices, seconds=a.seconds,
+                               precision=a.precision)["samples_per_s"]
                 td.append(v)
+            elif side == "tandem-f32":
+                v = tandem_run(a.tandem, spec, model, a.devices, seconds=a.seconds)["samples_per_s"]
+                td32.append(v)
             else:
-                v = torch_run(spec, dev, seconds=a.seconds)["samples_per_s"]
+                v = torch_run(spec, dev, seconds=a.seconds, bf16=bf16)["samples_per_s"]
                 pt.append(v)
-            print("  round %d: %-7s %10.1f samples/s" % (r + 1, side, v), flush=True)
+            print("  round %d: %-10s %10.1f samples/s" % (r + 1, side, v), flush=True)
     floor = spec["gpu_floor"] if gpu else spec["speed_floor"]
     ratios = [x / y for x, y in zip(td, pt)]
     ratio = statistics.median(td) / statistics.median(pt)
@@ -431,6 +458,13 @@ def timed_row(a, spec, dev, gpu, workdir):
                pytorch=statistics.median(pt), ratio=ratio, floor=floor,
                speed_pass=floor is None or ratio >= floor, tandem_runs=td, pytorch_runs=pt,
                ratio_runs=ratios)
+    if bf16:
+        # Against its own f32 where the CPU has no bf16 arithmetic to win with.
+        own = statistics.median(td) / statistics.median(td32)
+        row.update(tandem_f32=statistics.median(td32), tandem_f32_runs=td32, bf16_over_f32=own,
+                   bf16_over_f32_runs=[x / y for x, y in zip(td, td32)])
+        if not gpu and not a.bf16_hw:
+            row.update(floor=None, own_floor=0.95, speed_pass=own >= 0.95)
     if spec.get("peak_floor") and not gpu:
         per_token, params = flops_per_token(spec["gpt"][0], spec["gpt"][2])
         gflops = row["tandem"] * CONTEXT * per_token * 1e-9
@@ -447,8 +481,8 @@ def full_row(a, spec, dev, workdir):
     ckpt = os.path.join(ROOT, "bench", "out", spec["name"] + ".safetensors")
     os.makedirs(os.path.dirname(ckpt), exist_ok=True)
     td = tandem_run(a.tandem, spec, model_file(spec, workdir), a.devices, steps=steps, full=True,
-                    checkpoint=ckpt)
-    pt = torch_run(spec, dev, steps=steps, full=True)
+                    checkpoint=ckpt, precision=a.precision)
+    pt = torch_run(spec, dev, steps=steps, full=True, bf16=a.precision == "bf16")
     floor = spec["speed_floor"]
     ratio = td["samples_per_s"] / pt["samples_per_s"]
     m = td["metric"]
@@ -471,6 +505,13 @@ def report(rows, a):
                "%.2fx (%.2f-%.2f)" % (r["ratio"], min(r["ratio_runs"]), max(r["ratio_runs"])),
                "-" if r["floor"] is None else "%.1fx" % r["floor"],
                "-" if r["floor"] is None else "PASS" if r["speed_pass"] else "FAIL"))
+    for r in rows:
+        if "bf16_over_f32" in r:
+            print("%-15s tandem bf16 over tandem f32: %.2fx (%.2f-%.2f), f32 %s samples/s%s" %
+                  (r["model"], r["bf16_over_f32"], min(r["bf16_over_f32_runs"]),
+                   max(r["bf16_over_f32_runs"]), spread(r["tandem_f32_runs"]),
+                   "  floor 0.95x %s" % ("PASS" if r["speed_pass"] else "FAIL")
+                   if "own_floor" in r else ""))
     for r in rows:
         if "peak" in r:
             print("\n%s: %s" % (r["model"], r["flops_formula"]))
@@ -505,6 +546,8 @@ def main():
     ap.add_argument("--seconds", type=float, help="each side's training per round (default 8; "
                     "3 on a GPU)")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--precision", choices=("f32", "bf16"), default="f32",
+                    help="bf16: the bf16 rows, tandem --precision bf16 against PyTorch autocast")
     a = ap.parse_args()
     torch.set_num_threads(2)
     torch.set_num_interop_threads(1)
@@ -518,9 +561,15 @@ def main():
     workdir = tempfile.mkdtemp(prefix="train_vs_pytorch-")
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
                 if l.startswith("model name")), "unknown CPU")
-    print("PyTorch %s (%s), tandem %s on %s, f32; %s" %
+    a.bf16_hw = cpu_has_bf16()
+    print("PyTorch %s (%s), tandem %s on %s, %s; %s" %
           (torch.__version__, torch.cuda.get_device_name(dev) if gpu else
-           "%d threads" % torch.get_num_threads(), a.tandem, a.devices, cpu))
+           "%d threads" % torch.get_num_threads(), a.tandem, a.devices, a.precision, cpu))
+    if a.precision == "bf16" and not gpu:
+        print("bf16 case: %s" % ("the CPU has AVX512-BF16 or AMX: floor tandem bf16 >= 1.2x "
+                                 "PyTorch autocast" if a.bf16_hw else
+                                 "the CPU has neither AVX512-BF16 nor AMX: floor tandem bf16 "
+                                 ">= 0.95x tandem f32"))
     if not gpu:
         a.peak = fma_peak(workdir)
         print("FMA peak, 2 threads: %.1f GFLOP/s (fp32, best of 5)" % a.peak)
@@ -529,7 +578,8 @@ def main():
     for spec in MODELS:
         if names is not None and spec["name"] not in names:
             continue
-        if names is None and (gpu and spec.get("cpu_only") or a.full and "metric" not in spec):
+        if names is None and (gpu and spec.get("cpu_only") or a.full and "metric" not in spec or
+                              a.precision == "bf16" and not spec.get("bf16")):
             continue
         rows.append(full_row(a, spec, dev, workdir) if a.full and "metric" in spec else
                     timed_row(a, spec, dev, gpu, workdir))

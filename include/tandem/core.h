@@ -41,6 +41,19 @@ static inline const char *td_weights_name(td_weights w) {
     return w == TD_WEIGHTS_BF16 ? "bf16" : w == TD_WEIGHTS_Q8_0 ? "q8_0" : "f32";
 }
 
+/* How a device computes the products of f32 matrices (td_device_set_precision):
+ * in f32, or mixed: each input rounded to bf16 (nearest even), the products
+ * summed in f32 (weights, gradients and everything else stay f32). */
+typedef enum td_precision {
+    TD_PRECISION_F32 = 0,
+    TD_PRECISION_BF16 = 1,
+} td_precision;
+
+/* "f32" or "bf16". */
+static inline const char *td_precision_name(td_precision p) {
+    return p == TD_PRECISION_BF16 ? "bf16" : "f32";
+}
+
 typedef enum td_log_level {
     TD_LOG_ERROR = 0,
     TD_LOG_WARN = 1,

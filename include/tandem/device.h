@@ -48,6 +48,9 @@ typedef enum td_device_cap {
     TD_DEVICE_CAP_AUTO = 1u << 6,
     /* Groups of such devices alone may run collectives through NCCL. */
     TD_DEVICE_CAP_NCCL = 1u << 7,
+    /* Computes products of f32 matrices from bf16-rounded inputs with f32
+     * sums (td_device_set_precision), natively or emulated. */
+    TD_DEVICE_CAP_BF16 = 1u << 8,
 } td_device_cap;
 
 /* What `tandem devices` shows about one device. Strings are "" and numbers 0
@@ -113,6 +116,23 @@ TD_API td_status td_device_get_info(td_device *dev, td_device_info *out);
 TD_API int td_device_supports_f64(const td_device *dev);
 /* The device's td_device_cap flags; 0 for NULL. Safe from any thread. */
 TD_API unsigned td_device_caps(const td_device *dev);
+
+/* Sets how dev computes the products of f32 matrices: TD_PRECISION_BF16
+ * rounds both inputs to bf16 and sums in f32, as cuBLAS's math modes and
+ * PyTorch's autocast do, in the tensor layer's matmul (the nn layers' linear
+ * maps, forward and backward) and, where the backend implements it, in its
+ * kernels with products inside (CPU: convolution, attention, batched GEMMs).
+ * f64 products stay f64. A device without TD_DEVICE_CAP_BF16 refuses bf16
+ * with TD_ERR_UNSUPPORTED naming it and stays f32. Set it while no work of
+ * the device is queued (before a strategy is built on it); it lasts until
+ * set again or the device closes. */
+TD_API td_status td_device_set_precision(td_device *dev, td_precision p);
+/* dev's precision; TD_PRECISION_F32 for NULL. Safe from any thread. */
+TD_API td_precision td_device_precision(const td_device *dev);
+/* What computes dev's bf16 products ("AVX512-BF16 vdpbf16ps", or an
+ * emulation), for a run's report; "" without TD_DEVICE_CAP_BF16. Valid
+ * while dev is open. */
+TD_API const char *td_device_bf16_path(const td_device *dev);
 
 /* Runs fn(dev, arg) on the device's host thread and waits for it; runs it
  * directly when called from that thread. Returns what fn returned, and fn's

@@ -236,6 +236,13 @@ typedef struct td_train_config {
     const char *data_path;  /* td_data_open's path: an IDX folder, .csv, .safetensors, ... */
     const char *devices;    /* device spec; the first device trains; NULL: "cpu" */
     td_dtype dtype;
+    /* TD_PRECISION_BF16: mixed precision, the matrix products of every
+     * device that has bf16 ones (td_device_set_precision) from bf16-rounded
+     * inputs with f32 sums; weights, gradients, optimizer state and
+     * reductions stay f32. Needs dtype f32 (else TD_ERR_INVALID_ARG); a
+     * device without bf16 products computes in f32, and the run says so
+     * once (a warning, and td_train_summary.precision). */
+    td_precision precision;
     int64_t epochs;           /* epochs to train; 0 with steps > 0: steps decide */
     int64_t steps;            /* stop after this many optimizer steps in all; 0: epochs decide */
     int64_t batch;            /* samples per step */
@@ -286,12 +293,12 @@ typedef struct td_train_config {
 
 #define TD_TRAIN_CONFIG_INIT                                                                       \
     {                                                                                              \
-        .model_path = NULL, .data_path = NULL, .devices = NULL, .dtype = TD_F32, .epochs = 1,      \
-        .steps = 0, .batch = 64, .seed = 1, .opt = TD_OPTIMIZER_CONFIG_INIT, .max_seconds = 0.0,   \
-        .eval_samples = 0, .eval_each_epoch = 1, .checkpoint = NULL, .checkpoint_every = 0,        \
-        .resume = NULL, .replan = 0, .metrics = NULL, .callback = NULL, .callback_arg = NULL,      \
-        .eval_every = 0, .strategy = NULL, .strategy_options = NULL, .given = 0,                   \
-        .extend = TD_EXTEND_STRETCH                                                                \
+        .model_path = NULL, .data_path = NULL, .devices = NULL, .dtype = TD_F32,                   \
+        .precision = TD_PRECISION_F32, .epochs = 1, .steps = 0, .batch = 64, .seed = 1,            \
+        .opt = TD_OPTIMIZER_CONFIG_INIT, .max_seconds = 0.0, .eval_samples = 0,                    \
+        .eval_each_epoch = 1, .checkpoint = NULL, .checkpoint_every = 0, .resume = NULL,           \
+        .replan = 0, .metrics = NULL, .callback = NULL, .callback_arg = NULL, .eval_every = 0,     \
+        .strategy = NULL, .strategy_options = NULL, .given = 0, .extend = TD_EXTEND_STRETCH        \
     }
 
 typedef struct td_train_summary {
@@ -312,7 +319,11 @@ typedef struct td_train_summary {
     char device[32];   /* the device that trained ("cpu:0"), or the first of several */
     int devices_named; /* devices --devices opened (in this process) */
     char strategy[16]; /* the strategy that trained ("single", "data", "pipeline", "tensor") */
-    char plan[2048];   /* what each device held at the end (td_strategy_plan), a line each */
+    /* With precision bf16: what computed each device's products, "cpu:0
+     * bf16 (AVX512-BF16 vdpbf16ps)" or "opencl:0.0 f32 (no bf16 products)",
+     * separated by "; "; "" in f32 */
+    char precision[256];
+    char plan[2048]; /* what each device held at the end (td_strategy_plan), a line each */
     td_strategy_report report; /* the strategy's words for the member table */
     /* Every member's totals over the run (td_step_stats added up). */
     int members;        /* devices that trained, all processes; 1 for "single" */

@@ -36,6 +36,7 @@ static const setting_flag flags[] = {
     {"opt.min_lr", "--min-lr"},
     {"opt.clip_norm", "--clip"},
     {"dtype", "--precision"},
+    {"precision", "--precision"},
     {"devices", "--devices"},
     {"strategy", "--strategy"},
     {"deterministic", "--deterministic"},

@@ -153,6 +153,8 @@ static void report(const td_cli_train_args *a, const td_train_summary *sum) {
         printf("trained on %s, the first of the %d devices --devices named (--strategy data "
                "or pipeline trains on all)\n",
                sum->device, sum->devices_named);
+    if (sum->precision[0])
+        printf("precision: %s\n", sum->precision);
     if (a->cfg.checkpoint)
         printf("checkpoint: %s\n", a->cfg.checkpoint);
     if (a->summary)

@@ -70,7 +70,8 @@ void td_cli_train_usage(FILE *out) {
             "  --warmup N          linear warm-up steps (default 0)\n"
             "  --min-lr X          end of the cosine schedule (default 0)\n"
             "  --clip X            clip gradients to global norm X (default off)\n"
-            "  --precision P       f32 (default) or f64\n"
+            "  --precision P       f32 (default), f64, or bf16: mixed precision, matrix\n"
+            "                      products from bf16 inputs with f32 sums, f32 weights\n"
             "  --devices SPEC      devices (default cpu): 'cpu*2', 'cpu:0,cpu:1{slowdown=3}'\n"
             "  --strategy S        how the devices share the work (default single):\n");
     print_strategies(out);
@@ -381,7 +382,7 @@ static int parse_real(FILE *err, int c, const char *arg, td_cli_train_args *a) {
 static int parse_choice(FILE *err, int c, const char *arg, td_cli_train_args *a) {
     static const char *const optimizers[] = {"sgd", "adamw", NULL};
     static const char *const schedules[] = {"constant", "cosine", NULL};
-    static const char *const precisions[] = {"f32", "f64", NULL};
+    static const char *const precisions[] = {"f32", "f64", "bf16", NULL};
     static const char *const overlaps[] = {"auto", "on", "off", NULL};
     static const char *const extends[] = {"stretch", "restart", NULL};
     td_train_config *cfg = &a->cfg;
@@ -402,8 +403,12 @@ static int parse_choice(FILE *err, int c, const char *arg, td_cli_train_args *a)
     case OPT_PRECISION:
         if (!parse_word(err, "precision", arg, precisions, &i))
             return 0;
-        cfg->dtype = i ? TD_F64 : TD_F32;
-        cfg->given |= TD_GIVEN_DTYPE;
+        cfg->dtype = i == 1 ? TD_F64 : TD_F32;
+        cfg->precision = i == 2 ? TD_PRECISION_BF16 : TD_PRECISION_F32;
+        /* bf16 trains f32 weights but does not insist on them when resuming:
+         * an f64 checkpoint gets the trainer's word on precision instead */
+        if (i != 2)
+            cfg->given |= TD_GIVEN_DTYPE;
         return 1;
     case OPT_OVERLAP:
         if (!parse_word(err, "overlap", arg, overlaps, &i))

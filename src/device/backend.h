@@ -61,6 +61,13 @@ typedef struct td_backend_ops {
     td_status (*sync)(void *ctx);
 
     const td_kernels *kernels;
+    /* Optional: what computes its kernels' gemm_bf16 on this machine
+     * ("AVX512-BF16 vdpbf16ps"), for td_device_bf16_path. */
+    const char *(*bf16_path)(void);
+    /* Optional: the device's precision (td_device_set_precision) for the
+     * kernels with products inside them (convolution, fused attention);
+     * NULL: those stay f32. Called before work is queued on the device. */
+    void (*set_precision)(void *ctx, td_precision p);
 
     /* Optional, all four or none (NULL on cpu and opencl): recording the
      * device work that the host thread queues between graph_begin and

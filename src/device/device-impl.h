@@ -41,6 +41,7 @@ struct td_device {
     size_t nkept, kept_cap;
     td_status init_status; /* what thread_init returned */
     int fp64;              /* cached at start: tensors ask on every create */
+    atomic_int precision;  /* td_precision of its f32 products */
     /* The logical CPUs its host thread is bound to, read at start; empty
      * when it is not bound (GPUs, or pinning refused). */
     cpu_set_t cpus;

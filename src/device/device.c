@@ -245,7 +245,34 @@ unsigned td_device_caps(const td_device *dev) {
     if (!dev)
         return 0;
     return dev->ops->caps | (dev->ops->copy_peer ? TD_DEVICE_CAP_PEER_COPY : 0u) |
-           (dev->ops->graph_begin ? TD_DEVICE_CAP_GRAPHS : 0u);
+           (dev->ops->graph_begin ? TD_DEVICE_CAP_GRAPHS : 0u) |
+           (dev->ops->kernels && dev->ops->kernels->gemm_bf16 ? TD_DEVICE_CAP_BF16 : 0u);
+}
+
+td_status td_device_set_precision(td_device *dev, td_precision p) {
+    if (!dev)
+        return td__error(TD_ERR_INVALID_ARG, "td_device_set_precision: device is NULL");
+    if (p != TD_PRECISION_F32 && p != TD_PRECISION_BF16)
+        return td__error(TD_ERR_INVALID_ARG, "td_device_set_precision: unknown precision %d",
+                         (int)p);
+    if (p == TD_PRECISION_BF16 && !(td_device_caps(dev) & TD_DEVICE_CAP_BF16))
+        return td__error(TD_ERR_UNSUPPORTED,
+                         "%s: the %s backend has no bf16 matrix products; it computes in f32",
+                         dev->name, dev->ops->name);
+    atomic_store(&dev->precision, (int)p);
+    if (dev->ops->set_precision)
+        dev->ops->set_precision(dev->ctx, p);
+    return TD_OK;
+}
+
+td_precision td_device_precision(const td_device *dev) {
+    return dev ? (td_precision)atomic_load(&dev->precision) : TD_PRECISION_F32;
+}
+
+const char *td_device_bf16_path(const td_device *dev) {
+    if (!(td_device_caps(dev) & TD_DEVICE_CAP_BF16))
+        return "";
+    return dev->ops->bf16_path ? dev->ops->bf16_path() : "bf16";
 }
 
 uint64_t td_device_mem_used(const td_device *dev) {

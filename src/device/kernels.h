@@ -69,6 +69,13 @@ typedef struct td_kernels {
     td_status (*gemm)(void *ctx, td_dtype dt, int ta, int tb, int64_t m, int64_t n, int64_t k,
                       double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
                       double beta, void *c, int64_t ldc);
+    /* Optional: gemm for f32 matrices whose inputs are rounded to bf16
+     * (nearest even) and multiplied with f32 accumulation: mixed-precision
+     * training's products (td_device_set_precision). NULL: the backend has
+     * no bf16 path, and the tensor layer computes in f32. */
+    td_status (*gemm_bf16)(void *ctx, int ta, int tb, int64_t m, int64_t n, int64_t k, double alpha,
+                           const float *a, int64_t lda, const float *b, int64_t ldb, double beta,
+                           float *c, int64_t ldc);
     /* `batch` GEMMs; matrix i starts stride_a * i elements after a, and so on. */
     td_status (*gemm_batched)(void *ctx, td_dtype dt, int ta, int tb, int64_t m, int64_t n,
                               int64_t k, double alpha, const void *a, int64_t lda, int64_t stride_a,

@@ -104,6 +104,12 @@ td_status td__op_matmul(td_tensor *c, const td_tensor *a, int ta, const td_tenso
         return td__error(TD_ERR_SHAPE, "matmul: %s%s x %s%s into %s", td__shape_str(a, sa),
                          ta ? "^T" : "", td__shape_str(b, sb), tb ? "^T" : "",
                          td__shape_str(c, sc));
+    if (c->dtype == TD_F32 && td_device_precision(c->dev) == TD_PRECISION_BF16) {
+        /* set only where the backend has the slot (td_device_set_precision) */
+        KERNEL(c, gemm_bf16);
+        return k_->gemm_bf16(ctx_, ta, tb, am, bn, ak, alpha, a->data, td__tensor_cols(a), b->data,
+                             td__tensor_cols(b), beta, c->data, td__tensor_cols(c));
+    }
     {
         KERNEL(c, gemm);
         return k_->gemm(ctx_, c->dtype, ta, tb, am, bn, ak, alpha, a->data, td__tensor_cols(a),

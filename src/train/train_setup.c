@@ -191,6 +191,42 @@ static td_status read_run(td__trainer *t, td_dtype *dtype) {
     return TD_OK;
 }
 
+/* Mixed precision on every device that has bf16 products, before the
+ * strategy builds anything on them; the others compute in f32, and the run
+ * says so once (a warning per such device, and the summary's words). */
+static td_status set_precision(td__trainer *t, td_dtype dtype) {
+    const td_train_config *c = t->cfg;
+    char *out = t->summary->precision;
+    size_t cap = sizeof t->summary->precision, used = 0;
+    if (c->precision == TD_PRECISION_F32)
+        return TD_OK;
+    if (c->precision != TD_PRECISION_BF16)
+        return BAD_SETTING(t, "precision", "unknown precision %d (`precision`: f32 or bf16)",
+                           (int)c->precision);
+    if (dtype == TD_F64 && c->resume)
+        return BAD_SETTING(t, "precision",
+                           "%s holds f64 weights; bf16 mixed precision (`precision`) keeps f32 "
+                           "master weights: resume it in f64",
+                           c->resume);
+    if (dtype == TD_F64)
+        return BAD_SETTING(t, "precision",
+                           "bf16 mixed precision (`precision`) keeps f32 master weights; it "
+                           "cannot train f64 ones (`dtype`)");
+    for (size_t i = 0; i < td_device_list_count(t->devs); i++) {
+        td_device *d = td_device_list_get(t->devs, i);
+        int ok = td_device_set_precision(d, TD_PRECISION_BF16) == TD_OK;
+        if (!ok)
+            TD_LOG_WARN("%s: its backend has no bf16 matrix products; it computes in f32",
+                        td_device_name(d));
+        if (used < cap)
+            used += (size_t)snprintf(out + used, cap - used, "%s%s %s", used ? "; " : "",
+                                     td_device_name(d), ok ? "bf16 (" : "f32 (no bf16 products)");
+        if (ok && used < cap)
+            used += (size_t)snprintf(out + used, cap - used, "%s)", td_device_bf16_path(d));
+    }
+    return TD_OK;
+}
+
 /* A group over every device (every process's, under mpirun) and the
  * strategy on it, resumed from the checkpoint when there is one. */
 static td_status make_strategy(td__trainer *t, td_dtype dtype) {
@@ -395,6 +431,7 @@ td_status td__train_setup(td__trainer *t) {
     TD_CHECK(td__train_trace_check(t));
     TD_CHECK(td_devices_open(c->devices ? c->devices : "cpu", &t->devs));
     TD_CHECK(read_run(t, &dtype));
+    TD_CHECK(set_precision(t, dtype));
     TD_CHECK(td_model_describe(t->json, t->model_name, &mi, NULL, 0));
     TD_CHECK(open_data(t, &mi));
     if (t->state.batch > t->info.size)

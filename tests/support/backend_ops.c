@@ -175,7 +175,10 @@ void td_ops_compare(const char *what, build_fn build, op_fn op, const void *p, c
 }
 
 /* Every slot the CPU backend fills, the backend under test fills too: a slot
- * added to src/device/kernels.h without a kernel there fails here. */
+ * added to src/device/kernels.h without a kernel there fails here. Except
+ * gemm_bf16: a backend without it computes in f32 and the run says so
+ * (issue 42; td_device_set_precision), which test_bgemm and the trainer's
+ * tests check. */
 void td_ops_every_slot_is_implemented(void **state) {
     typedef void (*slot_fn)(void);
     const unsigned char *cpu = (const void *)td__cpu_backend.kernels;
@@ -185,6 +188,8 @@ void td_ops_every_slot_is_implemented(void **state) {
         slot_fn c, o;
         memcpy(&c, cpu + i * sizeof c, sizeof c);
         memcpy(&o, dev + i * sizeof o, sizeof o);
+        if (i == offsetof(td_kernels, gemm_bf16) / sizeof(slot_fn))
+            continue;
         if (c && !o)
             fail_msg("slot %zu of td_kernels has a CPU kernel but no %s one", i, g_backend->title);
     }

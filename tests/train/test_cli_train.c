@@ -73,7 +73,7 @@ static void bad_input_is_a_clear_error(void **state) {
     expect("train --model " MLP " --data " MNIST " --batch", 2, NULL, "--batch needs a value");
     expect("train --model " MLP " --data " MNIST " --optimizer adam", 2, NULL,
            "sgd or adamw, not 'adam'");
-    expect("train --model " MLP " --data " MNIST " --precision f16", 2, NULL, "f32 or f64");
+    expect("train --model " MLP " --data " MNIST " --precision f16", 2, NULL, "f32, f64 or bf16");
     expect("train --data " MNIST, 2, NULL, "--model is required");
     expect("train --model " MLP, 2, NULL, "--data is required");
     expect("train --model /nonexistent/m.json --data " MNIST, 1, NULL, "/nonexistent/m.json");
@@ -266,6 +266,27 @@ static void resuming_refuses_flags_that_contradict_the_checkpoint(void **state) 
     assert_float_equal(lr[0], 0.07, 1e-12);
 }
 
+/* bf16 trains f32 master weights: an f32 checkpoint resumes in bf16, an
+ * f64 one is refused in words that name the flag. */
+static void bf16_resumes_f32_checkpoints_and_refuses_f64_ones(void **state) {
+    char args[2048], ckpt[512];
+    for (int f64 = 0; f64 < 2; f64++) {
+        snprintf(ckpt, sizeof ckpt, "%s", td_test_tmp(f64 ? "w64.st" : "w32.st"));
+        snprintf(args, sizeof args,
+                 "train --model " MLP TEN_STEPS " --steps 2 --precision %s --checkpoint %s",
+                 f64 ? "f64" : "f32", ckpt);
+        expect(args, 0, NULL, NULL);
+        snprintf(args, sizeof args, "train --resume %s" TEN_STEPS " --steps 3 --precision bf16",
+                 ckpt);
+        if (f64)
+            expect(
+                args, 2, NULL,
+                "holds f64 weights; bf16 mixed precision (--precision) keeps f32 master weights");
+        else
+            expect(args, 0, "precision: cpu bf16 (", NULL);
+    }
+}
+
 static int count_lines(const char *path) {
     FILE *f = fopen(path, "r");
     int n = 0, c;
@@ -393,6 +414,7 @@ int main(void) {
         cmocka_unit_test(resuming_a_cosine_run_for_more_epochs_goes_on_learning),
         cmocka_unit_test(a_run_at_learning_rate_0_says_so),
         cmocka_unit_test(resuming_refuses_flags_that_contradict_the_checkpoint),
+        cmocka_unit_test(bf16_resumes_f32_checkpoints_and_refuses_f64_ones),
         cmocka_unit_test(a_killed_run_resumes_with_whole_metrics_and_no_leftovers),
         cmocka_unit_test(under_mpirun_only_rank_0_prints_progress),
     };

@@ -24,6 +24,9 @@ typedef struct cpu_device {
      * {denormals=} option, else TANDEM_DENORMALS, else flush. Set by the host
      * thread and each helper on itself when they start. */
     int denormals;
+    /* 1: the kernels with products inside (convolution, fused attention)
+     * multiply f32 from bf16-rounded inputs (td_device_set_precision) */
+    atomic_int bf16;
 } cpu_device;
 
 /* "SSE4.2 AVX AVX2 FMA AVX-512F ..." of this CPU, into buf. */

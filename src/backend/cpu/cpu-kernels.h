@@ -15,7 +15,8 @@ static inline void td__part_range(size_t total, int part, int nparts, size_t *be
 /* Scratch memory of at least n bytes owned by the calling thread, kept and
  * reused between calls (freed when the thread ends). NULL when out of memory.
  * Slot 0 is for kernels; slot 1 belongs to GEMM, which kernels call while
- * holding slot 0. */
+ * holding slot 0; slot 2 to the bf16 GEMM's rounded inputs, held while it
+ * calls the f32 GEMM. */
 void *td__cpu_scratch_slot(int slot, size_t n);
 static inline void *td__cpu_scratch(size_t n) {
     return td__cpu_scratch_slot(0, n);
@@ -46,7 +47,30 @@ td_status td__cpu_gemm_any(void *ctx, td_dtype dt, int ta, int tb, int64_t m, in
                            double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
                            double beta, void *c, int64_t ldc);
 
-/* kern_gemm.c */
+/* kern_bgemm.c: products of f32 matrices with their inputs rounded to bf16
+ * and f32 sums. td__cpu_bgemm_serial computes one on the calling thread,
+ * by AVX512-BF16 when native (the CPU must have it) or emulated; 0 when it
+ * found no memory. td__cpu_bgemm_native says whether this CPU (and
+ * TANDEM_SIMD) allows the native path; the name says what each path runs. */
+int td__cpu_bgemm_serial(int native, int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
+                         const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                         float *c, int64_t ldc);
+int td__cpu_bgemm_native(void);
+const char *td__cpu_bgemm_path_name(int native);
+/* y[0:n] = x rounded to bf16 (td__f32_to_bf16's bits) and widened back. */
+void td__cpu_round_bf16(const float *x, float *y, size_t n);
+
+/* The serial GEMM of a kernel with products inside it (convolution, fused
+ * attention) on cd: from bf16-rounded inputs when cd is set to bf16 and dt
+ * is f32, else td__cpu_gemm_serial. 0 when it found no memory. */
+int td__cpu_gemm_inner(cpu_device *cd, td_dtype dt, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                       double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
+                       double beta, void *c, int64_t ldc);
+
+/* kern_gemm.c; td__cpu_gemm_bf16 is the table's gemm_bf16. */
+td_status td__cpu_gemm_bf16(void *ctx, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                            double alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                            double beta, float *c, int64_t ldc);
 td_status td__cpu_gemm(void *ctx, td_dtype dt, int ta, int tb, int64_t m, int64_t n, int64_t k,
                        double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
                        double beta, void *c, int64_t ldc);

@@ -273,6 +273,14 @@ static td_status cpu_copy_peer(void *dst_ctx, void *dst, void *src_ctx, const vo
     return TD_OK;
 }
 
+static const char *cpu_bf16_path(void) {
+    return td__cpu_bgemm_path_name(td__cpu_bgemm_native());
+}
+
+static void cpu_set_precision(void *ctx, td_precision p) {
+    atomic_store(&((cpu_device *)ctx)->bf16, p == TD_PRECISION_BF16);
+}
+
 const td_backend_ops td__cpu_backend = {
     .api_version = TD_BACKEND_API_VERSION,
     .name = "cpu",
@@ -292,4 +300,6 @@ const td_backend_ops td__cpu_backend = {
     .copy_peer = cpu_copy_peer,
     .sync = NULL,
     .kernels = &td__cpu_kernels,
+    .bf16_path = cpu_bf16_path,
+    .set_precision = cpu_set_precision,
 };

@@ -8,6 +8,7 @@
 #include "core/error.h"
 
 typedef struct attn_args {
+    cpu_device *cd;
     td_dtype dt;
     int64_t b, t, c, h;
     double scale;
@@ -56,7 +57,11 @@ static void attn_fwd_part(void *arg, int part, int nparts) {
         char *p = a->pw + pair * (size_t)(t * t) * es;
         char *y = a->y + (size_t)(bi * t * c + hi * d) * es;
         /* p (t, t) = scale q (t, d) k^T, then the causal softmax in place */
-        td__cpu_gemm_serial(a->dt, 0, 1, t, t, d, a->scale, q, 3 * c, k, 3 * c, 0.0, p, t);
+        if (!td__cpu_gemm_inner(a->cd, a->dt, 0, 1, t, t, d, a->scale, q, 3 * c, k, 3 * c, 0.0, p,
+                                t)) {
+            a->failed = 1;
+            return;
+        }
         if (a->dt == TD_F32) {
             for (int64_t i = 0; i < t; i++) {
                 float *row = (float *)p + i * t;
@@ -67,16 +72,29 @@ static void attn_fwd_part(void *arg, int part, int nparts) {
             softmax_rows_f64((double *)p, t);
         }
         /* y (t, d) = p v */
-        td__cpu_gemm_serial(a->dt, 0, 0, t, d, t, 1.0, p, t, v, 3 * c, 0.0, y, c);
+        if (!td__cpu_gemm_inner(a->cd, a->dt, 0, 0, t, d, t, 1.0, p, t, v, 3 * c, 0.0, y, c)) {
+            a->failed = 1;
+            return;
+        }
     }
 }
 
 td_status td__cpu_attention_fwd(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t c, int64_t h,
                                 double scale, const void *qkv, void *p, void *y) {
     /* qkv (b, t, 3c), h heads of c/h -> p (b, h, t, t), y (b, t, c) */
-    attn_args a = {
-        .dt = dt, .b = b, .t = t, .c = c, .h = h, .scale = scale, .qkv = qkv, .pw = p, .y = y};
+    attn_args a = {.cd = ctx,
+                   .dt = dt,
+                   .b = b,
+                   .t = t,
+                   .c = c,
+                   .h = h,
+                   .scale = scale,
+                   .qkv = qkv,
+                   .pw = p,
+                   .y = y};
     td__cpu_parallel(ctx, attn_fwd_part, &a);
+    if (a.failed)
+        return td__error(TD_ERR_OUT_OF_MEMORY, "attention: no memory for bf16 products");
     return TD_OK;
 }
 
@@ -99,15 +117,23 @@ static void attn_bwd_part(void *arg, int part, int nparts) {
         const char *p = a->p + pair * (size_t)(t * t) * es;
         const char *dy = a->dy + (size_t)(bi * t * c + hi * d) * es;
         /* dp (t, t) = dy (t, d) v^T; dv (t, d) = p^T dy */
-        td__cpu_gemm_serial(a->dt, 0, 1, t, t, d, 1.0, dy, c, v, 3 * c, 0.0, dp, t);
-        td__cpu_gemm_serial(a->dt, 1, 0, t, d, t, 1.0, p, t, dy, c, 0.0, dv, 3 * c);
+        if (!td__cpu_gemm_inner(a->cd, a->dt, 0, 1, t, t, d, 1.0, dy, c, v, 3 * c, 0.0, dp, t) ||
+            !td__cpu_gemm_inner(a->cd, a->dt, 1, 0, t, d, t, 1.0, p, t, dy, c, 0.0, dv, 3 * c)) {
+            a->failed = 1;
+            return;
+        }
         if (a->dt == TD_F32)
             softmax_back_rows_f32((const float *)p, (float *)dp, t, (float)a->scale);
         else
             softmax_back_rows_f64((const double *)p, (double *)dp, t, a->scale);
         /* dq = ds k; dk = ds^T q */
-        td__cpu_gemm_serial(a->dt, 0, 0, t, d, t, 1.0, dp, t, k, 3 * c, 0.0, dq, 3 * c);
-        td__cpu_gemm_serial(a->dt, 1, 0, t, d, t, 1.0, dp, t, q, 3 * c, 0.0, dk, 3 * c);
+        if (!td__cpu_gemm_inner(a->cd, a->dt, 0, 0, t, d, t, 1.0, dp, t, k, 3 * c, 0.0, dq,
+                                3 * c) ||
+            !td__cpu_gemm_inner(a->cd, a->dt, 1, 0, t, d, t, 1.0, dp, t, q, 3 * c, 0.0, dk,
+                                3 * c)) {
+            a->failed = 1;
+            return;
+        }
     }
 }
 
@@ -115,7 +141,8 @@ td_status td__cpu_attention_bwd(void *ctx, td_dtype dt, int64_t b, int64_t t, in
                                 double scale, const void *qkv, const void *p, const void *dy,
                                 void *dqkv) {
     /* qkv (b, t, 3c), p (b, h, t, t), dy (b, t, c) -> dqkv (b, t, 3c) */
-    attn_args a = {.dt = dt,
+    attn_args a = {.cd = ctx,
+                   .dt = dt,
                    .b = b,
                    .t = t,
                    .c = c,

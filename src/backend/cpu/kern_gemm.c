@@ -11,7 +11,7 @@
 
 /* Per-thread scratch ------------------------------------------------------- */
 
-#define SCRATCH_SLOTS 2
+#define SCRATCH_SLOTS 3
 
 typedef struct scratch {
     void *p[SCRATCH_SLOTS];
@@ -106,6 +106,16 @@ void td__cpu_gemm_serial(td_dtype dt, int ta, int tb, int64_t m, int64_t n, int6
                     beta, c, (blasint)ldc);
 }
 
+int td__cpu_gemm_inner(cpu_device *cd, td_dtype dt, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                       double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
+                       double beta, void *c, int64_t ldc) {
+    if (dt == TD_F32 && cd && atomic_load(&cd->bf16))
+        return td__cpu_bgemm_serial(td__cpu_bgemm_native(), ta, tb, m, n, k, (float)alpha, a, lda,
+                                    b, ldb, (float)beta, c, ldc);
+    td__cpu_gemm_serial(dt, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return 1;
+}
+
 typedef struct gemm_args {
     td_dtype dt;
     int ta, tb;
@@ -117,7 +127,23 @@ typedef struct gemm_args {
     int64_t sa, sb, sc; /* batch strides in elements */
     int64_t batch;
     int split_n; /* split columns of C rather than rows */
+    int bf16;    /* f32 products of bf16-rounded inputs (kern_bgemm.c) */
+    int native;  /* ... by AVX512-BF16, not the emulation */
+    int failed;  /* a part found no memory (bf16 only) */
 } gemm_args;
+
+/* One part's product, of g's kind. */
+static void part_gemm(gemm_args *g, int64_t m, int64_t n, const char *a, const char *b, char *c) {
+    if (!g->bf16) {
+        td__cpu_gemm_serial(g->dt, g->ta, g->tb, m, n, g->k, g->alpha, a, g->lda, b, g->ldb,
+                            g->beta, c, g->ldc);
+        return;
+    }
+    if (!td__cpu_bgemm_serial(g->native, g->ta, g->tb, m, n, g->k, (float)g->alpha,
+                              (const float *)a, g->lda, (const float *)b, g->ldb, (float)g->beta,
+                              (float *)c, g->ldc))
+        g->failed = 1;
+}
 
 /* Blocks are multiples of this many rows or columns, to keep BLAS's kernels
  * on full panels. */
@@ -141,12 +167,10 @@ static void gemm_part(void *p, int part, int nparts) {
     if (g->split_n) {
         /* C[:, lo:hi] = op(A) op(B)[:, lo:hi] */
         const char *b = g->b + (size_t)(g->tb ? lo * g->ldb : lo) * es;
-        td__cpu_gemm_serial(g->dt, g->ta, g->tb, g->m, hi - lo, g->k, g->alpha, g->a, g->lda, b,
-                            g->ldb, g->beta, g->c + (size_t)lo * es, g->ldc);
+        part_gemm(g, g->m, hi - lo, g->a, b, g->c + (size_t)lo * es);
     } else {
         const char *a = g->a + (size_t)(g->ta ? lo : lo * g->lda) * es;
-        td__cpu_gemm_serial(g->dt, g->ta, g->tb, hi - lo, g->n, g->k, g->alpha, a, g->lda, g->b,
-                            g->ldb, g->beta, g->c + (size_t)(lo * g->ldc) * es, g->ldc);
+        part_gemm(g, hi - lo, g->n, a, g->b, g->c + (size_t)(lo * g->ldc) * es);
     }
 }
 
@@ -154,22 +178,70 @@ static void gemm_part(void *p, int part, int nparts) {
  * costs more than it saves. */
 #define GEMM_PARALLEL_MIN (64.0 * 64.0 * 64.0)
 
+/* Runs g, split over cd's cores when it is big enough. */
+static td_status gemm_run(cpu_device *cd, gemm_args *g) {
+    if (g->m > INT32_MAX || g->n > INT32_MAX || g->k > INT32_MAX)
+        return td__error(TD_ERR_UNSUPPORTED, "gemm: %lld x %lld x %lld exceeds BLAS's int range",
+                         (long long)g->m, (long long)g->n, (long long)g->k);
+    if (td__cpu_threads(cd) == 1 ||
+        (double)g->m * (double)g->n * (double)g->k < GEMM_PARALLEL_MIN) {
+        part_gemm(g, g->m, g->n, g->a, g->b, g->c);
+    } else {
+        g->split_n = g->n > g->m;
+        td__cpu_parallel(cd, gemm_part, g);
+    }
+    if (g->failed)
+        return td__error(TD_ERR_OUT_OF_MEMORY,
+                         "gemm_bf16: no memory for the rounded inputs of a %lld x %lld x %lld "
+                         "product",
+                         (long long)g->m, (long long)g->n, (long long)g->k);
+    return TD_OK;
+}
+
 td_status td__cpu_gemm(void *ctx, td_dtype dt, int ta, int tb, int64_t m, int64_t n, int64_t k,
                        double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
                        double beta, void *c, int64_t ldc) {
     /* c (m, n) = alpha op(a) (m, k) op(b) (k, n) + beta c; rows lda, ldb, ldc apart */
-    cpu_device *cd = ctx;
-    gemm_args g = {dt, ta, tb, m, n, k, alpha, beta, a, b, c, lda, ldb, ldc, 0, 0, 0, 1, 0};
-    if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX)
-        return td__error(TD_ERR_UNSUPPORTED, "gemm: %lld x %lld x %lld exceeds BLAS's int range",
-                         (long long)m, (long long)n, (long long)k);
-    if (td__cpu_threads(cd) == 1 || (double)m * (double)n * (double)k < GEMM_PARALLEL_MIN) {
-        td__cpu_gemm_serial(dt, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-        return TD_OK;
-    }
-    g.split_n = n > m;
-    td__cpu_parallel(cd, gemm_part, &g);
-    return TD_OK;
+    gemm_args g = {.dt = dt,
+                   .ta = ta,
+                   .tb = tb,
+                   .m = m,
+                   .n = n,
+                   .k = k,
+                   .alpha = alpha,
+                   .beta = beta,
+                   .a = a,
+                   .b = b,
+                   .c = c,
+                   .lda = lda,
+                   .ldb = ldb,
+                   .ldc = ldc,
+                   .batch = 1};
+    return gemm_run(ctx, &g);
+}
+
+td_status td__cpu_gemm_bf16(void *ctx, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                            double alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                            double beta, float *c, int64_t ldc) {
+    /* c (m, n) = alpha bf16(op(a)) (m, k) bf16(op(b)) (k, n) + beta c, f32 sums */
+    gemm_args g = {.dt = TD_F32,
+                   .ta = ta,
+                   .tb = tb,
+                   .m = m,
+                   .n = n,
+                   .k = k,
+                   .alpha = alpha,
+                   .beta = beta,
+                   .a = (const char *)a,
+                   .b = (const char *)b,
+                   .c = (char *)c,
+                   .lda = lda,
+                   .ldb = ldb,
+                   .ldc = ldc,
+                   .batch = 1,
+                   .bf16 = 1,
+                   .native = td__cpu_bgemm_native()};
+    return gemm_run(ctx, &g);
 }
 
 static void gemm_batched_part(void *p, int part, int nparts) {
@@ -178,9 +250,8 @@ static void gemm_batched_part(void *p, int part, int nparts) {
     size_t es = td_dtype_size(g->dt), b0, b1;
     td__part_range((size_t)g->batch, part, nparts, &b0, &b1);
     for (size_t i = b0; i < b1; i++)
-        td__cpu_gemm_serial(g->dt, g->ta, g->tb, g->m, g->n, g->k, g->alpha,
-                            g->a + i * (size_t)g->sa * es, g->lda, g->b + i * (size_t)g->sb * es,
-                            g->ldb, g->beta, g->c + i * (size_t)g->sc * es, g->ldc);
+        part_gemm(g, g->m, g->n, g->a + i * (size_t)g->sa * es, g->b + i * (size_t)g->sb * es,
+                  g->c + i * (size_t)g->sc * es);
 }
 
 td_status td__cpu_gemm_batched(void *ctx, td_dtype dt, int ta, int tb, int64_t m, int64_t n,
@@ -189,25 +260,48 @@ td_status td__cpu_gemm_batched(void *ctx, td_dtype dt, int ta, int tb, int64_t m
                                double beta, void *c, int64_t ldc, int64_t stride_c, int64_t batch) {
     /* batch x [c (m, n) = alpha op(a) (m, k) op(b) (k, n) + beta c], stride_* apart */
     cpu_device *cd = ctx;
-    gemm_args g = {dt, ta,  tb,  m,   n,        k,        alpha,    beta,  a, b,
-                   c,  lda, ldb, ldc, stride_a, stride_b, stride_c, batch, 0};
+    gemm_args g = {.dt = dt,
+                   .ta = ta,
+                   .tb = tb,
+                   .m = m,
+                   .n = n,
+                   .k = k,
+                   .alpha = alpha,
+                   .beta = beta,
+                   .a = a,
+                   .b = b,
+                   .c = c,
+                   .lda = lda,
+                   .ldb = ldb,
+                   .ldc = ldc,
+                   .sa = stride_a,
+                   .sb = stride_b,
+                   .sc = stride_c,
+                   .batch = batch};
     int threads = td__cpu_threads(cd);
+    /* attention's products composed by the tensor layer follow the device's
+     * precision as the fused kernels do */
+    g.bf16 = dt == TD_F32 && atomic_load(&cd->bf16);
+    g.native = g.bf16 && td__cpu_bgemm_native();
     if (batch <= 0)
         return TD_OK;
     if (batch < threads) {
         /* Few big matrices: parallelise inside each. */
         size_t es = td_dtype_size(dt);
         for (int64_t i = 0; i < batch; i++) {
-            td_status st = td__cpu_gemm(ctx, dt, ta, tb, m, n, k, alpha,
-                                        (const char *)a + (size_t)(i * stride_a) * es, lda,
-                                        (const char *)b + (size_t)(i * stride_b) * es, ldb, beta,
-                                        (char *)c + (size_t)(i * stride_c) * es, ldc);
-            if (st != TD_OK)
-                return st;
+            gemm_args one = g;
+            one.a += (size_t)(i * stride_a) * es;
+            one.b += (size_t)(i * stride_b) * es;
+            one.c += (size_t)(i * stride_c) * es;
+            one.batch = 1;
+            TD_CHECK(gemm_run(cd, &one));
         }
         return TD_OK;
     }
     td__cpu_parallel(cd, gemm_batched_part, &g);
+    if (g.failed)
+        return td__error(TD_ERR_OUT_OF_MEMORY,
+                         "gemm_batched: no memory for the rounded inputs of bf16 products");
     return TD_OK;
 }
 
@@ -235,6 +329,7 @@ static void valid_cols(const td_conv_desc *d, int64_t kj, int64_t *lo, int64_t *
 #include "backend/cpu/tmpl/im2col.h"
 
 typedef struct conv_args {
+    cpu_device *cd;
     td_dtype dt;
     const td_conv_desc *d;
     const char *x, *w, *bias, *dy;
@@ -308,7 +403,11 @@ static void conv_fwd_part(void *p, int part, int nparts) {
             im2col_any(a->dt, d, a->x + (i0 + (size_t)k) * (size_t)(d->c * d->h * d->w) * es,
                        col + (size_t)(k * ohw) * es, ld);
         /* tmp (oc, gi ohw) = w (oc, ckk) col (ckk, gi ohw) */
-        td__cpu_gemm_serial(a->dt, 0, 0, d->oc, ld, ckk, 1.0, a->w, ckk, col, ld, 0.0, tmp, ld);
+        if (!td__cpu_gemm_inner(a->cd, a->dt, 0, 0, d->oc, ld, ckk, 1.0, a->w, ckk, col, ld, 0.0,
+                                tmp, ld)) {
+            a->failed = 1;
+            return;
+        }
         for (int64_t k = 0; k < gi; k++)
             copy_rows(a->dt, a->y + (i0 + (size_t)k) * (size_t)(d->oc * ohw) * es, ohw,
                       tmp + (size_t)(k * ohw) * es, ld, d->oc, ohw, a->bias);
@@ -318,7 +417,7 @@ static void conv_fwd_part(void *p, int part, int nparts) {
 td_status td__cpu_conv2d_fwd(void *ctx, td_dtype dt, const td_conv_desc *d, const void *x,
                              const void *w, const void *bias, void *y) {
     /* x (n, c, h, w), w (oc, c, kh, kw), bias (oc) -> y (n, oc, oh, ow) */
-    conv_args a = {.dt = dt, .d = d, .x = x, .w = w, .bias = bias, .y = y};
+    conv_args a = {.cd = ctx, .dt = dt, .d = d, .x = x, .w = w, .bias = bias, .y = y};
     td__cpu_parallel(ctx, conv_fwd_part, &a);
     if (a.failed)
         return td__error(TD_ERR_OUT_OF_MEMORY, "conv2d: no memory for the im2col buffer");
@@ -360,7 +459,11 @@ static void conv_bwd_part(void *p, int part, int nparts) {
                       a->dy + i * (size_t)(d->oc * ohw) * es, ohw, d->oc, ohw, NULL);
         }
         /* dw (oc, ckk) += dy (oc, gi ohw) col^T (gi ohw, ckk) */
-        td__cpu_gemm_serial(a->dt, 0, 1, d->oc, ckk, ld, 1.0, dyb, ld, col, ld, 1.0, dw, ckk);
+        if (!td__cpu_gemm_inner(a->cd, a->dt, 0, 1, d->oc, ckk, ld, 1.0, dyb, ld, col, ld, 1.0, dw,
+                                ckk)) {
+            a->failed = 1;
+            return;
+        }
         /* db (oc) += row sums of dy, eight partial sums so the loop vectorises */
         for (int64_t o = 0; o < d->oc; o++) {
             if (a->dt == TD_F32) {
@@ -386,7 +489,11 @@ static void conv_bwd_part(void *p, int part, int nparts) {
         if (!a->dx)
             continue;
         /* dcol (ckk, gi ohw) = w^T (ckk, oc) dy (oc, gi ohw) */
-        td__cpu_gemm_serial(a->dt, 1, 0, ckk, ld, d->oc, 1.0, a->w, ckk, dyb, ld, 0.0, dcol, ld);
+        if (!td__cpu_gemm_inner(a->cd, a->dt, 1, 0, ckk, ld, d->oc, 1.0, a->w, ckk, dyb, ld, 0.0,
+                                dcol, ld)) {
+            a->failed = 1;
+            return;
+        }
         for (int64_t k = 0; k < gi; k++) {
             char *dxi = a->dx + (i0 + (size_t)k) * (size_t)(d->c * d->h * d->w) * es;
             if (a->dt == TD_F32)
@@ -400,7 +507,7 @@ static void conv_bwd_part(void *p, int part, int nparts) {
 td_status td__cpu_conv2d_bwd(void *ctx, td_dtype dt, const td_conv_desc *d, const void *x,
                              const void *w, const void *dy, void *dx, void *dw, void *db, int acc) {
     /* x, dx: (n, c, h, w); w, dw: (oc, c, kh, kw); dy (n, oc, oh, ow); db (oc) */
-    conv_args a = {.dt = dt, .d = d, .x = x, .w = w, .dy = dy, .dx = dx};
+    conv_args a = {.cd = ctx, .dt = dt, .d = d, .x = x, .w = w, .dy = dy, .dx = dx};
     int nparts = td__cpu_threads(ctx);
     int64_t ckk = d->c * d->kh * d->kw, total = d->oc * ckk + d->oc;
     td__cpu_parallel(ctx, conv_bwd_part, &a);

@@ -65,6 +65,7 @@ const td_kernels td__cpu_kernels = {
     .fill = cpu_fill,
     .rng = cpu_rng,
     .gemm = td__cpu_gemm_any,
+    .gemm_bf16 = td__cpu_gemm_bf16,
     .gemm_batched = td__cpu_gemm_batched,
     .bias_add = td__cpu_bias_add,
     .bias_grad = td__cpu_bias_grad,
