@@ -351,7 +351,7 @@ static int bf16_main(int reps, const char *only) {
                     g[who][r] = time_bf16(who, p, a, b, c, inner);
         for (int who = 0; who < 3; who++)
             if (who != 1 || native)
-                med[who] = median(g[who], reps);
+                med[who] = td_bench_median(g[who], reps);
         snprintf(dims, sizeof dims, "%d,%d,%d", p->m, p->n, p->k);
         printf("%-9s %-17s %c%c %16s %8.1f %8.1f %8.1f %6.2f\n", p->model, p->what,
                p->ta ? 'T' : 'N', p->tb ? 'T' : 'N', dims, med[0], med[1], med[2],
