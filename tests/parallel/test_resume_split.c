@@ -171,9 +171,17 @@ static int first_member_percent(const char *plan) {
 static void a_split_stage_resumes_bit_for_bit_on_swapped_devices(void **state) {
     static char plan[2048], again[2048];
     (void)state;
-    check_resume("pipeline:1,tensor:2", "cpu:0,cpu:1{slowdown=3}", "cpu:0{slowdown=3},cpu:1", 0,
-                 plan, again);
-    /* the fast first device held most of the stage, and still does */
+    /* The fast first device must hold most of the stage, or swapping the
+     * devices would prove nothing. Its share follows speeds measured at the
+     * start, which a machine busy with other work can blur into an even
+     * split: then the run is made again, twice at most. */
+    for (int tries = 0; tries < 3; tries++) {
+        check_resume("pipeline:1,tensor:2", "cpu:0,cpu:1{slowdown=3}", "cpu:0{slowdown=3},cpu:1", 0,
+                     plan, again);
+        if (first_member_percent(plan) > 50)
+            break;
+        printf("cpu:0 measured no faster than cpu:1{slowdown=3}: running again\n");
+    }
     assert_true(first_member_percent(plan) > 50);
     assert_int_equal(first_member_percent(again), first_member_percent(plan));
 }
