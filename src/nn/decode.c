@@ -37,7 +37,7 @@
 #define DUMMY_SCORE (-1e30)
 
 /* The attention workspace views, as att_plan (layers.c) carves them. */
-enum { ATT_QKV = 0, ATT_P = 1, ATT_S = 2, ATT_YH = 3 };
+enum { ATT_QKV = 0, ATT_P = 1, ATT_S = 2, ATT_YH = 3, ATT_RAW = 6 };
 
 struct td_decoder {
     td_decoder_impl custom; /* custom.pass NULL: the decoder of m */
@@ -51,15 +51,14 @@ struct td_decoder {
     td_layer *head;         /* the top-level linear giving the logits; NULL: none */
     int64_t vfirst, vcount; /* the logits computed and read: [vfirst, vfirst + vcount) */
     td_buffer out;          /* a part's output rows after its last pass */
-    int natt;
-    td_tensor **kv;         /* per attention layer in forward order: (T, (h + 2 kv) d) q, k, v
-                               rows of the heads computed here, rotated (NULL: none) */
+    int natt;               /* attention layers; their caches hold (T, (h + 2 kv) d) q, k, v
+                               rows of the heads computed here, rotated */
     td_tensor *scores;      /* (heads, T + 1): a step's scores, the dummy first */
     td_tensor *probs;       /* (heads, T + 1): their softmax */
     td_buffer *targets;     /* heads int32 zeros: every row's label is the dummy */
     void *host;             /* vocab elements of the model's dtype, for reading logits */
     td__packed_set *packed; /* compact weight matrices (compact.c); NULL: f32 */
-    td__kv_cache *kvc;      /* what holds kv (decode_kv.c) */
+    td__kv_cache *kvc;      /* the caches, in forward order (decode_kv.c) */
 };
 
 /* One pass: rows [pos, pos + n) of the sequence. */
@@ -277,24 +276,25 @@ static td_status att_step(td_decoder *dec, td_layer *l, const td_tensor *kv, int
  * grouped key and value heads into the layer's workspace first. */
 static td_status att_decode(td_layer *l, const td_tensor *x, pass *p) {
     td_decoder *dec = p->d;
-    const td_tensor *cache = dec->kv[p->att++];
+    int i = p->att++;
     int64_t h = att_heads(l), nkv = att_kv(l), c = att_width(l), d = l->in_shape[1] / l->heads,
-            row = att_row(l), oc = l->out_shape[1], n = p->n;
-    int64_t rows[3] = {1, n, row}, yrows[3] = {1, n, c}, qrows[3] = {1, n, 3 * c};
+            oc = l->out_shape[1], n = p->n;
+    int64_t yrows[3] = {1, n, c}, qrows[3] = {1, n, 3 * c};
     td_tensor raw, qkv, yh, y;
     TD_CHECK(first_rows(&l->out, n, &y));
-    if (!cache) {
+    if (!td__kv_cache_row(dec->kvc, i)) {
         TD_CHECK(td__zero(&y));
     } else {
-        TD_CHECK(td__tensor_view(&raw, cache, (size_t)(p->pos * row), 3, rows));
+        TD_CHECK(
+            td__kv_cache_rows(dec->kvc, i, &l->ws[nkv != h ? ATT_RAW : ATT_QKV], p->pos, n, &raw));
         TD_CHECK(td__tensor_view(&yh, &l->ws[ATT_YH], 0, 3, yrows));
         /* raw (n, row) = x Wqkv^T + bqkv */
         TD_CHECK(td__packed_matmul(dec->packed, l, 0, 0, &raw, x, l->param[0]));
         if (l->has_bias)
-            TD_CHECK(td__op_bias_add(&raw, l->param[1], n, row, 1));
+            TD_CHECK(td__op_bias_add(&raw, l->param[1], n, att_row(l), 1));
         if (l->rope)
             TD_CHECK(td__op_rope(l->rope, p->pos, 0, h + nkv, d, 0, &raw));
-        TD_CHECK(td__kv_cache_sync(dec->kvc, p->att - 1, p->pos, n));
+        TD_CHECK(td__kv_cache_sync(dec->kvc, i, p->pos, n, &raw));
         qkv = raw;
         if (p->pos == 0 && nkv != h) {
             TD_CHECK(td__tensor_view(&qkv, &l->ws[ATT_QKV], 0, 3, qrows));
@@ -302,8 +302,10 @@ static td_status att_decode(td_layer *l, const td_tensor *x, pass *p) {
         }
         if (p->pos == 0)
             TD_CHECK(att_prefill(l, &qkv, n, &yh));
+        else if (td__kv_cache_attends(dec->kvc))
+            TD_CHECK(td__kv_cache_attend(dec->kvc, i, h, nkv, d, p->pos + 1, raw.data, yh.data));
         else
-            TD_CHECK(att_step(dec, l, cache, p->pos, &yh));
+            TD_CHECK(att_step(dec, l, td__kv_cache_f32(dec->kvc, i), p->pos, &yh));
         TD_CHECK(td__packed_matmul(dec->packed, l, 2, 0, &y, &yh, l->param[2]));
     }
     if (l->split.kind == TD__SPLIT_HEADS)
@@ -408,12 +410,11 @@ static td_status alloc_state(td_decoder *d) {
     size_t nt = (size_t)d->heads + 1;
     int32_t *zeros;
     td_status st;
-    if (!(d->kv = td__calloc(((size_t)d->natt + 1) * sizeof *d->kv, "a decoder's caches")) ||
-        !(d->host = td__calloc((size_t)d->vocab * td_dtype_size(m->dtype), "a decoder's logits")))
+    if (!(d->host = td__calloc((size_t)d->vocab * td_dtype_size(m->dtype), "a decoder's logits")))
         return TD_ERR_OUT_OF_MEMORY;
     TD_CHECK(td__kv_cache_create(m, d->natt, d->ctx, &d->kvc));
     TD_CHECK(alloc_kv(d, m->root, &k));
-    TD_CHECK(td__kv_cache_finish(d->kvc, d->kv));
+    TD_CHECK(td__kv_cache_finish(d->kvc));
     TD_CHECK(td_tensor_create(m->dev, m->dtype, 1, &w, &d->scores));
     TD_CHECK(td_tensor_create(m->dev, m->dtype, 1, &w, &d->probs));
     TD_CHECK(td_buffer_alloc(m->dev, nt * sizeof(int32_t), &d->targets));
@@ -498,7 +499,6 @@ void td_decoder_destroy(td_decoder *d) {
     if (d->custom.destroy)
         d->custom.destroy(d->custom.impl);
     td__kv_cache_destroy(d->kvc);
-    free(d->kv);
     td_tensor_destroy(d->scores);
     td_tensor_destroy(d->probs);
     td_buffer_free(d->targets);
