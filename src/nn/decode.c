@@ -85,6 +85,15 @@ static td_status embed_decode(td_layer *l, const td_tensor *x, pass *p) {
     int64_t c = l->out_shape[1];
     td_tensor y, wpe;
     TD_CHECK(first_rows(&l->out, p->n, &y));
+    if (!l->param[0]->data) {
+        /* the table is a tied head's, kept only packed: rows [pos, pos + n) of wpe added */
+        int64_t rows[3] = {1, p->n, c};
+        TD_CHECK(td__packed_embed(p->d->packed, l->param[0], &m->tokens, p->n, &y));
+        if (!l->positions)
+            return TD_OK;
+        TD_CHECK(td__tensor_view(&wpe, l->param[1], (size_t)(p->pos * c), 3, rows));
+        return td__op_add(&y, &wpe, &y);
+    }
     if (!l->positions)
         return td__op_embed_fwd(&m->tokens, l->param[0], NULL, &y);
     /* the kernel adds wpe rows [0, n): start the table at the pass's position */
@@ -510,8 +519,13 @@ void td_decoder_destroy(td_decoder *d) {
 }
 
 void td_decoder_take_model(td_decoder *d) {
-    if (d && !d->custom.pass)
-        d->owns_model = 1;
+    if (!d || d->custom.pass)
+        return;
+    d->owns_model = 1;
+    /* nothing but d reads the model now: its gradients and the f32 copies
+     * of packed matrices go */
+    td__model_release_grads(d->m);
+    td__packed_release_f32(d->packed);
 }
 
 int64_t td_decoder_context(const td_decoder *d) {

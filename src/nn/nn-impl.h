@@ -322,6 +322,9 @@ td_status td__model_reduce(td_model *m, td_tensor *t);
 /* Calls the model's gradient hook (nothing without one) for parameters
  * [first, first + count), whose gradients are final. */
 void td__model_grads_ready(td_model *m, size_t first, size_t count);
+/* Frees m's gradients, for a model that only ever runs forward (a
+ * decoder's); training it afterwards is a bug. */
+void td__model_release_grads(td_model *m);
 /* Zeros t (a view) on the device's thread. */
 td_status td__zero(td_tensor *t);
 
@@ -338,6 +341,13 @@ size_t td__packed_bytes(const td__packed_set *s);
  * param k: from its packed copy when s holds one, else from w (f32). */
 td_status td__packed_matmul(const td__packed_set *s, const td_layer *l, int k, int64_t first_row,
                             td_tensor *y, const td_tensor *x, const td_tensor *w);
+/* Frees the f32 copies of the matrices s packed: a decoder that owns its
+ * model reads only the packed ones (td__packed_embed for a tied table). */
+void td__packed_release_f32(td__packed_set *s);
+/* y (1, n, c) = rows tokens[0, n) of table, from the packed copy s holds
+ * of it (a tied head's); TD_ERR_UNSUPPORTED when it holds none. */
+td_status td__packed_embed(const td__packed_set *s, const td_tensor *table, const td_buffer *tokens,
+                           int64_t n, td_tensor *y);
 
 /* After loading m from a checkpoint: its matrices rounded to the process's
  * default format (td_weights_set_default), if one is set. */
