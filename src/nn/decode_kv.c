@@ -10,7 +10,14 @@
  * kept in 2 bytes and one f32 work cache the size of the largest layer's,
  * which all layers share, gets the pass's rows and the layer's stored rows
  * [0, pos + n) expanded back before its attention (L / 2 + 1 layers' f32
- * bytes for L layers). */
+ * bytes for L layers).
+ *
+ * That composed step needs a softmax over one row of pos + 1 scores, which
+ * the kernel table has only inside cross-entropy: each row gets a leading
+ * dummy score of -1e30 labelled as the target, so the kernel's gradient
+ * (softmax minus the one-hot of the label) is the exact softmax in the
+ * other columns (exp(-1e30 - max) is 0 in f32 and f64). This keeps the step
+ * on the device with the kernels every backend has. */
 #include <assert.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -23,6 +30,8 @@
 #include "nn/nn-impl.h"
 #include "tandem/generate.h"
 
+#define DUMMY_SCORE (-1e30)
+
 struct td__kv_cache {
     td_model *m;
     int kind; /* td_kv_cache */
@@ -33,6 +42,10 @@ struct td__kv_cache {
     td_tensor *work;    /* half kinds: the shared f32 cache (ctx, max row) */
     td_buffer **stored; /* half kinds: (natt) (ctx, row) 2-byte values */
     int attends;        /* the device's attend_step reads the caches */
+    int64_t heads;      /* the most query heads a layer has */
+    td_tensor *scores;  /* composed steps: (heads, ctx + 1) scores, the dummy first */
+    td_tensor *probs;   /* (heads, ctx + 1): their softmax */
+    td_buffer *targets; /* heads int32 zeros: every row's label is the dummy */
 };
 
 static atomic_int default_kind = TD_KV_CACHE_MODEL;
@@ -41,13 +54,14 @@ void td_decoder_set_default_kv_cache(td_kv_cache kind) {
     atomic_store(&default_kind, (int)kind);
 }
 
-td_status td__kv_cache_create(td_model *m, int natt, int64_t ctx, td__kv_cache **out) {
+td_status td__kv_cache_create(td_model *m, int natt, int64_t ctx, int64_t heads,
+                              td__kv_cache **out) {
     td__kv_cache *c = td__calloc(sizeof *c, "a decoder's caches");
     const td_kernels *k = td__device_kernels(m->dev);
     *out = NULL;
     if (!c)
         return TD_ERR_OUT_OF_MEMORY;
-    c->m = m, c->natt = natt, c->ctx = ctx, c->kind = atomic_load(&default_kind);
+    c->m = m, c->natt = natt, c->ctx = ctx, c->heads = heads, c->kind = atomic_load(&default_kind);
     c->attends = m->dtype == TD_F32 && k && k->attend_step;
     if (c->kind != TD_KV_CACHE_MODEL && m->dtype != TD_F32) {
         const char *kind = c->kind == TD_KV_CACHE_F16 ? "f16" : "bf16";
@@ -69,6 +83,22 @@ void td__kv_cache_add(td__kv_cache *c, int i, int64_t row) {
     c->row[i] = row;
 }
 
+/* The composed step's scores, probabilities and labels. */
+static td_status alloc_composed(td__kv_cache *c) {
+    int64_t w = (c->heads ? c->heads : 1) * (c->ctx + 1);
+    size_t nt = (size_t)c->heads + 1;
+    int32_t *zeros;
+    td_status st;
+    TD_CHECK(td_tensor_create(c->m->dev, c->m->dtype, 1, &w, &c->scores));
+    TD_CHECK(td_tensor_create(c->m->dev, c->m->dtype, 1, &w, &c->probs));
+    TD_CHECK(td_buffer_alloc(c->m->dev, nt * sizeof(int32_t), &c->targets));
+    if (!(zeros = td__calloc(nt * sizeof *zeros, "a decoder's labels")))
+        return TD_ERR_OUT_OF_MEMORY;
+    st = td_buffer_write(c->targets, 0, zeros, nt * sizeof *zeros);
+    free(zeros);
+    return st;
+}
+
 td_status td__kv_cache_finish(td__kv_cache *c) {
     int64_t wide = 0;
     for (int i = 0; i < c->natt; i++) {
@@ -86,15 +116,11 @@ td_status td__kv_cache_finish(td__kv_cache *c) {
         int64_t shape[2] = {c->ctx, wide};
         TD_CHECK(td_tensor_create(c->m->dev, TD_F32, 2, shape, &c->work));
     }
-    return TD_OK;
+    return c->attends ? TD_OK : alloc_composed(c);
 }
 
 int64_t td__kv_cache_row(const td__kv_cache *c, int i) {
     return c->row[i];
-}
-
-int td__kv_cache_attends(const td__kv_cache *c) {
-    return c->attends;
 }
 
 td_status td__kv_cache_rows(const td__kv_cache *c, int i, const td_tensor *ws, int64_t pos,
@@ -105,10 +131,6 @@ td_status td__kv_cache_rows(const td__kv_cache *c, int i, const td_tensor *ws, i
     if (c->work)
         return td__tensor_view(raw, c->work, (size_t)(pos * c->row[i]), 3, rows);
     return td__tensor_view(raw, ws, 0, 3, rows);
-}
-
-const td_tensor *td__kv_cache_f32(const td__kv_cache *c, int i) {
-    return c->own[i] ? c->own[i] : c->work;
 }
 
 td_status td__kv_cache_sync(td__kv_cache *c, int i, int64_t pos, int64_t n, td_tensor *raw) {
@@ -137,19 +159,50 @@ td_status td__kv_cache_sync(td__kv_cache *c, int i, int64_t pos, int64_t n, td_t
     return k->convert_half(ctx, c->kind, 0, (size_t)(pos + n) * row, stored, c->work->data);
 }
 
+static td_gemm_operand operand(const td_tensor *t, int64_t off, int64_t ld, int64_t stride) {
+    td_gemm_operand o = {t, (size_t)off, ld, stride};
+    return o;
+}
+
+/* The composed step on the f32 rows kv: see the file's head for the dummy
+ * score. The g = h / nkv query heads of a key and value head, side by side
+ * in q, are one (g, d) matrix. */
+static td_status attend_composed(const td__kv_cache *c, const td_tensor *kv, int64_t h, int64_t nkv,
+                                 int64_t d, int64_t pos, int64_t row, td_tensor *yh) {
+    int64_t g = h / nkv, len = pos + 1, w = len + 1;
+    int64_t hw[2] = {h, w};
+    td_tensor s, prob;
+    double loss;
+    int64_t hits;
+    TD_CHECK(td__tensor_view(&s, c->scores, 0, 2, hw));
+    TD_CHECK(td__tensor_view(&prob, c->probs, 0, 2, hw));
+    TD_CHECK(td_tensor_fill(&s, DUMMY_SCORE));
+    /* s_h[1..len] (g, len) = scale q_{group} (g, d) K_j^T, per key head j */
+    TD_CHECK(td__op_gemm_batched(0, 1, g, len, d, 1.0 / sqrt((double)d),
+                                 operand(kv, pos * row, d, g * d), operand(kv, h * d, row, d), 0.0,
+                                 operand(&s, 1, w, g * w), nkv));
+    TD_CHECK(td__op_xent(&s, c->targets, &prob, 1.0, &loss, &hits));
+    /* yh_{group} (g, d) = p_{group}[1..len] V_j (len, d) */
+    return td__op_gemm_batched(0, 0, g, d, len, 1.0, operand(&prob, 1, w, g * w),
+                               operand(kv, (h + nkv) * d, row, d), 0.0, operand(yh, 0, d, g * d),
+                               nkv);
+}
+
 td_status td__kv_cache_attend(const td__kv_cache *c, int i, int64_t h, int64_t kv, int64_t d,
-                              int64_t len, const float *q, float *y) {
+                              int64_t pos, const td_tensor *raw, td_tensor *yh) {
     const td_kernels *k = td__device_kernels(c->m->dev);
     const char *base;
     size_t es;
-    assert(c->attends && c->row[i] > 0);
+    assert(c->row[i] > 0 && pos > 0);
+    if (!c->attends)
+        return attend_composed(c, c->own[i] ? c->own[i] : c->work, h, kv, d, pos, c->row[i], yh);
     if (c->kind == TD_KV_CACHE_MODEL)
         base = c->own[i]->data, es = 4;
     else
         base = c->stored[i]->ptr, es = 2;
-    return k->attend_step(td__device_ctx(c->m->dev), c->kind, h, kv, d, len,
-                          (float)(1.0 / sqrt((double)d)), q, base + (size_t)(h * d) * es,
-                          base + (size_t)((h + kv) * d) * es, c->row[i], y);
+    return k->attend_step(td__device_ctx(c->m->dev), c->kind, h, kv, d, pos + 1,
+                          (float)(1.0 / sqrt((double)d)), raw->data, base + (size_t)(h * d) * es,
+                          base + (size_t)((h + kv) * d) * es, c->row[i], yh->data);
 }
 
 size_t td__kv_cache_bytes(const td__kv_cache *c) {
@@ -167,6 +220,9 @@ void td__kv_cache_destroy(td__kv_cache *c) {
         td_buffer_free(c->stored ? c->stored[i] : NULL);
     }
     td_tensor_destroy(c->work);
+    td_tensor_destroy(c->scores);
+    td_tensor_destroy(c->probs);
+    td_buffer_free(c->targets);
     free(c->row);
     free(c->own);
     free(c->stored);

@@ -359,25 +359,24 @@ td_status td__model_matrix_flags(td_model *m, unsigned char **flags);
 
 /* A decoder's key/value caches (decode_kv.c): natt of (ctx, row) in the
  * model's dtype, or in f16/bf16, as td_decoder_set_default_kv_cache chose
- * when created. add gives cache i's row width (0: no heads here); finish
- * allocates. A pass computes its rows [pos, pos + n) of layer i into raw,
- * as rows gives it (the cache's own rows, or the first rows of ws, the
- * layer's (1, T, >= row) f32 workspace), then sync stores them (nothing
- * for the model's dtype). The step's attention: attend, where attends
- * (the device reads the cache as stored; q and y (h d) f32), else the f32
- * rows [0, pos + n) that f32 gives after sync. */
+ * when created; heads is the most query heads of a layer. add gives cache
+ * i's row width (0: no heads here); finish allocates. A pass computes its
+ * rows [pos, pos + n) of layer i into raw, as rows gives it (the cache's
+ * own rows, or the first rows of ws, the layer's (1, T, >= row) f32
+ * workspace), then sync stores them (nothing for the model's dtype). A
+ * step (pos > 0, raw's one row) then attends: yh (1, 1, h d) from q in raw
+ * and the cached keys and values [0, pos]. */
 typedef struct td__kv_cache td__kv_cache;
-td_status td__kv_cache_create(td_model *m, int natt, int64_t ctx, td__kv_cache **out);
+td_status td__kv_cache_create(td_model *m, int natt, int64_t ctx, int64_t heads,
+                              td__kv_cache **out);
 void td__kv_cache_add(td__kv_cache *c, int i, int64_t row);
 td_status td__kv_cache_finish(td__kv_cache *c);
 int64_t td__kv_cache_row(const td__kv_cache *c, int i);
 td_status td__kv_cache_rows(const td__kv_cache *c, int i, const td_tensor *ws, int64_t pos,
                             int64_t n, td_tensor *raw);
 td_status td__kv_cache_sync(td__kv_cache *c, int i, int64_t pos, int64_t n, td_tensor *raw);
-int td__kv_cache_attends(const td__kv_cache *c);
 td_status td__kv_cache_attend(const td__kv_cache *c, int i, int64_t h, int64_t kv, int64_t d,
-                              int64_t len, const float *q, float *y);
-const td_tensor *td__kv_cache_f32(const td__kv_cache *c, int i);
+                              int64_t pos, const td_tensor *raw, td_tensor *yh);
 size_t td__kv_cache_bytes(const td__kv_cache *c);
 void td__kv_cache_destroy(td__kv_cache *c); /* NULL-safe */
 
