@@ -40,7 +40,9 @@ typedef struct td_decoder td_decoder;
  * an output other than (T, vocabulary). The caller destroys *out. */
 TD_API td_status td_decoder_create(td_model *m, td_decoder **out);
 /* Hands d its model: td_decoder_destroy then destroys the model too, so a
- * caller that built a model only to decode it can hand out d alone. */
+ * caller that built a model only to decode it can hand out d alone. The
+ * model is then d's alone: its gradients and, with compact weights, the
+ * f32 copies of the matrices d reads packed are freed. */
 TD_API void td_decoder_take_model(td_decoder *d);
 /* NULL-safe. */
 TD_API void td_decoder_destroy(td_decoder *d);

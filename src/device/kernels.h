@@ -204,6 +204,16 @@ typedef struct td_kernels {
      * key/value caches. */
     td_status (*convert_half)(void *ctx, int kind, int to_half, size_t n, const void *src,
                               void *dst);
+    /* One decoded position's attention: for each of the h query heads i,
+     * y_i (d) = softmax(scale q_i K_j^T) V_j over positions [0, len), with
+     * j = i / (h / kv) its key and value head. q (h d) and y (h d) are f32;
+     * row t of K_j starts at element t ld + j d of k, and of V_j of v, in
+     * kind's values (0: f32, 1: f16, 2: bf16), so the decoder reads its
+     * cache as it is stored. NULL: the decoder composes the step from GEMMs
+     * and the cross-entropy kernel on f32 rows. */
+    td_status (*attend_step)(void *ctx, int kind, int64_t h, int64_t kv, int64_t d, int64_t len,
+                             float scale, const float *q, const void *k, const void *v, int64_t ld,
+                             float *y);
     /* *out = sum of x[i]^2, accumulated in double. */
     td_status (*sumsq)(void *ctx, td_dtype dt, size_t n, const void *x, double *out);
     /* SGD with momentum (buf may be NULL when momentum is 0), L2 weight decay. */

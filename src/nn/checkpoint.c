@@ -605,7 +605,9 @@ fail:
 
 /* Weights in either precision --------------------------------------------------- */
 
-/* Parameter i of m: its whole tensor converted, then its slice written. */
+/* Parameter i of m: its whole tensor converted, then its slice written (a
+ * whole parameter straight from the conversion: the peak of memory while a
+ * model loads is a big table's f64 copies). */
 static td_status load_converted(const char *path, const td_safetensors *sf, td_model *m, size_t i,
                                 const char *missing_from) {
     td_tensor *p = td_model_param(m, i);
@@ -622,8 +624,8 @@ static td_status load_converted(const char *path, const td_safetensors *sf, td_m
         return td__error(TD_ERR_CORRUPT, "%s: tensor %s is missing", path, name);
     for (int d = 0; d < sl.ndim; d++)
         nwhole *= (size_t)sl.shape[d];
-    whole = malloc(nwhole * sizeof *whole);
-    part = malloc((numel ? numel : 1) * sizeof *part);
+    whole = malloc((nwhole ? nwhole : 1) * sizeof *whole);
+    part = sl.dim < 0 ? whole : malloc((numel ? numel : 1) * sizeof *part);
     if (!whole || !part) {
         free(whole);
         free(part);
@@ -631,11 +633,13 @@ static td_status load_converted(const char *path, const td_safetensors *sf, td_m
                          name);
     }
     if ((st = td__ckpt_values(sf, t, sl.ndim, sl.shape, whole)) == TD_OK) {
-        td_param_slice_scatter(&sl, sizeof *whole, whole, part);
+        if (part != whole)
+            td_param_slice_scatter(&sl, sizeof *whole, whole, part);
         st = td_tensor_write_f64(p, part, numel);
     }
+    if (part != whole)
+        free(part);
     free(whole);
-    free(part);
     return st;
 }
 

@@ -141,9 +141,6 @@ int td_weights_default(void) {
 
 /* Packed sets ------------------------------------------------------------------------ */
 
-/* Products of up to this many rows of x read the packed weights. */
-#define PACKED_MAX_ROWS 4
-
 typedef struct packed {
     const td_layer *l;
     int k;          /* param index */
@@ -276,11 +273,8 @@ size_t td__packed_bytes(const td__packed_set *s) {
 
 td_status td__packed_matmul(const td__packed_set *s, const td_layer *l, int k, int64_t first_row,
                             td_tensor *y, const td_tensor *x, const td_tensor *w) {
-    /* A prefill of many positions is bound by arithmetic, not by reading W:
-     * the GEMM on the model's rounded values (the same weights) does it. */
-    int64_t cols = td_tensor_dim(x, td_tensor_ndim(x) - 1);
-    if (cols > 0 && (int64_t)td_tensor_numel(x) / cols > PACKED_MAX_ROWS)
-        s = NULL;
+    /* a prefill's rows too: its products then round x as every step does,
+     * and the f32 copy need not be kept */
     for (int i = 0; s && i < s->n; i++) {
         const packed *p = &s->mats[i];
         if (p->l != l || p->k != k)
@@ -293,4 +287,56 @@ td_status td__packed_matmul(const td__packed_set *s, const td_layer *l, int k, i
                                      td_tensor_dim(y, td_tensor_ndim(y) - 1), p->cols);
     }
     return td__op_matmul(y, x, 0, w, 1, 1.0, 0.0);
+}
+
+void td__packed_release_f32(td__packed_set *s) {
+    for (int i = 0; s && i < s->n; i++)
+        td__tensor_release(s->mats[i].l->param[s->mats[i].k]);
+}
+
+td_status td__packed_embed(const td__packed_set *s, const td_tensor *table, const td_buffer *tokens,
+                           int64_t n, td_tensor *y) {
+    const packed *p = NULL;
+    td_device *dev = td_tensor_device(y);
+    int32_t *ids = NULL;
+    uint8_t *row = NULL;
+    float *v = NULL;
+    td_block_q8_0 *b = NULL;
+    size_t rb;
+    td_status st = TD_OK;
+    for (int i = 0; s && i < s->n && !p; i++)
+        if (s->mats[i].l->param[s->mats[i].k] == table)
+            p = &s->mats[i];
+    if (!p)
+        return td__error(TD_ERR_UNSUPPORTED, "decoder: no packed copy of the embedding's table");
+    rb = td__compact_row_bytes(s->fmt, p->cols);
+    /* a few rows a pass: widened on the host, as a checkpoint's are */
+    if (!(ids = td__calloc((size_t)n * sizeof *ids, "token ids")) ||
+        !(row = td__calloc(rb, "a packed row")) ||
+        !(v = td__calloc((size_t)(n * p->cols) * sizeof *v, "embedding rows")) ||
+        !(b = td__calloc(((size_t)p->cols / TD_Q8_0_BLOCK + 1) * sizeof *b, "q8_0 blocks"))) {
+        st = TD_ERR_OUT_OF_MEMORY;
+        goto done;
+    }
+    TD_TRY(td__device_read(dev, ids, tokens->ptr, (size_t)n * sizeof *ids));
+    for (int64_t t = 0; t < n; t++) {
+        float *out = v + t * p->cols;
+        assert(ids[t] >= 0 && ids[t] < p->rows);
+        TD_TRY(td__device_read(dev, row, (const char *)p->buf->ptr + (size_t)ids[t] * rb, rb));
+        if (s->fmt == TD_WEIGHTS_BF16) {
+            for (int64_t c = 0; c < p->cols; c++)
+                out[c] = td__bf16_to_f32((uint16_t)(row[2 * c] | row[2 * c + 1] << 8));
+        } else {
+            td__q8_0_unpack(row, (size_t)p->cols / TD_Q8_0_BLOCK, b);
+            td__dequantize_q8_0(b, (size_t)p->cols, out);
+        }
+    }
+    st = td__device_write(dev, y->data, v, (size_t)(n * p->cols) * sizeof *v);
+fail:
+done:
+    free(ids);
+    free(row);
+    free(v);
+    free(b);
+    return st;
 }

@@ -5,17 +5,12 @@
  * sample; the decoder runs them layer by layer over the first n rows of the
  * same activation views (every layer but attention treats positions alike,
  * so rows [0, n) of its views can stand for any n positions). Attention
- * writes its q, k, v rows into the layer's cache at their positions instead
- * of its workspace, and reads every key and value before them from there.
+ * keeps its q, k, v rows in the layer's cache at their positions, and reads
+ * every key and value before them from there.
  *
  * Prefill (positions [0, n)) uses the layer's own causal kernels, fused or
- * composed as the layer chose when planned. A step (one position after pos
- * cached ones) needs a softmax over one row of pos + 1 scores, which the
- * kernel table has only inside cross-entropy: each row gets a leading dummy
- * score of -1e30 labelled as the target, so the kernel's gradient (softmax
- * minus the one-hot of the label) is the exact softmax in the other columns
- * (exp(-1e30 - max) is 0 in f32 and f64). This keeps the step on the
- * device with the kernels every backend has.
+ * composed as the layer chose when planned; a step (one position after pos
+ * cached ones) attends through the cache (decode_kv.c).
  *
  * A decoder of a tensor-parallel shard (shard.c) computes the shard's heads
  * and hidden features only, keeps the keys and values of its own heads, and
@@ -34,10 +29,8 @@
 #include "nn/nn-impl.h"
 #include "tandem/generate.h"
 
-#define DUMMY_SCORE (-1e30)
-
 /* The attention workspace views, as att_plan (layers.c) carves them. */
-enum { ATT_QKV = 0, ATT_P = 1, ATT_S = 2, ATT_YH = 3 };
+enum { ATT_QKV = 0, ATT_P = 1, ATT_S = 2, ATT_YH = 3, ATT_RAW = 6 };
 
 struct td_decoder {
     td_decoder_impl custom; /* custom.pass NULL: the decoder of m */
@@ -51,15 +44,11 @@ struct td_decoder {
     td_layer *head;         /* the top-level linear giving the logits; NULL: none */
     int64_t vfirst, vcount; /* the logits computed and read: [vfirst, vfirst + vcount) */
     td_buffer out;          /* a part's output rows after its last pass */
-    int natt;
-    td_tensor **kv;         /* per attention layer in forward order: (T, (h + 2 kv) d) q, k, v
-                               rows of the heads computed here, rotated (NULL: none) */
-    td_tensor *scores;      /* (heads, T + 1): a step's scores, the dummy first */
-    td_tensor *probs;       /* (heads, T + 1): their softmax */
-    td_buffer *targets;     /* heads int32 zeros: every row's label is the dummy */
+    int natt;               /* attention layers; their caches hold (T, (h + 2 kv) d) q, k, v
+                               rows of the heads computed here, rotated */
     void *host;             /* vocab elements of the model's dtype, for reading logits */
     td__packed_set *packed; /* compact weight matrices (compact.c); NULL: f32 */
-    td__kv_cache *kvc;      /* what holds kv (decode_kv.c) */
+    td__kv_cache *kvc;      /* the caches, in forward order (decode_kv.c) */
 };
 
 /* One pass: rows [pos, pos + n) of the sequence. */
@@ -86,6 +75,15 @@ static td_status embed_decode(td_layer *l, const td_tensor *x, pass *p) {
     int64_t c = l->out_shape[1];
     td_tensor y, wpe;
     TD_CHECK(first_rows(&l->out, p->n, &y));
+    if (!l->param[0]->data) {
+        /* the table is a tied head's, kept only packed: rows [pos, pos + n) of wpe added */
+        int64_t rows[3] = {1, p->n, c};
+        TD_CHECK(td__packed_embed(p->d->packed, l->param[0], &m->tokens, p->n, &y));
+        if (!l->positions)
+            return TD_OK;
+        TD_CHECK(td__tensor_view(&wpe, l->param[1], (size_t)(p->pos * c), 3, rows));
+        return td__op_add(&y, &wpe, &y);
+    }
     if (!l->positions)
         return td__op_embed_fwd(&m->tokens, l->param[0], NULL, &y);
     /* the kernel adds wpe rows [0, n): start the table at the pass's position */
@@ -246,55 +244,31 @@ static td_status att_prefill(td_layer *l, const td_tensor *qkv, int64_t n, td_te
                                operand(qkv, 2 * c, 3 * c, d), 0.0, operand(yh, 0, c, d), h);
 }
 
-/* One query at position pos against the cache's keys [0, pos]: see the
- * file's head for the dummy score. The g = h / kv query heads of a key and
- * value head, side by side in q, are one (g, d) matrix. yh (1, 1, c). */
-static td_status att_step(td_decoder *dec, td_layer *l, const td_tensor *kv, int64_t pos,
-                          td_tensor *yh) {
-    int64_t h = att_heads(l), nkv = att_kv(l), g = h / nkv, d = l->in_shape[1] / l->heads,
-            row = att_row(l), len = pos + 1, w = len + 1;
-    int64_t hw[2] = {h, w};
-    td_tensor s, prob;
-    double loss;
-    int64_t hits;
-    TD_CHECK(td__tensor_view(&s, dec->scores, 0, 2, hw));
-    TD_CHECK(td__tensor_view(&prob, dec->probs, 0, 2, hw));
-    TD_CHECK(td_tensor_fill(&s, DUMMY_SCORE));
-    /* s_h[1..len] (g, len) = scale q_{group} (g, d) K_j^T, per key head j */
-    TD_CHECK(td__op_gemm_batched(0, 1, g, len, d, 1.0 / sqrt((double)d),
-                                 operand(kv, pos * row, d, g * d), operand(kv, h * d, row, d), 0.0,
-                                 operand(&s, 1, w, g * w), nkv));
-    TD_CHECK(td__op_xent(&s, dec->targets, &prob, 1.0, &loss, &hits));
-    /* yh_{group} (g, d) = p_{group}[1..len] V_j (len, d) */
-    return td__op_gemm_batched(0, 0, g, d, len, 1.0, operand(&prob, 1, w, g * w),
-                               operand(kv, (h + nkv) * d, row, d), 0.0, operand(yh, 0, d, g * d),
-                               nkv);
-}
-
 /* q, k, v rows go into the cache at their positions (rotated there, with
  * rotary positions); the heads' output is then projected as in training (a
  * shard's projection is partial: summed before the bias). A prefill expands
  * grouped key and value heads into the layer's workspace first. */
 static td_status att_decode(td_layer *l, const td_tensor *x, pass *p) {
     td_decoder *dec = p->d;
-    const td_tensor *cache = dec->kv[p->att++];
+    int i = p->att++;
     int64_t h = att_heads(l), nkv = att_kv(l), c = att_width(l), d = l->in_shape[1] / l->heads,
-            row = att_row(l), oc = l->out_shape[1], n = p->n;
-    int64_t rows[3] = {1, n, row}, yrows[3] = {1, n, c}, qrows[3] = {1, n, 3 * c};
+            oc = l->out_shape[1], n = p->n;
+    int64_t yrows[3] = {1, n, c}, qrows[3] = {1, n, 3 * c};
     td_tensor raw, qkv, yh, y;
     TD_CHECK(first_rows(&l->out, n, &y));
-    if (!cache) {
+    if (!td__kv_cache_row(dec->kvc, i)) {
         TD_CHECK(td__zero(&y));
     } else {
-        TD_CHECK(td__tensor_view(&raw, cache, (size_t)(p->pos * row), 3, rows));
+        TD_CHECK(
+            td__kv_cache_rows(dec->kvc, i, &l->ws[nkv != h ? ATT_RAW : ATT_QKV], p->pos, n, &raw));
         TD_CHECK(td__tensor_view(&yh, &l->ws[ATT_YH], 0, 3, yrows));
         /* raw (n, row) = x Wqkv^T + bqkv */
         TD_CHECK(td__packed_matmul(dec->packed, l, 0, 0, &raw, x, l->param[0]));
         if (l->has_bias)
-            TD_CHECK(td__op_bias_add(&raw, l->param[1], n, row, 1));
+            TD_CHECK(td__op_bias_add(&raw, l->param[1], n, att_row(l), 1));
         if (l->rope)
             TD_CHECK(td__op_rope(l->rope, p->pos, 0, h + nkv, d, 0, &raw));
-        TD_CHECK(td__kv_cache_sync(dec->kvc, p->att - 1, p->pos, n));
+        TD_CHECK(td__kv_cache_sync(dec->kvc, i, p->pos, n, &raw));
         qkv = raw;
         if (p->pos == 0 && nkv != h) {
             TD_CHECK(td__tensor_view(&qkv, &l->ws[ATT_QKV], 0, 3, qrows));
@@ -303,7 +277,7 @@ static td_status att_decode(td_layer *l, const td_tensor *x, pass *p) {
         if (p->pos == 0)
             TD_CHECK(att_prefill(l, &qkv, n, &yh));
         else
-            TD_CHECK(att_step(dec, l, cache, p->pos, &yh));
+            TD_CHECK(td__kv_cache_attend(dec->kvc, i, h, nkv, d, p->pos, &raw, &yh));
         TD_CHECK(td__packed_matmul(dec->packed, l, 2, 0, &y, &yh, l->param[2]));
     }
     if (l->split.kind == TD__SPLIT_HEADS)
@@ -404,24 +378,11 @@ static td_status alloc_kv(td_decoder *d, const td_layer *l, int *k) {
 static td_status alloc_state(td_decoder *d) {
     td_model *m = d->m;
     int k = 0;
-    int64_t w = (d->heads ? d->heads : 1) * (d->ctx + 1);
-    size_t nt = (size_t)d->heads + 1;
-    int32_t *zeros;
-    td_status st;
-    if (!(d->kv = td__calloc(((size_t)d->natt + 1) * sizeof *d->kv, "a decoder's caches")) ||
-        !(d->host = td__calloc((size_t)d->vocab * td_dtype_size(m->dtype), "a decoder's logits")))
+    if (!(d->host = td__calloc((size_t)d->vocab * td_dtype_size(m->dtype), "a decoder's logits")))
         return TD_ERR_OUT_OF_MEMORY;
-    TD_CHECK(td__kv_cache_create(m, d->natt, d->ctx, &d->kvc));
+    TD_CHECK(td__kv_cache_create(m, d->natt, d->ctx, d->heads, &d->kvc));
     TD_CHECK(alloc_kv(d, m->root, &k));
-    TD_CHECK(td__kv_cache_finish(d->kvc, d->kv));
-    TD_CHECK(td_tensor_create(m->dev, m->dtype, 1, &w, &d->scores));
-    TD_CHECK(td_tensor_create(m->dev, m->dtype, 1, &w, &d->probs));
-    TD_CHECK(td_buffer_alloc(m->dev, nt * sizeof(int32_t), &d->targets));
-    if (!(zeros = td__calloc(nt * sizeof *zeros, "a decoder's labels")))
-        return TD_ERR_OUT_OF_MEMORY;
-    st = td_buffer_write(d->targets, 0, zeros, nt * sizeof *zeros);
-    free(zeros);
-    return st;
+    return td__kv_cache_finish(d->kvc);
 }
 
 static td_status prepare_task(td_device *dev, void *arg) {
@@ -498,10 +459,6 @@ void td_decoder_destroy(td_decoder *d) {
     if (d->custom.destroy)
         d->custom.destroy(d->custom.impl);
     td__kv_cache_destroy(d->kvc);
-    free(d->kv);
-    td_tensor_destroy(d->scores);
-    td_tensor_destroy(d->probs);
-    td_buffer_free(d->targets);
     free(d->host);
     td__packed_destroy(d->packed);
     if (d->owns_model)
@@ -510,8 +467,13 @@ void td_decoder_destroy(td_decoder *d) {
 }
 
 void td_decoder_take_model(td_decoder *d) {
-    if (d && !d->custom.pass)
-        d->owns_model = 1;
+    if (!d || d->custom.pass)
+        return;
+    d->owns_model = 1;
+    /* nothing but d reads the model now: its gradients and the f32 copies
+     * of packed matrices go */
+    td__model_release_grads(d->m);
+    td__packed_release_f32(d->packed);
 }
 
 int64_t td_decoder_context(const td_decoder *d) {

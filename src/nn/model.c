@@ -566,6 +566,11 @@ int64_t td_model_num_classes(const td_model *m) {
 const char *td_model_json(const td_model *m) {
     return m ? m->json : NULL;
 }
+void td__model_release_grads(td_model *m) {
+    for (size_t i = 0; m && i < m->nparams; i++)
+        td__tensor_release(m->grads[i]);
+}
+
 size_t td_model_param_count(const td_model *m) {
     return m ? m->nparams : 0;
 }

@@ -322,6 +322,9 @@ td_status td__model_reduce(td_model *m, td_tensor *t);
 /* Calls the model's gradient hook (nothing without one) for parameters
  * [first, first + count), whose gradients are final. */
 void td__model_grads_ready(td_model *m, size_t first, size_t count);
+/* Frees m's gradients, for a model that only ever runs forward (a
+ * decoder's); training it afterwards is a bug. */
+void td__model_release_grads(td_model *m);
 /* Zeros t (a view) on the device's thread. */
 td_status td__zero(td_tensor *t);
 
@@ -338,6 +341,13 @@ size_t td__packed_bytes(const td__packed_set *s);
  * param k: from its packed copy when s holds one, else from w (f32). */
 td_status td__packed_matmul(const td__packed_set *s, const td_layer *l, int k, int64_t first_row,
                             td_tensor *y, const td_tensor *x, const td_tensor *w);
+/* Frees the f32 copies of the matrices s packed: a decoder that owns its
+ * model reads only the packed ones (td__packed_embed for a tied table). */
+void td__packed_release_f32(td__packed_set *s);
+/* y (1, n, c) = rows tokens[0, n) of table, from the packed copy s holds
+ * of it (a tied head's); TD_ERR_UNSUPPORTED when it holds none. */
+td_status td__packed_embed(const td__packed_set *s, const td_tensor *table, const td_buffer *tokens,
+                           int64_t n, td_tensor *y);
 
 /* After loading m from a checkpoint: its matrices rounded to the process's
  * default format (td_weights_set_default), if one is set. */
@@ -348,17 +358,25 @@ td_status td__model_take_default_weights(td_model *m);
 td_status td__model_matrix_flags(td_model *m, unsigned char **flags);
 
 /* A decoder's key/value caches (decode_kv.c): natt of (ctx, row) in the
- * model's dtype, or in f16/bf16 with one shared f32 work cache, as
- * td_decoder_set_default_kv_cache chose when created. add gives cache i's
- * row width; finish allocates and fills kv[0..natt) with the tensors the
- * attention reads (NULL for a width of 0); sync, after a pass computed rows
- * [pos, pos + n) of cache i into kv[i], stores them and expands rows
- * [0, pos + n) back (nothing for the model's dtype). */
+ * model's dtype, or in f16/bf16, as td_decoder_set_default_kv_cache chose
+ * when created; heads is the most query heads of a layer. add gives cache
+ * i's row width (0: no heads here); finish allocates. A pass computes its
+ * rows [pos, pos + n) of layer i into raw, as rows gives it (the cache's
+ * own rows, or the first rows of ws, the layer's (1, T, >= row) f32
+ * workspace), then sync stores them (nothing for the model's dtype). A
+ * step (pos > 0, raw's one row) then attends: yh (1, 1, h d) from q in raw
+ * and the cached keys and values [0, pos]. */
 typedef struct td__kv_cache td__kv_cache;
-td_status td__kv_cache_create(td_model *m, int natt, int64_t ctx, td__kv_cache **out);
+td_status td__kv_cache_create(td_model *m, int natt, int64_t ctx, int64_t heads,
+                              td__kv_cache **out);
 void td__kv_cache_add(td__kv_cache *c, int i, int64_t row);
-td_status td__kv_cache_finish(td__kv_cache *c, td_tensor **kv);
-td_status td__kv_cache_sync(td__kv_cache *c, int i, int64_t pos, int64_t n);
+td_status td__kv_cache_finish(td__kv_cache *c);
+int64_t td__kv_cache_row(const td__kv_cache *c, int i);
+td_status td__kv_cache_rows(const td__kv_cache *c, int i, const td_tensor *ws, int64_t pos,
+                            int64_t n, td_tensor *raw);
+td_status td__kv_cache_sync(td__kv_cache *c, int i, int64_t pos, int64_t n, td_tensor *raw);
+td_status td__kv_cache_attend(const td__kv_cache *c, int i, int64_t h, int64_t kv, int64_t d,
+                              int64_t pos, const td_tensor *raw, td_tensor *yh);
 size_t td__kv_cache_bytes(const td__kv_cache *c);
 void td__kv_cache_destroy(td__kv_cache *c); /* NULL-safe */
 

@@ -33,6 +33,10 @@ static inline const td_kernels *td__tensor_kernels(const td_tensor *t) {
     return td__device_kernels(t->dev);
 }
 
+/* Frees t's memory, keeping its shape: t is then read by no one (a
+ * decoder's f32 matrices that a compact copy replaced). NULL-safe. */
+void td__tensor_release(td_tensor *t);
+
 /* Makes *view a tensor of `shape` over base's memory from element `offset`
  * on; the view owns nothing (td_tensor_destroy must not be called on it) and
  * is valid while base lives. Fails when it would reach past base's end. */

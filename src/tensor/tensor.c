@@ -86,6 +86,14 @@ void td_tensor_destroy(td_tensor *t) {
     free(t);
 }
 
+void td__tensor_release(td_tensor *t) {
+    if (!t)
+        return;
+    td_buffer_free(t->buf);
+    t->buf = NULL;
+    t->data = NULL;
+}
+
 td_device *td_tensor_device(const td_tensor *t) {
     return t ? t->dev : NULL;
 }

@@ -106,11 +106,71 @@ static void q8_0_refuses_rows_that_split_a_block(void **state) {
     td_test_assert_message_contains("not whole blocks of 32");
 }
 
+/* One step's attention (attend_step) against f64 on the stored values: h
+ * query heads over kv key/value heads, K and V rows inside wider cache rows
+ * (ld), in f32, f16 and bf16; d of 64 (the vector path) and 24 (C). */
+static void check_attend(int kind, int64_t h, int64_t kv, int64_t d, int64_t len) {
+    uint32_t seed = 11;
+    int64_t ld = (h + 2 * kv) * d + 3, g = h / kv;
+    size_t n = (size_t)(len * ld), es = kind ? 2 : 4;
+    float *q = malloc((size_t)(h * d) * sizeof *q), *y = malloc((size_t)(h * d) * sizeof *y);
+    float *vals = malloc(n * sizeof *vals);
+    unsigned char *cache = malloc(n * es);
+    double *s = malloc((size_t)len * sizeof *s);
+    for (int64_t i = 0; i < h * d; i++)
+        q[i] = frand(&seed);
+    for (size_t i = 0; i < n; i++) {
+        float v = frand(&seed);
+        if (kind == 0)
+            ((float *)cache)[i] = vals[i] = v;
+        else if (kind == 1)
+            vals[i] = td__f16_to_f32(((uint16_t *)cache)[i] = td__f32_to_f16(v));
+        else
+            vals[i] = td__bf16_to_f32(((uint16_t *)cache)[i] = td__f32_to_bf16(v));
+    }
+    TD_ASSERT_OK(td__cpu_attend_step(NULL, kind, h, kv, d, len, 0.125f, q, cache + h * d * es,
+                                     cache + (h + kv) * d * es, ld, y));
+    for (int64_t i = 0; i < h; i++) {
+        int64_t kc = h * d + (i / g) * d, vc = (h + kv) * d + (i / g) * d;
+        double mx = -1e300, sum = 0;
+        for (int64_t t = 0; t < len; t++) {
+            s[t] = 0;
+            for (int64_t c = 0; c < d; c++)
+                s[t] += (double)q[i * d + c] * vals[t * ld + kc + c];
+            s[t] *= 0.125;
+            mx = fmax(mx, s[t]);
+        }
+        for (int64_t t = 0; t < len; t++)
+            sum += s[t] = exp(s[t] - mx);
+        for (int64_t c = 0; c < d; c++) {
+            double ref = 0;
+            for (int64_t t = 0; t < len; t++)
+                ref += s[t] / sum * vals[t * ld + vc + c];
+            if (!(fabs(y[i * d + c] - ref) <= 2e-5))
+                fail_msg("attend_step kind %d, d %lld: y[%lld, %lld] = %.9g, f64 says %.9g", kind,
+                         (long long)d, (long long)i, (long long)c, (double)y[i * d + c], ref);
+        }
+    }
+    print_message("attend_step kind %d: %lld heads over %lld, d %lld, %lld positions: agrees "
+                  "with f64\n",
+                  kind, (long long)h, (long long)kv, (long long)d, (long long)len);
+    free(q), free(y), free(vals), free(cache), free(s);
+}
+
+static void attend_step_matches_f64(void **state) {
+    (void)state;
+    for (int kind = 0; kind <= 2; kind++) {
+        check_attend(kind, 4, 2, 64, 37);
+        check_attend(kind, 3, 3, 24, 5);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(q8_0_products_match_f64),
         cmocka_unit_test(bf16_products_match_f64),
         cmocka_unit_test(q8_0_refuses_rows_that_split_a_block),
+        cmocka_unit_test(attend_step_matches_f64),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

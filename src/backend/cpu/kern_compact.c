@@ -198,6 +198,35 @@ __attribute__((target("avx512f,avx512bf16"))) static float dot_bf16_dp(const uin
         s += td__bf16_to_f32(w[p]) * td__bf16_to_f32(x->h[p]);
     return s;
 }
+/* x rounded to q8_0 blocks as td__quantize_q8_0 does it, bit for bit: the
+ * same f32 scale and reciprocal, the same products, and roundf's ties away
+ * from zero (the fraction's test below), 32 values a block in two vectors.
+ * The scales also go out as f32 (qd), as the dot products read them. */
+__attribute__((target("avx512f,f16c"))) static void
+quantize_row_avx512(const float *x, int64_t nb, td_block_q8_0 *q, float *qd) {
+    const __m512 half = _mm512_set1_ps(0.5f);
+    for (int64_t b = 0; b < nb; b++) {
+        __m512 v0 = _mm512_loadu_ps(x + 32 * b), v1 = _mm512_loadu_ps(x + 32 * b + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        __m512 vid = _mm512_set1_ps(id);
+        __m512 r[2];
+        for (int k = 0; k < 2; k++) {
+            __m512 p = _mm512_mul_ps(k ? v1 : v0, vid);
+            __m512 t = _mm512_roundscale_ps(p, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(p, t)), half, _CMP_GE_OQ);
+            __m512 one = _mm512_castsi512_ps(_mm512_or_si512(
+                _mm512_castps_si512(_mm512_set1_ps(1.0f)),
+                _mm512_and_si512(_mm512_castps_si512(p), _mm512_set1_epi32(INT32_MIN))));
+            r[k] = _mm512_mask_add_ps(t, up, t, one);
+        }
+        _mm_storeu_si128((__m128i *)q[b].qs, _mm512_cvtsepi32_epi8(_mm512_cvttps_epi32(r[0])));
+        _mm_storeu_si128((__m128i *)(q[b].qs + 16),
+                         _mm512_cvtsepi32_epi8(_mm512_cvttps_epi32(r[1])));
+        q[b].d = td__f32_to_f16(d);
+        qd[b] = td__f16_to_f32(q[b].d);
+    }
+}
 #else
 #define HAVE_X86 0
 #endif
@@ -283,6 +312,13 @@ static void round_x(td_weights fmt, int64_t n, int64_t cols, const float *x, voi
             /* the f32 scales first: they need 4-byte alignment, blocks 2 */
             float *qd = (float *)buf + i * nb;
             td_block_q8_0 *q = (td_block_q8_0 *)((float *)buf + n * nb) + i * nb;
+#if HAVE_X86
+            if (td__cpu_simd() == TD_SIMD_AVX512) {
+                quantize_row_avx512(x + i * cols, nb, q, qd);
+                xs[i].q = q, xs[i].qd = qd, xs[i].h = NULL;
+                continue;
+            }
+#endif
             td__quantize_q8_0(x + i * cols, (size_t)cols, q);
             for (int64_t b = 0; b < nb; b++)
                 qd[b] = td__f16_to_f32(q[b].d);

@@ -95,6 +95,7 @@ const td_kernels td__cpu_kernels = {
     .kv_expand = td__cpu_kv_expand,
     .matmul_compact = td__cpu_matmul_compact,
     .convert_half = td__cpu_convert_half,
+    .attend_step = td__cpu_attend_step,
     .kv_reduce = td__cpu_kv_reduce,
     .sumsq = td__cpu_sumsq,
     .sgd = td__cpu_sgd,

@@ -133,6 +133,9 @@ td_status cuda_kv_reduce(void *ctx, td_dtype dt, int64_t rows, int64_t h, int64_
 td_status cuda_matmul_compact(void *ctx, td_weights fmt, int64_t n, int64_t rows, int64_t cols,
                               const float *x, const void *w, float *y);
 td_status cuda_convert_half(void *ctx, int kind, int to_half, size_t n, const void *src, void *dst);
+td_status cuda_attend_step(void *ctx, int kind, int64_t h, int64_t kv, int64_t d, int64_t len,
+                           float scale, const float *q, const void *k, const void *v, int64_t ld,
+                           float *y);
 
 } // namespace td_cuda
 

@@ -561,6 +561,7 @@ extern "C" const td_kernels td__cuda_kernels = {
     .kv_reduce = cuda_kv_reduce,
     .matmul_compact = cuda_matmul_compact,
     .convert_half = cuda_convert_half,
+    .attend_step = cuda_attend_step,
     .sumsq = cuda_sumsq,
     .sgd = cuda_sgd,
     .adamw = cuda_adamw,

@@ -116,4 +116,58 @@ td_status cuda_convert_half(void *ctx, int kind, int to_half, size_t n, const vo
     return launched(cd, "half conversion kernel");
 }
 
+// A cache element in kind 0 (f32), 1 (f16) or 2 (bf16), as f32.
+__device__ float cache_at(int kind, const unsigned char *b, int64_t e) {
+    if (kind == 0)
+        return ((const float *)b)[e];
+    unsigned short u = ((const unsigned short *)b)[e];
+    return kind == 1 ? __half2float(__ushort_as_half(u)) : __uint_as_float((unsigned)u << 16);
+}
+
+// One position's attention, a thread per query head i (as OpenCL's): its
+// scores against key head i / g into s (h, len), their softmax, y_i = p V.
+__global__ void attend_step_k(int64_t h, int64_t g, int64_t d, int64_t len, int64_t ld, int kind,
+                              float scale, const float *q, const unsigned char *k,
+                              const unsigned char *v, float *s, float *y) {
+    GRID_LOOP(i, h) {
+        int64_t col = (i / g) * d;
+        float *si = s + i * len, mx = -INFINITY, sum = 0.0f;
+        for (int64_t t = 0; t < len; t++) {
+            float acc = 0.0f;
+            for (int64_t c = 0; c < d; c++)
+                acc += q[i * d + c] * cache_at(kind, k, t * ld + col + c);
+            si[t] = acc * scale;
+            mx = fmaxf(mx, si[t]);
+        }
+        for (int64_t t = 0; t < len; t++) {
+            si[t] = expf(si[t] - mx);
+            sum += si[t];
+        }
+        for (int64_t c = 0; c < d; c++) {
+            float acc = 0.0f;
+            for (int64_t t = 0; t < len; t++)
+                acc += si[t] * cache_at(kind, v, t * ld + col + c);
+            y[i * d + c] = acc / sum;
+        }
+    }
+}
+
+td_status cuda_attend_step(void *ctx, int kind, int64_t h, int64_t kv, int64_t d, int64_t len,
+                           float scale, const float *q, const void *k, const void *v, int64_t ld,
+                           float *y) {
+    cuda_device *cd = dev_of(ctx);
+    void *s;
+    if (kind < 0 || kind > 2 || h < 1 || kv < 1 || h % kv || d < 1 || len < 1 || ld < 1)
+        return td__error(TD_ERR_INVALID_ARG,
+                         "attend_step: kind %d, %lld heads over %lld, d %lld, %lld positions, "
+                         "rows of %lld",
+                         kind, (long long)h, (long long)kv, (long long)d, (long long)len,
+                         (long long)ld);
+    TD_CHECK(td__cuda_scratch(cd, (size_t)(h * len) * sizeof(float), &s));
+    attend_step_k<<<grid_for((size_t)h), kThreads, 0, cd->stream>>>(
+        h, h / kv, d, len, ld, kind, scale, q, (const unsigned char *)k, (const unsigned char *)v,
+        (float *)s, y);
+    return launched(cd, "attention step kernel");
+}
+
 } // namespace td_cuda

@@ -640,6 +640,7 @@ const td_kernels td__opencl_kernels = {
     .kv_reduce = td__ocl_kv_reduce,
     .matmul_compact = td__ocl_matmul_compact,
     .convert_half = td__ocl_convert_half,
+    .attend_step = td__ocl_attend_step,
     .sumsq = ocl_sumsq,
     .sgd = ocl_sgd,
     .adamw = ocl_adamw,

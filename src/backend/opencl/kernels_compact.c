@@ -6,7 +6,8 @@
  * int, times the two scales, or exact bf16 products, in the CPU's C path's
  * order, so PoCL gives the CPU's C results bit for bit. The OpenCL C here
  * is appended to td__ocl_source (one program per device and precision; the
- * kernels are f32 in both). */
+ * kernels are f32 in both). attend_step, a decode step's attention on a
+ * cache as stored, runs a work-item per query head. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,6 +88,43 @@ static const char compact_source[] =
     "      ((__global float *)dst)[e] = as_float((uint)((__global const ushort *)src)[e] << 16);\n"
     "    }\n"
     "  }\n"
+    "}\n"
+    "/* Element e of a cache in kind 0 (f32), 1 (f16) or 2 (bf16), as f32. */\n"
+    "float cache_at(int kind, __global const uchar *b, ulong e) {\n"
+    "  if (kind == 0) return ((__global const float *)b)[e];\n"
+    "  if (kind == 1) return vload_half(e, (__global const half *)b);\n"
+    "  return as_float((uint)((__global const ushort *)b)[e] << 16);\n"
+    "}\n"
+    "/* One position's attention, a work-item per query head i: its scores\n"
+    " * against key head i / g into s (h, len), their softmax, y_i = p V. */\n"
+    "__kernel void attend_step(ulong h, ulong g, ulong d, ulong len, ulong ld, int kind,\n"
+    "                          float scale, C(float, q), C(uchar, k), C(uchar, v), G(float, s),\n"
+    "                          G(float, y)) {\n"
+    "  CAT(float, q);\n"
+    "  CAT(uchar, k);\n"
+    "  CAT(uchar, v);\n"
+    "  AT(float, s);\n"
+    "  AT(float, y);\n"
+    "  LOOP(i, h) {\n"
+    "    ulong col = (i / g) * d;\n"
+    "    __global float *si = s + i * len;\n"
+    "    float mx = -INFINITY, sum = 0.0f;\n"
+    "    for (ulong t = 0; t < len; t++) {\n"
+    "      float acc = 0.0f;\n"
+    "      for (ulong c = 0; c < d; c++) acc += q[i * d + c] * cache_at(kind, k, t * ld + col + c);\n"
+    "      si[t] = acc * scale;\n"
+    "      mx = fmax(mx, si[t]);\n"
+    "    }\n"
+    "    for (ulong t = 0; t < len; t++) {\n"
+    "      si[t] = exp(si[t] - mx);\n"
+    "      sum += si[t];\n"
+    "    }\n"
+    "    for (ulong c = 0; c < d; c++) {\n"
+    "      float acc = 0.0f;\n"
+    "      for (ulong t = 0; t < len; t++) acc += si[t] * cache_at(kind, v, t * ld + col + c);\n"
+    "      y[i * d + c] = acc / sum;\n"
+    "    }\n"
+    "  }\n"
     "}\n";
 /* clang-format on */
 
@@ -150,4 +188,33 @@ td_status td__ocl_convert_half(void *ctx, int kind, int to_half, size_t n, const
     td__ocl_arg_ptr(&a, src);
     td__ocl_arg_ptr(&a, dst);
     return td__ocl_run(&a, n);
+}
+
+td_status td__ocl_attend_step(void *ctx, int kind, int64_t h, int64_t kv, int64_t d, int64_t len,
+                              float scale, const float *q, const void *k, const void *v, int64_t ld,
+                              float *y) {
+    ocl_device *od = ctx;
+    cl_mem s;
+    td_ocl_args a;
+    if (kind < 0 || kind > 2 || h < 1 || kv < 1 || h % kv || d < 1 || len < 1 || ld < 1)
+        return td__error(TD_ERR_INVALID_ARG,
+                         "attend_step: kind %d, %lld heads over %lld, d %lld, %lld positions, "
+                         "rows of %lld",
+                         kind, (long long)h, (long long)kv, (long long)d, (long long)len,
+                         (long long)ld);
+    TD_CHECK(td__ocl_scratch(od, (size_t)(h * len) * sizeof(float), &s));
+    TD_CHECK(td__ocl_begin(&a, od, TD_F32, TD_OCL_K_ATTEND_STEP));
+    td__ocl_arg_u64(&a, (uint64_t)h);
+    td__ocl_arg_u64(&a, (uint64_t)(h / kv));
+    td__ocl_arg_u64(&a, (uint64_t)d);
+    td__ocl_arg_u64(&a, (uint64_t)len);
+    td__ocl_arg_u64(&a, (uint64_t)ld);
+    td__ocl_arg_int(&a, kind);
+    td__ocl_arg_real(&a, scale);
+    td__ocl_arg_ptr(&a, q);
+    td__ocl_arg_ptr(&a, k);
+    td__ocl_arg_ptr(&a, v);
+    td__ocl_arg_mem(&a, s, 0);
+    td__ocl_arg_ptr(&a, y);
+    return td__ocl_run(&a, (size_t)h);
 }

@@ -49,6 +49,7 @@
     X(COMPACT_ROUND_X, compact_round_x)                                                            \
     X(MATMUL_COMPACT, matmul_compact)                                                              \
     X(CONVERT_HALF, convert_half)                                                                  \
+    X(ATTEND_STEP, attend_step)                                                                    \
     X(ROPE, rope)                                                                                  \
     X(KV_EXPAND, kv_expand)                                                                        \
     X(KV_REDUCE, kv_reduce)
@@ -222,6 +223,9 @@ td_status td__ocl_matmul_compact(void *ctx, td_weights fmt, int64_t n, int64_t r
                                  const float *x, const void *w, float *y);
 td_status td__ocl_convert_half(void *ctx, int kind, int to_half, size_t n, const void *src,
                                void *dst);
+td_status td__ocl_attend_step(void *ctx, int kind, int64_t h, int64_t kv, int64_t d, int64_t len,
+                              float scale, const float *q, const void *k, const void *v, int64_t ld,
+                              float *y);
 extern const td_kernels td__opencl_kernels;
 
 /* CLBlast 1.5 builds its tuning database on a routine's first call without a
