@@ -28,7 +28,7 @@ static void run_mlp(td_optimizer_kind kind, const char *spec, td_dtype dt) {
     float *x = malloc(sizeof(float) * (size_t)(n * dim));
     int32_t *y = malloc(sizeof(int32_t) * (size_t)n);
     td_batch b = {n, x, NULL, y};
-    td_step_result first, last, ev;
+    td_step_result first = {0}, last = {0}, ev;
     TD_ASSERT_OK(td_model_load(TD_SOURCE_DIR "/examples/mnist_mlp.json",
                                td_device_list_get(list, 0), dt, 42, &m));
     assert_int_equal(td_model_param_count(m), 6);
@@ -82,7 +82,7 @@ static void lenet_loss_falls(void **state) {
     float *x = malloc(sizeof(float) * (size_t)(n * dim));
     int32_t *y = malloc(sizeof(int32_t) * (size_t)n);
     td_batch b = {n, x, NULL, y};
-    td_step_result first, last;
+    td_step_result first = {0}, last = {0};
     TD_ASSERT_OK(td_model_load(TD_SOURCE_DIR "/examples/lenet5.json", td_device_list_get(list, 0),
                                TD_F32, 5, &m));
     cfg.lr = 0.05;
@@ -139,7 +139,7 @@ static void token_model_loss_falls(const char *json) {
     enum { N = 8, T = 32 };
     int32_t *tok = malloc(sizeof(int32_t) * N * T), *next = malloc(sizeof(int32_t) * N * T);
     td_batch b = {N, NULL, tok, next};
-    td_step_result first, last;
+    td_step_result first = {0}, last = {0};
     const char *text = "the quick brown fox jumps over the lazy dog. ";
     size_t len = strlen(text);
     double norm;
