@@ -82,6 +82,14 @@ typedef struct td_device_info {
     /* The kernels its products with compact weights run (generate.h):
      * "q8_0: AVX512-VNNI vpdpbusd; bf16: AVX512-BF16 vdpbf16ps" */
     char compact_kernels[128];
+    /* Its products with bf16 inputs (td_device_set_precision): "native
+     * (AVX512-BF16 vdpbf16ps)", "emulated (...)", or "none" where it has no
+     * bf16 path (TD_DEVICE_CAP_BF16 unset). The first word is the class. */
+    char bf16[64];
+    /* Its int8 dot products (the q8_0 kernels): "VNNI (AVX512-VNNI
+     * vpdpbusd)", "AVX2 (AVX2 vpmaddubsw)", or "none (...)" where plain integer
+     * arithmetic or nothing computes them. The first word is the class. */
+    char int8[64];
 } td_device_info;
 
 /* Opens the devices a spec names. The grammar, items separated by commas:
