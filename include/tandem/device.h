@@ -219,9 +219,10 @@ TD_API uint64_t td_device_mem_used(const td_device *dev);
  * td_bench_device_key) names the build and every property and spec option
  * that changes its speed; its entry holds "device", "build", "quick",
  * "measured_unix", "gemm_f32_gflops", "gemm_f32_n", "gemm_f64_gflops" and
- * "gemm_f64_n" (null without fp64), "mem_bw_gbs", "h2d_gbs", "d2h_gbs" and
- * "launch_us". A copy's key (from td_bench_peer_key) holds "src", "dst",
- * "build", "quick", "measured_unix", "bytes" and "gbs". */
+ * "gemm_f64_n" (null without fp64), "gemm_bf16_gflops" and "gemm_bf16_n"
+ * (null without a bf16 path; absent in caches from before, which still load),
+ * "mem_bw_gbs", "h2d_gbs", "d2h_gbs" and "launch_us". A copy's key (from td_bench_peer_key) holds
+ * "src", "dst", "build", "quick", "measured_unix", "bytes" and "gbs". */
 /* Bytes for any key td_bench_device_key and td_bench_peer_key make. */
 #define TD_BENCH_KEY_MAX      1024
 #define TD_BENCH_PEER_KEY_MAX (2 * TD_BENCH_KEY_MAX + 16)
