@@ -82,6 +82,14 @@ typedef struct td_device_info {
     /* The kernels its products with compact weights run (generate.h):
      * "q8_0: AVX512-VNNI vpdpbusd; bf16: AVX512-BF16 vdpbf16ps" */
     char compact_kernels[128];
+    /* Its products with bf16 inputs (td_device_set_precision): "native
+     * (AVX512-BF16 vdpbf16ps)", "emulated (...)", or "none" where it has no
+     * bf16 path (TD_DEVICE_CAP_BF16 unset). The first word is the class. */
+    char bf16[64];
+    /* Its int8 dot products (the q8_0 kernels): "VNNI (AVX512-VNNI
+     * vpdpbusd)", "AVX2 (AVX2 vpmaddubsw)", or "none (...)" where plain integer
+     * arithmetic or nothing computes them. The first word is the class. */
+    char int8[64];
 } td_device_info;
 
 /* Opens the devices a spec names. The grammar, items separated by commas:
@@ -211,9 +219,10 @@ TD_API uint64_t td_device_mem_used(const td_device *dev);
  * td_bench_device_key) names the build and every property and spec option
  * that changes its speed; its entry holds "device", "build", "quick",
  * "measured_unix", "gemm_f32_gflops", "gemm_f32_n", "gemm_f64_gflops" and
- * "gemm_f64_n" (null without fp64), "mem_bw_gbs", "h2d_gbs", "d2h_gbs" and
- * "launch_us". A copy's key (from td_bench_peer_key) holds "src", "dst",
- * "build", "quick", "measured_unix", "bytes" and "gbs". */
+ * "gemm_f64_n" (null without fp64), "gemm_bf16_gflops" and "gemm_bf16_n"
+ * (null without a bf16 path; absent in caches from before, which still load),
+ * "mem_bw_gbs", "h2d_gbs", "d2h_gbs" and "launch_us". A copy's key (from td_bench_peer_key) holds
+ * "src", "dst", "build", "quick", "measured_unix", "bytes" and "gbs". */
 /* Bytes for any key td_bench_device_key and td_bench_peer_key make. */
 #define TD_BENCH_KEY_MAX      1024
 #define TD_BENCH_PEER_KEY_MAX (2 * TD_BENCH_KEY_MAX + 16)

@@ -6,9 +6,10 @@
  *
  * Per device, on its own host thread, one device after another (so that
  * they do not share the memory bus while measured):
- *   GEMM        c (n, n) = a (n, n) b (n, n), f32 then f64; n doubles from 128
- *               until one GEMM takes gemm_min_s (or gemm_max_n, or memory);
- *               GFLOP/s = 2 n^3 / median time
+ *   GEMM        c (n, n) = a (n, n) b (n, n), f32, f64, then f32 with bf16
+ *               products where the device has a bf16 path; n doubles from 128
+ *               until one GEMM takes gemm.min_s (or gemm.max_n, or memory);
+ *               GFLOP/s = 2 n^3 / median time (bench_devices_gemm.c)
  *   memory      y = a + b over stream_bytes each; GB/s counts the bytes read
  *               and written (3 x stream_bytes), STREAM's convention
  *   H2D, D2H    td_tensor_write and td_tensor_read of stream_bytes
@@ -34,9 +35,7 @@
 #define MAX_DEVICES 64
 
 typedef struct sizing {
-    double gemm_min_s;      /* grow n until one GEMM takes this long */
-    int64_t gemm_max_n;     /* or n reaches this */
-    double gemm_budget_s;   /* the timed repetitions take about this long (3 at least) */
+    td_cli_gemm_sizing gemm;
     size_t stream_bytes;    /* each buffer of the add and of the copies */
     double stream_budget_s; /* the add and each copy: repetitions (3 at least) */
     int stream_reps;        /* and at most */
@@ -45,17 +44,30 @@ typedef struct sizing {
 
 /* About 0.3-0.5 s of GEMM per precision and device, 0.2 s for each of the
  * rest. */
-static const sizing full_sizes = {0.04, 8192, 0.3, 128u << 20, 0.2, 9, 501};
+static const sizing full_sizes = {
+    .gemm = {.min_s = 0.04, .max_n = 8192, .budget_s = 0.3},
+    .stream_bytes = 128u << 20,
+    .stream_budget_s = 0.2,
+    .stream_reps = 9,
+    .launch_reps = 501,
+};
 /* For tests and a first look: small, so that noise shows more. */
-static const sizing quick_sizes = {0.001, 512, 0.06, 32u << 20, 0.04, 7, 101};
+static const sizing quick_sizes = {
+    .gemm = {.min_s = 0.001, .max_n = 512, .budget_s = 0.06},
+    .stream_bytes = 32u << 20,
+    .stream_budget_s = 0.04,
+    .stream_reps = 7,
+    .launch_reps = 101,
+};
 
 typedef struct dev_result {
     td_device *dev;
     td_device_info info;
     char key[TD_BENCH_KEY_MAX];
-    int64_t f32_n, f64_n; /* 0: not measured */
-    double f32_gflops;    /* GEMM */
-    double f64_gflops;    /* 0: n/a (no fp64) */
+    int64_t f32_n, f64_n, bf16_n; /* 0: not measured */
+    double f32_gflops;            /* GEMM */
+    double f64_gflops;            /* 0: n/a (no fp64) */
+    double bf16_gflops;           /* f32 GEMM with bf16 products; 0: no bf16 path */
     double mem_gbs, h2d_gbs, d2h_gbs;
     double launch_us;
     int from_cache;
@@ -71,7 +83,8 @@ typedef struct peer_result {
 static void usage(FILE *out) {
     fprintf(out,
             "usage: tandem bench devices [--devices SPEC] [--json] [--quick] [--no-cache]\n\n"
-            "Measures each device through tandem's own ops: f32 and f64 GEMM GFLOP/s, memory\n"
+            "Measures each device through tandem's own ops: f32, f64 and (where the device\n"
+            "has a bf16 path) bf16-product GEMM GFLOP/s, memory\n"
             "bandwidth (a large add), host-to-device and device-to-host copies, copies between\n"
             "each pair of devices, and the fixed cost of a pass (a tiny op, waited for).\n"
             "Prints them ranked by f32 GFLOP/s. Figures are medians after a warm-up, cached\n"
@@ -86,16 +99,6 @@ static void usage(FILE *out) {
             "  --help          show this help\n");
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *t, int n) {
-    qsort(t, (size_t)n, sizeof *t, cmp_double);
-    return n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
-}
-
 static double seconds_since(uint64_t t0) {
     return (double)(td_clock_ns() - t0) * 1e-9;
 }
@@ -108,70 +111,6 @@ typedef struct measure {
     uint64_t mem_limit; /* bytes this measurement may take */
     double *t;          /* MAX_REPS times */
 } measure;
-
-static td_status square(td_device *dev, td_dtype dt, int64_t n, td_tensor **out) {
-    int64_t shape[2] = {n, n};
-    return td_tensor_create(dev, dt, 2, shape, out);
-}
-
-/* One GEMM, waited for, slowed as a pass of a slowed device is. */
-static td_status gemm_once(td_device *dev, td_tensor *c, const td_tensor *a, const td_tensor *b,
-                           double *s) {
-    uint64_t t0 = td_clock_ns();
-    td_status st;
-    if ((st = td_tensor_matmul(c, a, 0, b, 0, 1.0, 0.0)) != TD_OK ||
-        (st = td_device_sync(dev)) != TD_OK)
-        return st;
-    td_device_throttle(dev, t0, 0);
-    *s = seconds_since(t0);
-    return TD_OK;
-}
-
-static td_status time_gemm(td_device *dev, measure *m, td_dtype dt, int64_t *n_out,
-                           double *gflops) {
-    const sizing *z = m->z;
-    uint64_t esize = dt == TD_F64 ? 8 : 4;
-    int64_t n = 128;
-    td_tensor *a = NULL, *b = NULL, *c = NULL;
-    double one = 0;
-    int reps;
-    td_status st = TD_OK;
-    for (;;) {
-        /* a, b, c: (n, n) */
-        TD_CLI_TRY(square(dev, dt, n, &a));
-        TD_CLI_TRY(square(dev, dt, n, &b));
-        TD_CLI_TRY(square(dev, dt, n, &c));
-        TD_CLI_TRY(td_tensor_rand_uniform(a, 1, 0, -1, 1));
-        TD_CLI_TRY(td_tensor_rand_uniform(b, 2, 0, -1, 1));
-        TD_CLI_TRY(td_tensor_fill(c, 0));
-        /* The first call may compile kernels or grow BLAS buffers; of the
-         * next two the faster, as one may have been interrupted. */
-        TD_CLI_TRY(gemm_once(dev, c, a, b, &one));
-        TD_CLI_TRY(gemm_once(dev, c, a, b, &m->t[0]));
-        TD_CLI_TRY(gemm_once(dev, c, a, b, &m->t[1]));
-        one = fmin(m->t[0], m->t[1]);
-        if (one >= z->gemm_min_s || n * 2 > z->gemm_max_n ||
-            3 * (uint64_t)(2 * n) * (uint64_t)(2 * n) * esize > m->mem_limit)
-            break;
-        td_tensor_destroy(a);
-        td_tensor_destroy(b);
-        td_tensor_destroy(c);
-        a = b = c = NULL;
-        n *= 2;
-    }
-    /* The two timed at this size count among the repetitions. */
-    reps = (int)(z->gemm_budget_s / fmax(one, 1e-9));
-    reps = reps < 3 ? 3 : reps > 51 ? 51 : reps;
-    for (int i = 2; i < reps; i++)
-        TD_CLI_TRY(gemm_once(dev, c, a, b, &m->t[i]));
-    *n_out = n;
-    *gflops = 2.0 * (double)n * (double)n * (double)n / median(m->t, reps) * 1e-9;
-fail:
-    td_tensor_destroy(a);
-    td_tensor_destroy(b);
-    td_tensor_destroy(c);
-    return st;
-}
 
 /* One thing to time, and what it works on. */
 typedef struct timed {
@@ -221,7 +160,7 @@ static td_status repeat(timed *x, int warm, double budget_s, int max, double *t,
         else if (i == -1 && budget_s > 0)
             reps = (int)fmin(fmax(budget_s / fmax(s, 1e-9), 3), max);
     }
-    *out = median(t, reps);
+    *out = td_cli_median(t, reps);
     return TD_OK;
 }
 
@@ -297,9 +236,14 @@ fail:
 static td_status measure_task(td_device *dev, void *arg) {
     measure *m = arg;
     dev_result *r = m->r;
-    TD_CLI_CHECK(time_gemm(dev, m, TD_F32, &r->f32_n, &r->f32_gflops));
+    const td_cli_gemm_sizing *g = &m->z->gemm;
+    TD_CLI_CHECK(td_cli_bench_gemm(dev, TD_F32, g, m->mem_limit, m->t, &r->f32_n, &r->f32_gflops));
     if (r->info.fp64)
-        TD_CLI_CHECK(time_gemm(dev, m, TD_F64, &r->f64_n, &r->f64_gflops));
+        TD_CLI_CHECK(
+            td_cli_bench_gemm(dev, TD_F64, g, m->mem_limit, m->t, &r->f64_n, &r->f64_gflops));
+    if (r->info.caps & TD_DEVICE_CAP_BF16)
+        TD_CLI_CHECK(
+            td_cli_bench_gemm_bf16(dev, g, m->mem_limit, m->t, &r->bf16_n, &r->bf16_gflops));
     TD_CLI_CHECK(time_stream(dev, m));
     return time_launch(dev, m);
 }
@@ -361,10 +305,15 @@ static int entry_serves(const json_t *e, int quick) {
 
 static void from_entry(dev_result *r, const json_t *e) {
     const json_t *f64 = json_object_get(e, "gemm_f64_gflops");
+    const json_t *bf16 = json_object_get(e, "gemm_bf16_gflops");
     r->f32_gflops = json_number_value(json_object_get(e, "gemm_f32_gflops"));
     r->f32_n = (int64_t)json_number_value(json_object_get(e, "gemm_f32_n"));
     r->f64_gflops = json_is_number(f64) ? json_number_value(f64) : 0;
     r->f64_n = r->f64_gflops > 0 ? (int64_t)json_number_value(json_object_get(e, "gemm_f64_n")) : 0;
+    /* Absent from caches written before bf16 was measured: shown as n/a. */
+    r->bf16_gflops = json_is_number(bf16) ? json_number_value(bf16) : 0;
+    r->bf16_n =
+        r->bf16_gflops > 0 ? (int64_t)json_number_value(json_object_get(e, "gemm_bf16_n")) : 0;
     r->mem_gbs = json_number_value(json_object_get(e, "mem_bw_gbs"));
     r->h2d_gbs = json_number_value(json_object_get(e, "h2d_gbs"));
     r->d2h_gbs = json_number_value(json_object_get(e, "d2h_gbs"));
@@ -377,13 +326,18 @@ static json_t *real_or_null(double v) {
 }
 
 static json_t *to_entry(const dev_result *r, int quick) {
-    return json_pack("{s:s, s:s, s:b, s:I, s:f, s:I, s:o, s:o, s:f, s:f, s:f, s:f}", "device",
-                     r->info.name, "build", td_bench_build_id(), "quick", quick, "measured_unix",
-                     (json_int_t)time(NULL), "gemm_f32_gflops", r->f32_gflops, "gemm_f32_n",
-                     (json_int_t)r->f32_n, "gemm_f64_gflops", real_or_null(r->f64_gflops),
-                     "gemm_f64_n", r->f64_n ? json_integer(r->f64_n) : json_null(), "mem_bw_gbs",
-                     r->mem_gbs, "h2d_gbs", r->h2d_gbs, "d2h_gbs", r->d2h_gbs, "launch_us",
-                     r->launch_us);
+    json_t *e = json_pack("{s:s, s:s, s:b, s:I, s:f, s:I, s:o, s:o, s:f, s:f, s:f, s:f}", "device",
+                          r->info.name, "build", td_bench_build_id(), "quick", quick,
+                          "measured_unix", (json_int_t)time(NULL), "gemm_f32_gflops", r->f32_gflops,
+                          "gemm_f32_n", (json_int_t)r->f32_n, "gemm_f64_gflops",
+                          real_or_null(r->f64_gflops), "gemm_f64_n",
+                          r->f64_n ? json_integer(r->f64_n) : json_null(), "mem_bw_gbs", r->mem_gbs,
+                          "h2d_gbs", r->h2d_gbs, "d2h_gbs", r->d2h_gbs, "launch_us", r->launch_us);
+    if (e) {
+        json_object_set_new(e, "gemm_bf16_gflops", real_or_null(r->bf16_gflops));
+        json_object_set_new(e, "gemm_bf16_n", r->bf16_n ? json_integer(r->bf16_n) : json_null());
+    }
+    return e;
 }
 
 static json_t *peer_entry(const dev_result *rs, const peer_result *p, int quick) {
@@ -426,24 +380,29 @@ static void print_table(dev_result **ranked, int nd, const dev_result *rs, const
     printf("# tandem bench devices: %s (%s sizes; medians after a warm-up)\n", spec,
            quick ? "quick" : "full");
     printf("# ranked by f32 GEMM GFLOP/s; mem: y = a + b, bytes read + written; launch: a\n"
-           "# one-element op, waited for (the fixed cost of every pass)\n");
-    printf("%-4s %-12s %-7s %17s %17s %9s %9s %9s %9s %9s %10s %s\n", "rank", "device", "backend",
-           "f32 GFLOP/s (n)", "f64 GFLOP/s (n)", "fp64:32", "vendor", "mem GB/s", "H2D GB/s",
-           "D2H GB/s", "launch us", "source");
+           "# one-element op, waited for (the fixed cost of every pass); bf16: f32 GEMM\n"
+           "# with bf16 products, n/a without a bf16 path (tandem devices says which)\n");
+    printf("%-4s %-12s %-7s %17s %17s %9s %9s %18s %9s %9s %9s %10s %s\n", "rank", "device",
+           "backend", "f32 GFLOP/s (n)", "f64 GFLOP/s (n)", "fp64:32", "vendor", "bf16 GFLOP/s (n)",
+           "mem GB/s", "H2D GB/s", "D2H GB/s", "launch us", "source");
     for (int k = 0; k < nd; k++) {
         const dev_result *r = ranked[k];
-        char f32[32], f64[32], ratio[16], vendor[16];
+        char f32[32], f64[32], ratio[16], vendor[16], bf16[32];
         snprintf(f32, sizeof f32, "%.1f (%lld)", r->f32_gflops, (long long)r->f32_n);
         if (r->f64_gflops > 0)
             snprintf(f64, sizeof f64, "%.1f (%lld)", r->f64_gflops, (long long)r->f64_n);
         else
             snprintf(f64, sizeof f64, "n/a");
+        if (r->bf16_gflops > 0)
+            snprintf(bf16, sizeof bf16, "%.1f (%lld)", r->bf16_gflops, (long long)r->bf16_n);
+        else
+            snprintf(bf16, sizeof bf16, "n/a");
         print_ratio(ratio, sizeof ratio, r->f64_gflops > 0 ? r->f64_gflops / r->f32_gflops : 0);
         print_ratio(vendor, sizeof vendor, r->info.fp64 ? r->info.fp64_rate : 0);
         if (r->info.fp64 && r->info.fp64_rate <= 0)
             snprintf(vendor, sizeof vendor, "?");
-        printf("%4d %-12s %-7s %17s %17s %9s %9s %9.2f %9.2f %9.2f %10.2f %s\n", k + 1,
-               r->info.name, r->info.backend, f32, f64, ratio, vendor, r->mem_gbs, r->h2d_gbs,
+        printf("%4d %-12s %-7s %17s %17s %9s %9s %18s %9.2f %9.2f %9.2f %10.2f %s\n", k + 1,
+               r->info.name, r->info.backend, f32, f64, ratio, vendor, bf16, r->mem_gbs, r->h2d_gbs,
                r->d2h_gbs, r->launch_us, r->from_cache ? "cache" : "measured");
         measured += !r->from_cache;
     }
@@ -479,6 +438,9 @@ static json_t *device_json(const dev_result *r, int rank) {
     json_object_set_new(o, "gemm_f32_n", json_integer(r->f32_n));
     json_object_set_new(o, "gemm_f64_gflops", real_or_null(r->f64_gflops));
     json_object_set_new(o, "gemm_f64_n", r->f64_n ? json_integer(r->f64_n) : json_null());
+    json_object_set_new(o, "gemm_bf16_gflops", real_or_null(r->bf16_gflops));
+    json_object_set_new(o, "gemm_bf16_n", r->bf16_n ? json_integer(r->bf16_n) : json_null());
+    json_object_set_new(o, "bf16", json_string(r->info.bf16));
     json_object_set_new(o, "fp64_ratio",
                         r->f64_gflops > 0 ? json_real(r->f64_gflops / r->f32_gflops) : json_null());
     json_object_set_new(o, "vendor_fp64_ratio", real_or_null(r->info.fp64_rate));

@@ -10,8 +10,9 @@
 static void usage(FILE *out) {
     fprintf(out, "usage: tandem devices [--devices SPEC] [--json]\n\n"
                  "Lists every device (default) or those SPEC names, with name, backend, compute\n"
-                 "units, clock, memory total and free, fp64 support, SIMD ISA (CPUs), compute\n"
-                 "capability and peers (GPUs), and NUMA node.\n\n"
+                 "units, clock, memory total and free, fp64 support, SIMD ISA (CPUs), bf16\n"
+                 "products (native, emulated or none) and int8 dot products (VNNI, AVX2 or\n"
+                 "none), compute capability and peers (GPUs), and NUMA node.\n\n"
                  "  --devices SPEC  devices to show, such as 'cpu*2', 'cpu:0{mem=512M}', 'cuda:*'\n"
                  "  --json          print JSON instead of a table\n"
                  "  --help          show this help\n");
@@ -46,6 +47,8 @@ static void print_text(const td_device_info *d) {
         printf("  %-16s %s\n", "SIMD", d->isa);
     if (*d->compact_kernels)
         printf("  %-16s %s\n", "compact weights", d->compact_kernels);
+    printf("  %-16s %s\n", "bf16 products", d->bf16);
+    printf("  %-16s %s\n", "int8 dot", d->int8);
     if (d->cc_major)
         printf("  %-16s %d.%d\n", "compute capab.", d->cc_major, d->cc_minor);
     if (!(d->caps & TD_DEVICE_CAP_HOST_CORES))
@@ -81,6 +84,8 @@ static json_t *info_json(const td_device_info *d) {
                         d->numa_node >= 0 ? json_integer(d->numa_node) : json_null());
     if (*d->compact_kernels)
         json_object_set_new(o, "compact_kernels", json_string(d->compact_kernels));
+    json_object_set_new(o, "bf16", json_string(d->bf16));
+    json_object_set_new(o, "int8", json_string(d->int8));
     if (d->caps & TD_DEVICE_CAP_HOST_CORES) {
         json_t *isa = json_array();
         char buf[sizeof d->isa];

@@ -97,6 +97,11 @@ static int positive_or_null(const json_t *e, const char *field, double max) {
     return json_is_null(v) || positive(e, field, max);
 }
 
+/* One added later (bf16): absent in older caches, which stay valid. */
+static int optional_positive(const json_t *e, const char *field, double max) {
+    return !json_object_get(e, field) || positive_or_null(e, field, max);
+}
+
 int td__bench_entry_valid(const char *key, const json_t *e) {
     /* Far above any device of today: 10 PFLOP/s, 1 PB/s, 10 s per op. */
     const double gflops = 1e7, gbs = 1e6, us = 1e7, size = 1e6;
@@ -112,7 +117,8 @@ int td__bench_entry_valid(const char *key, const json_t *e) {
            positive_or_null(e, "gemm_f64_gflops", gflops) &&
            positive_or_null(e, "gemm_f64_n", size) && positive(e, "mem_bw_gbs", gbs) &&
            positive(e, "h2d_gbs", gbs) && positive(e, "d2h_gbs", gbs) &&
-           positive(e, "launch_us", us);
+           positive(e, "launch_us", us) && optional_positive(e, "gemm_bf16_gflops", gflops) &&
+           optional_positive(e, "gemm_bf16_n", size);
 }
 
 json_t *td__bench_cache_load(const char *path, td_bench_cache_state *state, char *why,

@@ -219,6 +219,15 @@ static td_status info_task(td_device *dev, void *arg) {
     snprintf(out->name, sizeof out->name, "%s", dev->name);
     snprintf(out->backend, sizeof out->backend, "%s", dev->ops->name);
     out->caps = td_device_caps(dev);
+    /* The bf16 class follows the kernel table's slot; a backend that has the
+     * slot says whether it is native, and one without a bf16 or int8 path
+     * need not say anything. */
+    if (!(out->caps & TD_DEVICE_CAP_BF16))
+        snprintf(out->bf16, sizeof out->bf16, "none (no bf16 path yet)");
+    else if (!*out->bf16)
+        snprintf(out->bf16, sizeof out->bf16, "emulated (%s)", td_device_bf16_path(dev));
+    if (!*out->int8)
+        snprintf(out->int8, sizeof out->int8, "none");
     out->slowdown = dev->opts.has_slowdown ? dev->opts.slowdown : 1.0;
     if (dev->mem_budget) {
         uint64_t used = atomic_load(&dev->mem_used);

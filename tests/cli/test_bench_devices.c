@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "support/cpu_flags.h"
 #include "support/support.h"
 #include "tandem/comm.h"
 #include "tandem/parallel.h"
@@ -85,6 +86,25 @@ static int from_cache(const json_t *root, int rank) {
     return json_is_true(v);
 }
 
+/* Every CPU has a bf16 path (native or emulated): measured, a figure; from
+ * a cache written before bf16 was measured, null. The class follows
+ * /proc/cpuinfo's flags. No timing is compared: the machine is busy. */
+static void check_bf16(const json_t *d) {
+    const char *want = td_test_cpu_bf16_class(), *b = str(d, "bf16");
+    if (want && strncmp(b, want, strlen(want)))
+        fail_msg("bf16 is '%s'; /proc/cpuinfo's flags say '%s'", b, want);
+    if (!want && strncmp(b, "native", 6) && strncmp(b, "emulated", 8))
+        fail_msg("bf16 is '%s': neither native nor emulated", b);
+    if (json_is_true(json_object_get(d, "from_cache")) &&
+        json_is_null(json_object_get(d, "gemm_bf16_gflops"))) {
+        assert_true(json_is_null(json_object_get(d, "gemm_bf16_n")));
+        return;
+    }
+    positive(d, "gemm_bf16_gflops", 1e5);
+    assert_true(json_is_integer(json_object_get(d, "gemm_bf16_n")));
+    positive(d, "gemm_bf16_n", 1e5);
+}
+
 /* Every field of a CPU device, as the JSON promises them. */
 static void check_cpu_device(const json_t *d, int rank) {
     double f32 = positive(d, "gemm_f32_gflops", 1e5), f64 = positive(d, "gemm_f64_gflops", 1e5);
@@ -102,6 +122,7 @@ static void check_cpu_device(const json_t *d, int rank) {
     positive(d, "launch_us", 1e6);
     positive(d, "slowdown", 1e3);
     assert_true(json_is_string(json_object_get(d, "model")));
+    check_bf16(d);
 }
 
 static void first_run(void) {
@@ -222,6 +243,8 @@ static void the_ranking_follows_the_figures(void **state) {
         free(out);
         free(err);
         assert_true(from_cache(root, 0) && from_cache(root, 1));
+        /* The injected entries predate bf16: they still load, without it. */
+        assert_true(json_is_null(json_object_get(device(root, 0), "gemm_bf16_gflops")));
         assert_string_equal(str(device(root, 0), "name"), cases[k].first);
         check_cpu_device(device(root, 0), 1);
         check_cpu_device(device(root, 1), 2);
@@ -351,6 +374,7 @@ static void the_table_ranks_by_f32(void **state) {
         fail_msg("cpu:1 (90 GFLOP/s) is not ranked above cpu:0 (30):\n%s", out);
     assert_non_null(strstr(out, "f32 GFLOP/s"));
     assert_non_null(strstr(out, "fp64:32"));
+    assert_non_null(strstr(out, "bf16 GFLOP/s"));
     assert_non_null(strstr(out, "1:2 ")); /* the vendor's fp64:fp32 for a CPU */
     assert_non_null(strstr(out, "cpu:0        -> cpu:1"));
     assert_non_null(strstr(out, " cache\n"));

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "support/cpu_flags.h"
 #include "support/support.h"
 
 static int run(const char *args, char **out, char **err) {
@@ -62,6 +63,65 @@ static void a_budget_shows_in_the_table(void **state) {
     free(err);
 }
 
+/* s's first word is want, or (want NULL: the flags are not known) one of
+ * the two or three classes in any. */
+static void assert_class(const char *what, const char *s, const char *want,
+                         const char *const *any) {
+    size_t n = strcspn(s, " ");
+    if (want) {
+        if (n != strlen(want) || strncmp(s, want, n))
+            fail_msg("%s is '%s'; /proc/cpuinfo's flags say '%s'", what, s, want);
+        return;
+    }
+    for (; *any; any++)
+        if (n == strlen(*any) && !strncmp(s, *any, n))
+            return;
+    fail_msg("%s is '%s': not a class it may take", what, s);
+}
+
+/* bf16 and int8 classes as /proc/cpuinfo's flags have them, in the JSON and
+ * in the table; a GPU backend (where there is one) has no bf16 path. */
+static void bf16_and_int8_follow_the_cpu_flags(void **state) {
+    static const char *const bf16_any[] = {"native", "emulated", NULL};
+    static const char *const int8_any[] = {"VNNI", "AVX2", "none", NULL};
+    const char *bf16 = td_test_cpu_bf16_class(), *int8 = td_test_cpu_int8_class();
+    char *out, *err, line[128];
+    json_t *root, *d;
+    size_t i;
+    (void)state;
+    assert_int_equal(run("devices --json", &out, &err), 0);
+    assert_non_null(root = json_loads(out, 0, NULL));
+    json_array_foreach(json_object_get(root, "devices"), i, d) {
+        const char *b = json_string_value(json_object_get(d, "bf16"));
+        const char *q = json_string_value(json_object_get(d, "int8"));
+        const char *backend = json_string_value(json_object_get(d, "backend"));
+        assert_non_null(b);
+        assert_non_null(q);
+        if (!strcmp(backend, "cpu")) {
+            assert_class("cpu bf16", b, bf16, bf16_any);
+            assert_class("cpu int8", q, int8, int8_any);
+        } else {
+            assert_class("GPU bf16", b, "none", NULL);
+        }
+    }
+    json_decref(root);
+    free(out);
+    free(err);
+    assert_int_equal(run("devices --devices cpu", &out, &err), 0);
+    if (bf16) {
+        snprintf(line, sizeof line, "%-16s %s", "bf16 products", bf16);
+        assert_non_null(strstr(out, line));
+    }
+    if (int8) {
+        snprintf(line, sizeof line, "%-16s %s", "int8 dot", int8);
+        assert_non_null(strstr(out, line));
+    }
+    assert_non_null(strstr(out, "bf16 products"));
+    assert_non_null(strstr(out, "int8 dot"));
+    free(out);
+    free(err);
+}
+
 static void errors_are_clear_and_exit_non_zero(void **state) {
     char *out, *err;
     assert_int_equal(run("devices --devices cpu:999", &out, &err), 1);
@@ -99,6 +159,7 @@ int main(void) {
         cmocka_unit_test(json_lists_two_cpu_devices_for_cpu_times_2),
         cmocka_unit_test(json_of_everything_parses_and_carries_notes),
         cmocka_unit_test(a_budget_shows_in_the_table),
+        cmocka_unit_test(bf16_and_int8_follow_the_cpu_flags),
         cmocka_unit_test(errors_are_clear_and_exit_non_zero),
         cmocka_unit_test(help_is_on_every_command),
     };

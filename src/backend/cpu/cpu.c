@@ -229,6 +229,17 @@ static td_status cpu_info(void *ctx, td_device_info *out) {
     snprintf(out->compact_kernels, sizeof out->compact_kernels, "q8_0: %s; bf16: %s",
              td__cpu_compact_path_name(TD_WEIGHTS_Q8_0, td__cpu_compact_best(TD_WEIGHTS_Q8_0)),
              td__cpu_compact_path_name(TD_WEIGHTS_BF16, td__cpu_compact_best(TD_WEIGHTS_BF16)));
+    {
+        int native = td__cpu_bgemm_native();
+        td_compact_path q8 = td__cpu_compact_best(TD_WEIGHTS_Q8_0);
+        snprintf(out->bf16, sizeof out->bf16, "%s (%s)", native ? "native" : "emulated",
+                 native ? td__cpu_bgemm_path_name(1) : "widened to f32, f32 GEMM");
+        if (q8 == TD_CPATH_SCALAR)
+            snprintf(out->int8, sizeof out->int8, "none (C int32 sums)");
+        else
+            snprintf(out->int8, sizeof out->int8, "%s (%s)", q8 == TD_CPATH_EXT ? "VNNI" : "AVX2",
+                     td__cpu_compact_path_name(TD_WEIGHTS_Q8_0, q8));
+    }
     format_pu_list(cd, out->cores, sizeof out->cores);
     out->pinned = cd->pinned;
     out->numa_node = -1;
