@@ -527,12 +527,15 @@ def main():
         log(f"FLOOR tandem cpu decode <= 1.5x the memory floor: {t2[1] / floor2:.2f}x: "
             f"{'PASS' if ok else 'FAIL'}")
         one, split = med.get(engines[1][0]), med.get(engines[2][0])
-        label = "FLOOR tandem cpu*2 tensor decode >= 1.7x faster than cpu:0"
+        # A read-bound decode gains what a second core adds to the reading
+        # (2x where it doubles it, as the floor was first meant): 0.85 of that.
+        gain = 0.85 * bw2 / bw1
+        label = (f"FLOOR tandem cpu*2 tensor decode >= 0.85x the 2-thread read gain "
+                 f"({bw2 / bw1:.2f}x here, so >= {gain:.2f}x) faster than cpu:0")
         if one and split:
-            ok = one[1] >= 1.7 * split[1]
+            ok = one[1] >= gain * split[1]
             verdicts.append(ok)
-            log(f"{label}: {one[1] / split[1]:.2f}x: {'PASS' if ok else 'FAIL'} (2 threads read "
-                f"{bw2 / bw1:.2f}x as fast as 1 here: what splitting a read-bound decode can gain)")
+            log(f"{label}: {one[1] / split[1]:.2f}x: {'PASS' if ok else 'FAIL'}")
         else:
                 log(f"{label}: not judged ({why.get(engines[2][0], why.get(engines[1][0], 'no result'))})")
         verdicts += compact_floors(med, why, {"q8_0": fq8, "bf16": fbf})
