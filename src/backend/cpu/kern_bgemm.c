@@ -199,26 +199,7 @@ static int64_t pack_a(int ta, const float *a, int64_t lda, int64_t ir, int64_t p
     return ldp;
 }
 
-/* Stores rows [0, mr) of the tile: C = alpha acc + beta C, columns masked. */
-static inline __attribute__((always_inline)) void store_tile(const int mrv, __m512 *c0, __m512 *c1,
-                                                             float *c, int64_t ldc, int64_t mr,
-                                                             __mmask16 m0, __mmask16 m1,
-                                                             float alpha, float beta) {
-    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-#pragma GCC unroll 12
-    for (int i = 0; i < mrv; i++) {
-        float *row = c + i * ldc;
-        __m512 r0 = _mm512_mul_ps(va, c0[i]), r1 = _mm512_mul_ps(va, c1[i]);
-        if (i >= mr)
-            break;
-        if (beta != 0.0f) {
-            r0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, row), r0);
-            r1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, row + 16), r1);
-        }
-        _mm512_mask_storeu_ps(row, m0, r0);
-        _mm512_mask_storeu_ps(row + 16, m1, r1);
-    }
-}
+#include "backend/cpu/kern_tile512-impl.h"
 
 // clang-format off
 #if defined(__clang__)
@@ -278,21 +259,6 @@ KERNELS(KERNEL_DEF)
 #pragma GCC pop_options
 #endif
 // clang-format on
-
-/* Rows per strip for m rows: the fewest strips, then the tallest kernel. */
-static int strip_rows(int64_t m) {
-    static const int opts[] = {12, 8, 6, 4};
-    int best = 12;
-    int64_t best_pad = (m + 11) / 12 * 12 - m;
-    for (int i = 1; i < 4; i++) {
-        int64_t pad = (m + opts[i] - 1) / opts[i] * opts[i] - m;
-        if (pad < best_pad) {
-            best = opts[i];
-            best_pad = pad;
-        }
-    }
-    return best;
-}
 
 static int gemm_dpbf16(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                        int64_t lda, const float *b, int64_t ldb, float beta, float *c,

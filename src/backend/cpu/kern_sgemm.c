@@ -184,27 +184,7 @@ static int64_t pack_a(int ta, const float *a, int64_t lda, int64_t ir, int64_t p
     return ldp;
 }
 
-/* Stores rows [0, mr) of the tile: C = alpha acc + beta C, columns masked. */
-static inline __attribute__((always_inline)) void store_tile(const int mrv, __m512 *c0, __m512 *c1,
-                                                             float *c, int64_t ldc, int64_t mr,
-                                                             __mmask16 m0, __mmask16 m1,
-                                                             float alpha, float beta) {
-    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-    /* Over the constant mrv, so the accumulators stay in registers. */
-#pragma GCC unroll 12
-    for (int i = 0; i < mrv; i++) {
-        float *row = c + i * ldc;
-        __m512 r0 = _mm512_mul_ps(va, c0[i]), r1 = _mm512_mul_ps(va, c1[i]);
-        if (i >= mr)
-            break;
-        if (beta != 0.0f) {
-            r0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, row), r0);
-            r1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, row + 16), r1);
-        }
-        _mm512_mask_storeu_ps(row, m0, r0);
-        _mm512_mask_storeu_ps(row + 16, m1, r1);
-    }
-}
+#include "backend/cpu/kern_tile512-impl.h"
 
 /* C[0:mr, 0:nr] = alpha (Ap Bp) + beta C for a packed A of mrv rows: in
  * columns, A(i, p) = ap[p * mrv + i] (ldp 0), or in rows, ap[i * ldp + p].
@@ -301,23 +281,6 @@ KERNELS(KERNEL_DEF)
 #pragma GCC pop_options
 #endif
 // clang-format on
-
-/* Rows per strip for m rows: the fewest strips, then the tallest kernel
- * (LeNet's convolutions have 6 and 16 output channels: 6 and 8 waste
- * nothing where 12 wasted half and a third). */
-static int strip_rows(int64_t m) {
-    static const int opts[] = {12, 8, 6, 4};
-    int best = 12;
-    int64_t best_pad = (m + 11) / 12 * 12 - m;
-    for (int i = 1; i < 4; i++) {
-        int64_t pad = (m + opts[i] - 1) / opts[i] * opts[i] - m;
-        if (pad < best_pad) {
-            best = opts[i];
-            best_pad = pad;
-        }
-    }
-    return best;
-}
 
 int td__cpu_sgemm512(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                      int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
