@@ -209,6 +209,7 @@ typedef struct td_split_info {
                         limits above keep every path shorter) */
     size_t weights;  /* scalars of the parameters it splits, in the whole model */
     int span;        /* layers of its list it takes, from `layer` on: 1, or a pair's 3 or 4 */
+    int64_t group;   /* query heads per key and value head (grouped-query attention); else 1 */
 } td_split_info;
 
 #define TD_SHARD_MAX_UNITS 256
@@ -262,12 +263,19 @@ TD_API void td_model_set_reduce_hook(td_model *m, td_reduce_fn fn, void *arg);
 /* Where a parameter of a shard lies in the whole parameter of its name: the
  * whole shape, and along dimension `dim` (-1: the whole tensor, replicated)
  * `blocks` equal blocks (3 for attention's q, k, v rows; else 1), of each of
- * which the shard holds [first, first + count), concatenated in block order. */
+ * which the shard holds [first, first + count), concatenated in block order.
+ * Grouped-query attention's q, k, v rows are unequal blocks (kv_extent > 0):
+ * the last two (keys, values) kv_extent each, of which the shard holds
+ * [kv_first, kv_first + kv_count), the first one the rest, of which it holds
+ * [first, first + count). A key and value head serves several query heads,
+ * and so may be held by several shards: the first kv_shared of each of
+ * those two blocks' held elements along dim are held by a lower shard too. */
 typedef struct td_param_slice {
     int ndim;
     int64_t shape[TD_MAX_DIMS]; /* the whole parameter's */
     int dim, blocks;
     int64_t first, count;
+    int64_t kv_extent, kv_first, kv_count, kv_shared;
 } td_param_slice;
 
 /* Parameter i's slice (of a model that is no shard: the whole tensor). */

@@ -56,6 +56,21 @@ typedef struct td_opt_args {
     double bias_corr1, bias_corr2; /* AdamW: 1 - beta^t */
 } td_opt_args;
 
+/* Which key and value head each query head reads: query head i of h reads
+ * head (i + skew) / g of kv. A whole layer has g = h / kv and skew 0; a
+ * shard holding query heads [first, first + h) of a layer's groups of g
+ * holds the key and value heads they read, skew = first % g of them. */
+typedef struct td_kv_map {
+    int64_t h, kv, g, skew;
+} td_kv_map;
+
+/* The query heads [*lo, *hi) that read key and value head j. */
+static inline void td__kv_queries(td_kv_map m, int64_t j, int64_t *lo, int64_t *hi) {
+    int64_t a = j * m.g - m.skew, b = (j + 1) * m.g - m.skew;
+    *lo = a < 0 ? 0 : a;
+    *hi = b > m.h ? m.h : b;
+}
+
 typedef struct td_kernels {
     /* x[0:n] = value. */
     td_status (*fill)(void *ctx, void *x, td_dtype dt, size_t n, double value);
@@ -182,14 +197,14 @@ typedef struct td_kernels {
                       int64_t heads, int64_t d, int64_t pos0, int64_t npos, const void *tab,
                       int inverse, void *x);
     /* Grouped-query attention: raw (rows, (h + 2 kv) d) (q, k, v side by
-     * side, h query heads and kv key and value heads of d) into qkv (rows,
-     * 3 h d), key and value head j repeated for query heads [j h/kv, (j + 1)
-     * h/kv). */
-    td_status (*kv_expand)(void *ctx, td_dtype dt, int64_t rows, int64_t h, int64_t kv, int64_t d,
+     * side, m.h query heads and m.kv key and value heads of d) into qkv
+     * (rows, 3 h d), query head i reading key and value head (i + m.skew) /
+     * m.g (td_kv_map). */
+    td_status (*kv_expand)(void *ctx, td_dtype dt, int64_t rows, td_kv_map m, int64_t d,
                            const void *raw, void *qkv);
     /* Its backward: draw (rows, (h + 2 kv) d) from dqkv (rows, 3 h d), each
-     * key and value head's gradient summed over its query heads. */
-    td_status (*kv_reduce)(void *ctx, td_dtype dt, int64_t rows, int64_t h, int64_t kv, int64_t d,
+     * key and value head's gradient summed over its query heads, in order. */
+    td_status (*kv_reduce)(void *ctx, td_dtype dt, int64_t rows, td_kv_map m, int64_t d,
                            const void *dqkv, void *draw);
     /* y (n, rows) = x (n, cols) W^T, x and y f32, W (rows, cols) compact:
      * bf16 row-major, or q8_0 (cols a multiple of 32; each row's cols / 32

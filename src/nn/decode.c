@@ -208,11 +208,11 @@ static td_gemm_operand operand(const td_tensor *t, int64_t off, int64_t ld, int6
 
 /* The heads a layer computes here (all, or a shard's) and their width. */
 static int64_t att_heads(const td_layer *l) {
-    return l->split.kind == TD__SPLIT_HEADS ? l->split.count : l->heads;
+    return td__att_map(l).h;
 }
 
 static int64_t att_kv(const td_layer *l) {
-    return l->split.kind == TD__SPLIT_HEADS ? l->split.count : l->kv_heads;
+    return td__att_map(l).kv;
 }
 
 static int64_t att_width(const td_layer *l) {
@@ -272,12 +272,12 @@ static td_status att_decode(td_layer *l, const td_tensor *x, pass *p) {
         qkv = raw;
         if (p->pos == 0 && nkv != h) {
             TD_CHECK(td__tensor_view(&qkv, &l->ws[ATT_QKV], 0, 3, qrows));
-            TD_CHECK(td__op_kv_expand(h, nkv, d, &raw, &qkv));
+            TD_CHECK(td__op_kv_expand(td__att_map(l), d, &raw, &qkv));
         }
         if (p->pos == 0)
             TD_CHECK(att_prefill(l, &qkv, n, &yh));
         else
-            TD_CHECK(td__kv_cache_attend(dec->kvc, i, h, nkv, d, p->pos, &raw, &yh));
+            TD_CHECK(td__kv_cache_attend(dec->kvc, i, td__att_map(l), d, p->pos, &raw, &yh));
         TD_CHECK(td__packed_matmul(dec->packed, l, 2, 0, &y, &yh, l->param[2]));
     }
     if (l->split.kind == TD__SPLIT_HEADS)

@@ -164,13 +164,22 @@ static td_gemm_operand operand(const td_tensor *t, int64_t off, int64_t ld, int6
     return o;
 }
 
-/* The composed step on the f32 rows kv: see the file's head for the dummy
- * score. The g = h / nkv query heads of a key and value head, side by side
- * in q, are one (g, d) matrix. */
-static td_status attend_composed(const td__kv_cache *c, const td_tensor *kv, int64_t h, int64_t nkv,
-                                 int64_t d, int64_t pos, int64_t row, td_tensor *yh) {
-    int64_t g = h / nkv, len = pos + 1, w = len + 1;
-    int64_t hw[2] = {h, w};
+/* One group of query heads of a step: g query heads a key and value head
+ * apart (g of them for each of nkv key and value heads, side by side in q
+ * from q_head), those key and value heads from kv_head. */
+typedef struct attend_group {
+    int64_t g, nkv, q_head, kv_head;
+} attend_group;
+
+/* The composed step on the f32 rows kv (h query and kvh key and value heads
+ * a row): see the file's head for the dummy score. The g query heads of a
+ * key and value head, side by side in q, are one (g, d) matrix. */
+static td_status attend_composed(const td__kv_cache *c, const td_tensor *kv, int64_t h, int64_t kvh,
+                                 int64_t d, int64_t pos, int64_t row, attend_group a,
+                                 td_tensor *yh) {
+    int64_t len = pos + 1, w = len + 1, g = a.g;
+    int64_t hw[2] = {g * a.nkv, w};
+    int64_t q = pos * row + a.q_head * d, k = (h + a.kv_head) * d, v = (h + kvh + a.kv_head) * d;
     td_tensor s, prob;
     double loss;
     int64_t hits;
@@ -178,31 +187,50 @@ static td_status attend_composed(const td__kv_cache *c, const td_tensor *kv, int
     TD_CHECK(td__tensor_view(&prob, c->probs, 0, 2, hw));
     TD_CHECK(td_tensor_fill(&s, DUMMY_SCORE));
     /* s_h[1..len] (g, len) = scale q_{group} (g, d) K_j^T, per key head j */
-    TD_CHECK(td__op_gemm_batched(0, 1, g, len, d, 1.0 / sqrt((double)d),
-                                 operand(kv, pos * row, d, g * d), operand(kv, h * d, row, d), 0.0,
-                                 operand(&s, 1, w, g * w), nkv));
+    TD_CHECK(td__op_gemm_batched(0, 1, g, len, d, 1.0 / sqrt((double)d), operand(kv, q, d, g * d),
+                                 operand(kv, k, row, d), 0.0, operand(&s, 1, w, g * w), a.nkv));
     TD_CHECK(td__op_xent(&s, c->targets, &prob, 1.0, &loss, &hits));
     /* yh_{group} (g, d) = p_{group}[1..len] V_j (len, d) */
     return td__op_gemm_batched(0, 0, g, d, len, 1.0, operand(&prob, 1, w, g * w),
-                               operand(kv, (h + nkv) * d, row, d), 0.0, operand(yh, 0, d, g * d),
-                               nkv);
+                               operand(kv, v, row, d), 0.0, operand(yh, a.q_head * d, d, g * d),
+                               a.nkv);
 }
 
-td_status td__kv_cache_attend(const td__kv_cache *c, int i, int64_t h, int64_t kv, int64_t d,
-                              int64_t pos, const td_tensor *raw, td_tensor *yh) {
+static td_status attend_group_step(const td__kv_cache *c, int i, td_kv_map m, int64_t d,
+                                   int64_t pos, const td_tensor *raw, attend_group a,
+                                   td_tensor *yh) {
     const td_kernels *k = td__device_kernels(c->m->dev);
     const char *base;
     size_t es;
-    assert(c->row[i] > 0 && pos > 0);
     if (!c->attends)
-        return attend_composed(c, c->own[i] ? c->own[i] : c->work, h, kv, d, pos, c->row[i], yh);
+        return attend_composed(c, c->own[i] ? c->own[i] : c->work, m.h, m.kv, d, pos, c->row[i], a,
+                               yh);
     if (c->kind == TD_KV_CACHE_MODEL)
         base = c->own[i]->data, es = 4;
     else
         base = c->stored[i]->ptr, es = 2;
-    return k->attend_step(td__device_ctx(c->m->dev), c->kind, h, kv, d, pos + 1,
-                          (float)(1.0 / sqrt((double)d)), raw->data, base + (size_t)(h * d) * es,
-                          base + (size_t)((h + kv) * d) * es, c->row[i], yh->data);
+    return k->attend_step(td__device_ctx(c->m->dev), c->kind, a.g * a.nkv, a.nkv, d, pos + 1,
+                          (float)(1.0 / sqrt((double)d)), (const float *)raw->data + a.q_head * d,
+                          base + (size_t)((m.h + a.kv_head) * d) * es,
+                          base + (size_t)((m.h + m.kv + a.kv_head) * d) * es, c->row[i],
+                          (float *)yh->data + a.q_head * d);
+}
+
+td_status td__kv_cache_attend(const td__kv_cache *c, int i, td_kv_map m, int64_t d, int64_t pos,
+                              const td_tensor *raw, td_tensor *yh) {
+    assert(c->row[i] > 0 && pos > 0);
+    if (m.skew == 0 && m.h == m.kv * m.g) {
+        attend_group all = {m.g, m.kv, 0, 0};
+        return attend_group_step(c, i, m, d, pos, raw, all, yh);
+    }
+    /* a shard's heads from within a group: a group at a time */
+    for (int64_t j = 0; j < m.kv; j++) {
+        int64_t lo, hi;
+        td__kv_queries(m, j, &lo, &hi);
+        attend_group one = {hi - lo, 1, lo, j};
+        TD_CHECK(attend_group_step(c, i, m, d, pos, raw, one, yh));
+    }
+    return TD_OK;
 }
 
 size_t td__kv_cache_bytes(const td__kv_cache *c) {

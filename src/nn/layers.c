@@ -229,8 +229,11 @@ const td_layer_vt td__embedding_vt = {"embedding", linear_plan, embed_forward, e
  * projection's output (q, then kv_heads keys and values, w = (h + 2 kv) d),
  * expanded into ATT_QKV, and ATT_DRAW its gradient. Without them the
  * projection writes ATT_QKV itself. Rotary positions rotate the
- * projection's q and k in place. */
-enum { ATT_QKV, ATT_P, ATT_S, ATT_YH, ATT_DQKV, ATT_DYH, ATT_RAW, ATT_DRAW };
+ * projection's q and k in place. A shard of grouped-query attention sums
+ * its key and value heads' weight gradients with the other shards' in
+ * ATT_KVSUM (every key and value head's rows, then their biases), its bias
+ * gradient first made whole in ATT_DB. */
+enum { ATT_QKV, ATT_P, ATT_S, ATT_YH, ATT_DQKV, ATT_DYH, ATT_RAW, ATT_DRAW, ATT_KVSUM, ATT_DB };
 
 int td__nn_generic_attention = 0;
 
@@ -239,19 +242,35 @@ static int att_fused(const td_device *dev) {
     return !td__nn_generic_attention && td__op_has_attention(dev);
 }
 
+td_kv_map td__att_map(const td_layer *l) {
+    td_kv_map m = {l->heads, l->kv_heads, l->heads / l->kv_heads, 0};
+    int64_t first = l->split.first, count = l->split.count;
+    if (l->split.kind != TD__SPLIT_HEADS)
+        return m;
+    m.h = count;
+    m.skew = first % m.g;
+    m.kv = count ? (first + count - 1) / m.g - first / m.g + 1 : 0;
+    return m;
+}
+
 /* The heads a layer computes: all, or a shard's; the width of their q (as
- * of k, v and the heads' output) is h * d. A shard splits only attention
- * whose key/value heads are its query heads (shard.c). */
+ * of k, v and the heads' output) is h * d. */
 static int64_t att_heads(const td_layer *l) {
-    return l->split.kind == TD__SPLIT_HEADS ? l->split.count : l->heads;
+    return td__att_map(l).h;
 }
 
 static int64_t att_kv(const td_layer *l) {
-    return l->split.kind == TD__SPLIT_HEADS ? l->split.count : l->kv_heads;
+    return td__att_map(l).kv;
 }
 
 static int att_grouped(const td_layer *l) {
     return att_kv(l) != att_heads(l);
+}
+
+/* A shard of grouped-query attention: its key and value heads may be held,
+ * and their gradients summed, by several shards. */
+static int att_shares_kv(const td_layer *l) {
+    return l->split.kind == TD__SPLIT_HEADS && l->kv_heads != l->heads;
 }
 
 /* The projection's output and its gradient: (n, t, (h + 2 kv) d). */
@@ -280,6 +299,11 @@ static td_status att_plan(td_layer *l, td_nn_plan *p, const td_tensor *x) {
         TD_CHECK(td__plan_tensor(p, &l->ws[ATT_RAW], 1, 2, raw));
         TD_CHECK(td__plan_tensor(p, &l->ws[ATT_DRAW], 1, 2, raw));
     }
+    if (att_shares_kv(l)) {
+        int64_t sum = 2 * l->kv_heads * d * (l->in_shape[1] + l->has_bias), db = raw[1];
+        TD_CHECK(td__plan_tensor(p, &l->ws[ATT_KVSUM], 0, 1, &sum));
+        TD_CHECK(td__plan_tensor(p, &l->ws[ATT_DB], 0, 1, &db));
+    }
     return td__plan_tensor(p, &l->ws[ATT_DYH], 1, 2, tc);
 }
 
@@ -299,7 +323,7 @@ static td_status att_project(td_layer *l, const td_tensor *x) {
         TD_CHECK(td__op_bias_add(raw, l->param[1], n * t, (h + 2 * kv) * d, 1));
     if (l->rope)
         TD_CHECK(td__op_rope(l->rope, 0, 0, h + kv, d, 0, raw));
-    return att_grouped(l) ? td__op_kv_expand(h, kv, d, raw, &l->ws[ATT_QKV]) : TD_OK;
+    return att_grouped(l) ? td__op_kv_expand(td__att_map(l), d, raw, &l->ws[ATT_QKV]) : TD_OK;
 }
 
 /* In a shard the projection of its heads is a partial sum: summed across the
@@ -343,6 +367,56 @@ reduce:
     return l->proj_bias ? td__op_bias_add(&l->out, l->param[3], n * t, oc, 1) : TD_OK;
 }
 
+/* grad (+)= v: the rows [first, first + count) of a (., cols) tensor each. */
+static td_status rows_into(td_tensor *grad, int64_t gfirst, const td_tensor *v, int64_t vfirst,
+                           int64_t count, int64_t cols, int acc) {
+    int64_t n = count * cols;
+    td_tensor gv, vv;
+    if (n == 0)
+        return TD_OK;
+    TD_CHECK(td__tensor_view(&gv, grad, (size_t)(gfirst * cols), 1, &n));
+    TD_CHECK(td__tensor_view(&vv, v, (size_t)(vfirst * cols), 1, &n));
+    return acc ? td__op_add(&gv, &vv, &gv) : td__op_copy(&vv, &gv);
+}
+
+/* A shard's qkv gradients when its key and value heads are shared: q's rows
+ * as usual, the key and value rows (only what its own query heads add)
+ * into their places among every head's in ATT_KVSUM, zero elsewhere; that
+ * summed over the shards, each takes back its heads' rows. */
+static td_status att_shared_weights(td_layer *l, const td_tensor *x, td_nn_run *r) {
+    td_kv_map m = td__att_map(l);
+    int64_t c = l->in_shape[1], d = c / l->heads, kvt = l->kv_heads, nt = td__tensor_rows(x),
+            w = (m.h + 2 * m.kv) * d, kfirst = m.h ? (l->split.first / m.g) : 0;
+    td_tensor *draw = att_draw(l), *sum = &l->ws[ATT_KVSUM], *db = &l->ws[ATT_DB];
+    double beta = r->acc ? 1.0 : 0.0;
+    TD_CHECK(td__zero(sum));
+    if (m.h) {
+        TD_CHECK(td__op_gemm_batched(1, 0, m.h * d, c, nt, 1.0, operand(draw, 0, w, 0),
+                                     operand(x, 0, c, 0), beta, operand(l->grad[0], 0, c, 0), 1));
+        for (int v = 0; v < 2; v++) /* keys, then values */
+            TD_CHECK(td__op_gemm_batched(
+                1, 0, m.kv * d, c, nt, 1.0, operand(draw, (m.h + v * m.kv) * d, w, 0),
+                operand(x, 0, c, 0), 0.0, operand(sum, (size_t)((v * kvt + kfirst) * d * c), c, 0),
+                1));
+    }
+    if (l->has_bias && m.h) {
+        TD_CHECK(td__op_bias_grad(db, draw, nt, w, 1, 0));
+        TD_CHECK(rows_into(l->grad[1], 0, db, 0, m.h * d, 1, r->acc));
+        for (int v = 0; v < 2; v++)
+            TD_CHECK(rows_into(sum, 2 * kvt * d * c + (v * kvt + kfirst) * d, db,
+                               (m.h + v * m.kv) * d, m.kv * d, 1, 0));
+    }
+    TD_CHECK(td__model_reduce(r->model, sum));
+    for (int v = 0; v < 2; v++) {
+        TD_CHECK(rows_into(l->grad[0], (m.h + v * m.kv) * d, sum, (v * kvt + kfirst) * d, m.kv * d,
+                           c, r->acc));
+        if (l->has_bias)
+            TD_CHECK(rows_into(l->grad[1], (m.h + v * m.kv) * d, sum,
+                               2 * kvt * d * c + (v * kvt + kfirst) * d, m.kv * d, 1, r->acc));
+    }
+    return TD_OK;
+}
+
 /* The parameter gradients, from dout, the heads' output yh and the
  * projection's gradient draw (the workspaces the forward and backward left). */
 static td_status att_weights(td_layer *l, const td_tensor *x, td_nn_run *r) {
@@ -352,9 +426,12 @@ static td_status att_weights(td_layer *l, const td_tensor *x, td_nn_run *r) {
     /* dWo (oc, c) = dout^T yh; dWqkv (w, in) = draw^T x */
     if (l->proj_bias)
         TD_CHECK(td__op_bias_grad(l->grad[3], &l->dout, n * t, oc, 1, r->acc));
+    if (h)
+        TD_CHECK(td__op_matmul(l->grad[2], &l->dout, 1, &l->ws[ATT_YH], 0, 1.0, beta));
+    if (att_shares_kv(l))
+        return att_shared_weights(l, x, r);
     if (h == 0)
         return TD_OK;
-    TD_CHECK(td__op_matmul(l->grad[2], &l->dout, 1, &l->ws[ATT_YH], 0, 1.0, beta));
     TD_CHECK(td__op_matmul(l->grad[0], att_draw(l), 1, x, 0, 1.0, beta));
     return l->has_bias ? td__op_bias_grad(l->grad[1], att_draw(l), n * t, w, 1, r->acc) : TD_OK;
 }
@@ -365,7 +442,7 @@ static td_status att_unproject(td_layer *l) {
     int64_t h = att_heads(l), kv = att_kv(l), d = l->in_shape[1] / l->heads;
     td_tensor *draw = att_draw(l);
     if (att_grouped(l))
-        TD_CHECK(td__op_kv_reduce(h, kv, d, &l->ws[ATT_DQKV], draw));
+        TD_CHECK(td__op_kv_reduce(td__att_map(l), d, &l->ws[ATT_DQKV], draw));
     return l->rope ? td__op_rope(l->rope, 0, 0, h + kv, d, 1, draw) : TD_OK;
 }
 

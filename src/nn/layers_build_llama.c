@@ -152,6 +152,32 @@ static td_status rope_table(td_model *m, td_layer *l, int64_t t, int64_t d, doub
 
 /* Attention ------------------------------------------------------------------------ */
 
+/* The slice of qkv (whole shape[0..ndim)) a layer holds: all of it, or a
+ * shard's rows of q, k and v; with fewer key/value heads than query heads,
+ * those of the key and value heads its query heads read (td__att_map). */
+static td_param_slice qkv_slice(const td_layer *l, int64_t d, int ndim, const int64_t *shape) {
+    td_param_slice sl;
+    td_kv_map map = td__att_map(l);
+    memset(&sl, 0, sizeof sl);
+    sl.ndim = ndim;
+    memcpy(sl.shape, shape, sizeof(int64_t) * (size_t)ndim);
+    sl.dim = -1;
+    sl.blocks = 1;
+    if (l->split.kind != TD__SPLIT_HEADS)
+        return sl;
+    sl.dim = 0;
+    sl.blocks = 3;
+    sl.first = l->split.first * d;
+    sl.count = l->split.count * d;
+    if (l->kv_heads == l->heads)
+        return sl;
+    sl.kv_extent = l->kv_heads * d;
+    sl.kv_first = map.h ? l->split.first / map.g * d : 0;
+    sl.kv_count = map.kv * d;
+    sl.kv_shared = map.skew ? d : 0;
+    return sl;
+}
+
 td_status td__build_attention(build_ctx *b, td_layer *l, int variant, int in_ndim,
                               const int64_t *in) {
     static const char *const keys[] = {"type",       "heads",        "kv_heads",
@@ -161,6 +187,7 @@ td_status td__build_attention(build_ctx *b, td_layer *l, int variant, int in_ndi
     int causal, hd;
     int64_t c, d, s[2], kv, first, count;
     double bound, theta;
+    td_param_slice qkv;
     rope_scaling sc;
     char msg[160];
     TD_CHECK(td__spec_keys(b, keys));
@@ -195,9 +222,9 @@ td_status td__build_attention(build_ctx *b, td_layer *l, int variant, int in_ndi
         return td__spec_error(b, "rope_scaling", "needs rope_theta");
     l->vt = &td__attention_vt;
     /* q (heads d), k and v (kv_heads d each) side by side: qkv.weight is
-     * ((heads + 2 kv_heads) d, c). A shard's heads (only with kv_heads ==
-     * heads, shard.c): their rows of q, k and v (three blocks of qkv's rows)
-     * and their columns of the projection. */
+     * ((heads + 2 kv_heads) d, c). A shard's heads: their rows of q, the
+     * rows of the key and value heads they read (td__att_map), and their
+     * columns of the projection. */
     kv = l->kv_heads;
     hd = l->split.kind == TD__SPLIT_HEADS ? 0 : -1;
     first = l->split.first * d;
@@ -205,11 +232,12 @@ td_status td__build_attention(build_ctx *b, td_layer *l, int variant, int in_ndi
     bound = 1.0 / sqrt((double)c);
     s[0] = (l->heads + 2 * kv) * d;
     s[1] = c;
-    TD_CHECK(
-        td__model_add_slice(m, l, "qkv.weight", 2, s, hd, 3, first, count, 0, bound, &l->param[0]));
-    if (l->has_bias)
-        TD_CHECK(td__model_add_slice(m, l, "qkv.bias", 1, s, hd, 3, first, count, 0, bound,
-                                     &l->param[1]));
+    qkv = qkv_slice(l, d, 2, s);
+    TD_CHECK(td__model_add_param_slice(m, l, "qkv.weight", &qkv, 0, bound, &l->param[0]));
+    if (l->has_bias) {
+        qkv.ndim = 1;
+        TD_CHECK(td__model_add_param_slice(m, l, "qkv.bias", &qkv, 0, bound, &l->param[1]));
+    }
     s[0] = c;
     TD_CHECK(td__model_add_slice(m, l, "proj.weight", 2, s, hd < 0 ? -1 : 1, 1, first, count, 0,
                                  bound, &l->param[2]));

@@ -26,7 +26,7 @@
 #include "tensor/ops.h"
 
 #define TD_LAYER_MAX_PARAMS 4
-#define TD_LAYER_MAX_WS     8
+#define TD_LAYER_MAX_WS     10
 
 typedef struct td_layer td_layer;
 typedef struct td_nn_plan td_nn_plan;
@@ -317,6 +317,18 @@ td_status td__band_plan(td_model *m, td_nn_plan *p);
 td_status td__model_add_slice(td_model *m, td_layer *l, const char *name, int ndim,
                               const int64_t *whole, int dim, int blocks, int64_t first,
                               int64_t count, int normal, double bound, td_tensor **param);
+/* The same for any slice (its shape the whole one), grouped ones included. */
+td_status td__model_add_param_slice(td_model *m, td_layer *l, const char *name,
+                                    const td_param_slice *slice, int normal, double bound,
+                                    td_tensor **param);
+/* The squared norm of the gradient elements of parameter i a lower shard
+ * holds too (td_param_slice.kv_shared); 0 for the rest. */
+td_status td__slice_shared_sumsq(const td_model *m, size_t i, double *out);
+/* Along its dim, block b of a slice: the whole tensor's [*at, *at + *count). */
+void td__slice_block(const td_param_slice *s, int b, int64_t *at, int64_t *count);
+/* An attention layer's query heads here (all, or a shard's) and the key and
+ * value heads they read (layers.c). */
+td_kv_map td__att_map(const td_layer *l);
 /* Sums t across the shards through the model's reduce hook (nothing without one). */
 td_status td__model_reduce(td_model *m, td_tensor *t);
 /* Calls the model's gradient hook (nothing without one) for parameters
@@ -375,8 +387,8 @@ int64_t td__kv_cache_row(const td__kv_cache *c, int i);
 td_status td__kv_cache_rows(const td__kv_cache *c, int i, const td_tensor *ws, int64_t pos,
                             int64_t n, td_tensor *raw);
 td_status td__kv_cache_sync(td__kv_cache *c, int i, int64_t pos, int64_t n, td_tensor *raw);
-td_status td__kv_cache_attend(const td__kv_cache *c, int i, int64_t h, int64_t kv, int64_t d,
-                              int64_t pos, const td_tensor *raw, td_tensor *yh);
+td_status td__kv_cache_attend(const td__kv_cache *c, int i, td_kv_map m, int64_t d, int64_t pos,
+                              const td_tensor *raw, td_tensor *yh);
 size_t td__kv_cache_bytes(const td__kv_cache *c);
 void td__kv_cache_destroy(td__kv_cache *c); /* NULL-safe */
 

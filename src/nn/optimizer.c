@@ -248,6 +248,7 @@ static int part_views(td_optimizer *o, size_t i, int part, td_tensor *w, td_tens
  * runs over the parameters in order, each one's shard before its tail, so a
  * reducer given the terms can sum a whole model's the same way. */
 static td_status grad_sumsq(td_optimizer *o, double *sum) {
+    double shared = 0;
     td_status st;
     *sum = 0;
     memset(o->terms, 0, sizeof *o->terms * 2 * o->m->nparams);
@@ -261,6 +262,10 @@ static td_status grad_sumsq(td_optimizer *o, double *sum) {
                 continue;
             if ((st = td__op_sumsq(&g, s)) != TD_OK)
                 return st;
+            /* rows held by two shards count once: the lower one's */
+            if (o->shards == 1 && (st = td__slice_shared_sumsq(o->m, i, &shared)) != TD_OK)
+                return st;
+            *s -= shared;
             *sum += *s;
         }
     return o->reduce ? o->reduce(o->reduce_arg, o->terms, 2 * o->m->nparams, sum) : TD_OK;

@@ -6,8 +6,9 @@
  * (the root, a residual's layers) a linear followed by an elementwise
  * activation, an optional dropout and another linear is a pair, scanned left
  * to right so that a linear ends at most one pair; every SwiGLU MLP is a
- * unit, and every attention layer but grouped-query ones, which stay whole
- * (replicated, like layer norms and RMSNorms). Layer uids follow the build
+ * unit, and every attention layer, split by query heads (a grouped-query
+ * shard also holds the key and value heads its query heads read, which
+ * other shards may hold too). Layer uids follow the build
  * order, which the JSON alone fixes, so a table indexed by uid (td__split)
  * tells the real build what each layer holds: layers_build*.c shape and
  * initialise the slices from it and the layers (layers*.c) sum their
@@ -15,6 +16,7 @@
  * from the whole parameter's stream, each contiguous run of it with the
  * counter offset of its place in the whole tensor, so its values are the
  * whole model's bit for bit. */
+#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,96 +28,174 @@
 
 /* Slices ------------------------------------------------------------------------ */
 
-/* A slice as runs: for o < outer and b < blocks, a run of count * inner
- * elements at part offset (o * blocks + b) * count * inner and whole offset
- * (o * extent + b * (extent / blocks) + first) * inner. */
+void td__slice_block(const td_param_slice *s, int b, int64_t *at, int64_t *count) {
+    int64_t extent = s->shape[s->dim];
+    if (!s->kv_extent) {
+        *at = b * (extent / s->blocks) + s->first;
+        *count = s->count;
+    } else if (b == 0) {
+        *at = s->first;
+        *count = s->count;
+    } else {
+        *at = extent - (s->blocks - b) * s->kv_extent + s->kv_first;
+        *count = s->kv_count;
+    }
+}
+
+/* A slice as runs: for o < outer and each block, a run of (the block's
+ * count) * inner elements, at its place in the part's row of held * inner
+ * and in the whole tensor's row of extent * inner. */
 typedef struct runs {
-    int64_t outer, blocks, extent, inner, first, count;
+    int64_t outer, extent, inner, held;
 } runs;
 
 static runs slice_runs(const td_param_slice *s) {
-    runs r = {1, 1, 1, 1, 0, 1};
+    runs r = {1, 1, 1, 0};
     int64_t all = 1;
     for (int i = 0; i < s->ndim; i++)
         all *= s->shape[i];
     if (s->dim < 0) {
-        r.count = all;
-        r.extent = all;
+        r.extent = r.held = all;
         return r;
     }
     for (int i = 0; i < s->dim; i++)
         r.outer *= s->shape[i];
     for (int i = s->dim + 1; i < s->ndim; i++)
         r.inner *= s->shape[i];
-    r.blocks = s->blocks;
     r.extent = s->shape[s->dim];
-    r.first = s->first;
-    r.count = s->count;
+    for (int b = 0; b < s->blocks; b++) {
+        int64_t at, count;
+        td__slice_block(s, b, &at, &count);
+        r.held += count;
+    }
     return r;
 }
 
-static void slice_copy(const td_param_slice *s, size_t es, const void *src, void *dst,
-                       int to_whole) {
+/* Calls fn for every run: its offsets in the part and the whole tensor, in
+ * elements, and its length. */
+typedef void (*run_fn)(void *arg, int64_t part, int64_t whole, int64_t n);
+
+static void each_run(const td_param_slice *s, run_fn fn, void *arg) {
     runs r = slice_runs(s);
-    size_t len = (size_t)(r.count * r.inner) * es;
-    for (int64_t o = 0; o < r.outer; o++)
-        for (int64_t b = 0; b < r.blocks; b++) {
-            size_t part = (size_t)((o * r.blocks + b) * r.count * r.inner) * es;
-            size_t whole =
-                (size_t)((o * r.extent + b * (r.extent / r.blocks) + r.first) * r.inner) * es;
-            if (to_whole)
-                memcpy((char *)dst + whole, (const char *)src + part, len);
-            else
-                memcpy((char *)dst + part, (const char *)src + whole, len);
+    if (s->dim < 0) {
+        fn(arg, 0, 0, r.held);
+        return;
+    }
+    for (int64_t o = 0; o < r.outer; o++) {
+        int64_t part = o * r.held;
+        for (int b = 0; b < s->blocks; b++) {
+            int64_t at, count;
+            td__slice_block(s, b, &at, &count);
+            if (count > 0)
+                fn(arg, part * r.inner, (o * r.extent + at) * r.inner, count * r.inner);
+            part += count;
         }
+    }
+}
+
+typedef struct copy_args {
+    size_t es;
+    const char *src;
+    char *dst;
+    int to_whole;
+} copy_args;
+
+static void copy_run(void *arg, int64_t part, int64_t whole, int64_t n) {
+    copy_args *c = arg;
+    size_t p = (size_t)part * c->es, w = (size_t)whole * c->es, len = (size_t)n * c->es;
+    if (c->to_whole)
+        memcpy(c->dst + w, c->src + p, len);
+    else
+        memcpy(c->dst + p, c->src + w, len);
 }
 
 void td_param_slice_gather(const td_param_slice *s, size_t elem_size, const void *part,
                            void *whole) {
+    copy_args c = {elem_size, part, whole, 1};
     if (s && part && whole)
-        slice_copy(s, elem_size, part, whole, 1);
+        each_run(s, copy_run, &c);
 }
 
 void td_param_slice_scatter(const td_param_slice *s, size_t elem_size, const void *whole,
                             void *part) {
+    copy_args c = {elem_size, whole, part, 0};
     if (s && part && whole)
-        slice_copy(s, elem_size, whole, part, 0);
+        each_run(s, copy_run, &c);
+}
+
+typedef struct init_args {
+    td_tensor *param;
+    uint64_t stream;
+    int normal;
+    double bound;
+    td_status st;
+} init_args;
+
+/* A run's values: those of its place in the whole tensor's stream. */
+static void init_run(void *arg, int64_t part, int64_t whole, int64_t n) {
+    init_args *a = arg;
+    td_tensor v;
+    if (a->st != TD_OK)
+        return;
+    if ((a->st = td__tensor_view(&v, a->param, (size_t)part, 1, &n)) != TD_OK)
+        return;
+    a->st = a->normal ? td_tensor_rand_normal(&v, a->stream, (uint64_t)whole, 0.0, a->bound)
+                      : td_tensor_rand_uniform(&v, a->stream, (uint64_t)whole, -a->bound, a->bound);
+}
+
+td_status td__model_add_param_slice(td_model *m, td_layer *l, const char *name,
+                                    const td_param_slice *slice, int normal, double bound,
+                                    td_tensor **param) {
+    int64_t shape[TD_MAX_DIMS];
+    init_args a = {NULL, 0, normal, bound, TD_OK};
+    memcpy(shape, slice->shape, sizeof(int64_t) * (size_t)slice->ndim);
+    if (slice->dim >= 0)
+        shape[slice->dim] = slice_runs(slice).held;
+    TD_CHECK(td__model_add_param(m, l, name, slice->ndim, shape, param));
+    if (!*param) /* dry */
+        return TD_OK;
+    m->slices[m->nparams - 1] = *slice;
+    /* the whole parameter's stream: its place among the whole model's */
+    a.param = *param;
+    a.stream = td__nn_mix64(m->seed ^ td__nn_mix64((uint64_t)m->param_serial - 1));
+    each_run(slice, init_run, &a);
+    return a.st;
 }
 
 td_status td__model_add_slice(td_model *m, td_layer *l, const char *name, int ndim,
                               const int64_t *whole, int dim, int blocks, int64_t first,
                               int64_t count, int normal, double bound, td_tensor **param) {
-    int64_t shape[TD_MAX_DIMS];
-    td_param_slice *s;
-    uint64_t stream;
-    runs r;
-    memcpy(shape, whole, sizeof(int64_t) * (size_t)ndim);
-    if (dim >= 0)
-        shape[dim] = (int64_t)blocks * count;
-    TD_CHECK(td__model_add_param(m, l, name, ndim, shape, param));
-    if (!*param) /* dry */
-        return TD_OK;
-    s = &m->slices[m->nparams - 1];
-    memcpy(s->shape, whole, sizeof(int64_t) * (size_t)ndim);
+    td_param_slice s;
+    memset(&s, 0, sizeof s);
+    s.ndim = ndim;
+    memcpy(s.shape, whole, sizeof(int64_t) * (size_t)ndim);
+    s.dim = -1;
+    s.blocks = 1;
     if (dim >= 0) {
-        s->dim = dim;
-        s->blocks = blocks;
-        s->first = first;
-        s->count = count;
+        s.dim = dim;
+        s.blocks = blocks;
+        s.first = first;
+        s.count = count;
     }
-    /* the whole parameter's stream: its place among the whole model's */
-    stream = td__nn_mix64(m->seed ^ td__nn_mix64((uint64_t)m->param_serial - 1));
-    r = slice_runs(s);
-    for (int64_t o = 0; o < r.outer; o++)
-        for (int64_t b = 0; b < r.blocks && r.count > 0; b++) {
-            int64_t n = r.count * r.inner;
-            uint64_t at =
-                (uint64_t)((o * r.extent + b * (r.extent / r.blocks) + r.first) * r.inner);
-            td_tensor v;
-            TD_CHECK(td__tensor_view(&v, *param, (size_t)((o * r.blocks + b) * n), 1, &n));
-            TD_CHECK(normal ? td_tensor_rand_normal(&v, stream, at, 0.0, bound)
-                            : td_tensor_rand_uniform(&v, stream, at, -bound, bound));
-        }
+    return td__model_add_param_slice(m, l, name, &s, normal, bound, param);
+}
+
+td_status td__slice_shared_sumsq(const td_model *m, size_t i, double *out) {
+    const td_param_slice *sl = &m->slices[i];
+    runs r = slice_runs(sl);
+    *out = 0;
+    if (!m->splits || !sl->kv_shared)
+        return TD_OK;
+    assert(sl->dim == 0 && sl->blocks == 3);
+    for (int b = 1; b < 3; b++) {
+        int64_t n = sl->kv_shared * r.inner;
+        td_tensor v;
+        double part;
+        TD_CHECK(td__tensor_view(&v, m->grads[i],
+                                 (size_t)((sl->count + (b - 1) * sl->kv_count) * r.inner), 1, &n));
+        TD_CHECK(td__op_sumsq(&v, &part));
+        *out += part;
+    }
     return TD_OK;
 }
 
@@ -157,6 +237,7 @@ static void add_unit(finder *f, td_split_kind kind, const td_layer *l, int span,
         snprintf(u->layer, sizeof u->layer, "%s", l->path);
         u->weights = weights;
         u->span = span;
+        u->group = l->vt == &td__attention_vt ? l->heads / l->kv_heads : 1;
     }
     f->nunits++;
 }
@@ -174,9 +255,7 @@ static void find_units(finder *f, const td_layer *l) {
                  l->weights - (l->has_bias ? (size_t)l->in_shape[l->in_ndim - 1] : 0));
         return;
     }
-    /* Grouped-query attention (fewer key/value heads than query heads) is
-     * not split yet: left whole, every shard computes all of it alike. */
-    if (l->vt == &td__attention_vt && l->kv_heads == l->heads) {
+    if (l->vt == &td__attention_vt) {
         mark(f, l, TD__SPLIT_HEADS);
         /* qkv weight and bias, the projection's weight: all but its bias */
         add_unit(f, TD_SPLIT_HEADS, l, 1, l->heads, l->in_shape[1] / l->heads,

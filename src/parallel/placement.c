@@ -315,8 +315,12 @@ int td__placement_covers(const td__holding *h, int n, const int *alive, char *lo
                 if (at == (size_t)-1)
                     continue;
                 item_slice(&h[q], at, &sl);
-                whole = sl.dim < 0 ? 1 : sl.shape[sl.dim] / sl.blocks;
-                /* slices of one tensor are disjoint: their counts add up */
+                /* block 0: of grouped blocks, the query heads, whose
+                 * holders hold the key and value heads they read */
+                whole = sl.dim < 0     ? 1
+                        : sl.kv_extent ? sl.shape[sl.dim] - (sl.blocks - 1) * sl.kv_extent
+                                       : sl.shape[sl.dim] / sl.blocks;
+                /* block 0's slices of one tensor are disjoint: their counts add up */
                 if (alive[q])
                     held += sl.dim < 0 ? 1 : sl.count;
             }

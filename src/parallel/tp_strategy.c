@@ -261,12 +261,18 @@ static size_t plan_lines(const tensor_par *p, int later, char *buf, size_t n) {
     size_t used = 0;
     for (int k = 0; k < p->size && used < n; k++) {
         const tp_member *m = &p->mb[k];
-        int64_t heads = 0, all_heads = 0, feats = 0, all_feats = 0;
+        int64_t heads = 0, all_heads = 0, feats = 0, all_feats = 0, kv = 0, all_kv = 0;
         int natt = 0, nmlp = 0;
+        char kvs[64] = "";
         for (int u = 0; u < p->nunits; u++) {
-            if (p->units[u].kind == TD_SPLIT_HEADS) {
-                heads += m->plan.count[u];
-                all_heads += p->units[u].size;
+            const td_split_info *un = &p->units[u];
+            if (un->kind == TD_SPLIT_HEADS) {
+                int64_t first = m->plan.first[u], count = m->plan.count[u];
+                heads += count;
+                all_heads += un->size;
+                /* the key and value heads its query heads read */
+                kv += count ? (first + count - 1) / un->group - first / un->group + 1 : 0;
+                all_kv += un->size / un->group;
                 natt++;
             } else {
                 feats += m->plan.count[u];
@@ -280,11 +286,14 @@ static size_t plan_lines(const tensor_par *p, int later, char *buf, size_t n) {
         else
             snprintf(why, sizeof why, "by measured speed (%.2f ms a whole-model step alone)",
                      m->alone_s * 1e3);
+        if (all_kv != all_heads)
+            snprintf(kvs, sizeof kvs, " (reading %lld of %lld key/value heads)", (long long)kv,
+                     (long long)all_kv);
         used += (size_t)snprintf(
             buf + used, n - used,
-            "%s: %lld of %lld heads in %d attention layer%s, %lld of %lld hidden features in %d "
+            "%s: %lld of %lld heads%s in %d attention layer%s, %lld of %lld hidden features in %d "
             "MLP%s; %.0f%% %s, %.2f MB of weights\n",
-            td_device_name(m->dev), (long long)heads, (long long)all_heads, natt,
+            td_device_name(m->dev), (long long)heads, (long long)all_heads, kvs, natt,
             natt == 1 ? "" : "s", (long long)feats, (long long)all_feats, nmlp,
             nmlp == 1 ? "" : "s", 100 * p->share[k], why,
             (double)td_model_num_weights(m->m) * (double)td_dtype_size(p->s->cfg.dtype) / 1e6);

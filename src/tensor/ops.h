@@ -132,9 +132,8 @@ td_status td__op_swiglu_bwd(const td_tensor *gu, const td_tensor *dh, td_tensor 
 td_status td__op_rope(const td_tensor *tab, int64_t pos0, int64_t col, int64_t heads, int64_t d,
                       int inverse, td_tensor *x);
 /* raw (.., (h + 2 kv) d) <-> qkv (.., 3 h d); see td_kernels.kv_expand. */
-td_status td__op_kv_expand(int64_t h, int64_t kv, int64_t d, const td_tensor *raw, td_tensor *qkv);
-td_status td__op_kv_reduce(int64_t h, int64_t kv, int64_t d, const td_tensor *dqkv,
-                           td_tensor *draw);
+td_status td__op_kv_expand(td_kv_map m, int64_t d, const td_tensor *raw, td_tensor *qkv);
+td_status td__op_kv_reduce(td_kv_map m, int64_t d, const td_tensor *dqkv, td_tensor *draw);
 /* y (.., rows) = x (.., cols) W^T, W (rows, cols) in fmt's compact bytes
  * at device pointer w (td_kernels.matmul_compact); x and y f32. */
 td_status td__op_matmul_compact(td_tensor *y, const td_tensor *x, td_weights fmt, const void *w,

@@ -106,40 +106,41 @@ td_status td__op_rope(const td_tensor *tab, int64_t pos0, int64_t col, int64_t h
 }
 
 /* raw (.., (h + 2 kv) d) against qkv (.., 3 h d). */
-static td_status kv_shapes(int64_t h, int64_t kv, int64_t d, const td_tensor *raw,
-                           const td_tensor *qkv, const char *op, int64_t *rows) {
+static td_status kv_shapes(td_kv_map m, int64_t d, const td_tensor *raw, const td_tensor *qkv,
+                           const char *op, int64_t *rows) {
     char s1[64], s2[64];
     *rows = td__tensor_rows(qkv);
-    if (h <= 0 || kv <= 0 || d <= 0 || h % kv || td__tensor_cols(raw) != (h + 2 * kv) * d ||
-        td__tensor_cols(qkv) != 3 * h * d || td__tensor_rows(raw) != *rows)
+    if (m.h <= 0 || m.kv <= 0 || m.g <= 0 || m.skew < 0 || m.skew >= m.g || d <= 0 ||
+        (m.h - 1 + m.skew) / m.g >= m.kv || td__tensor_cols(raw) != (m.h + 2 * m.kv) * d ||
+        td__tensor_cols(qkv) != 3 * m.h * d || td__tensor_rows(raw) != *rows)
         return td__error(TD_ERR_SHAPE,
-                         "%s: %lld query and %lld key/value heads of %lld: %s and %s do not fit",
-                         op, (long long)h, (long long)kv, (long long)d, td__shape_str(raw, s1),
-                         td__shape_str(qkv, s2));
+                         "%s: %lld query heads from %lld on, in groups of %lld, and %lld "
+                         "key/value heads of %lld: %s and %s do not fit",
+                         op, (long long)m.h, (long long)m.skew, (long long)m.g, (long long)m.kv,
+                         (long long)d, td__shape_str(raw, s1), td__shape_str(qkv, s2));
     return TD_OK;
 }
 
-td_status td__op_kv_expand(int64_t h, int64_t kv, int64_t d, const td_tensor *raw, td_tensor *qkv) {
+td_status td__op_kv_expand(td_kv_map m, int64_t d, const td_tensor *raw, td_tensor *qkv) {
     const char *op = "kv_expand";
     int64_t rows = 0;
     TD_CHECK(td__op_check_thread(qkv, op));
     TD_CHECK(td__op_check_like(qkv, raw, 0, op, "raw"));
-    TD_CHECK(kv_shapes(h, kv, d, raw, qkv, op, &rows));
+    TD_CHECK(kv_shapes(m, d, raw, qkv, op, &rows));
     {
         KERNEL(qkv, kv_expand);
-        return k_->kv_expand(ctx_, qkv->dtype, rows, h, kv, d, raw->data, qkv->data);
+        return k_->kv_expand(ctx_, qkv->dtype, rows, m, d, raw->data, qkv->data);
     }
 }
 
-td_status td__op_kv_reduce(int64_t h, int64_t kv, int64_t d, const td_tensor *dqkv,
-                           td_tensor *draw) {
+td_status td__op_kv_reduce(td_kv_map m, int64_t d, const td_tensor *dqkv, td_tensor *draw) {
     const char *op = "kv_reduce";
     int64_t rows = 0;
     TD_CHECK(td__op_check_thread(draw, op));
     TD_CHECK(td__op_check_like(draw, dqkv, 0, op, "dqkv"));
-    TD_CHECK(kv_shapes(h, kv, d, draw, dqkv, op, &rows));
+    TD_CHECK(kv_shapes(m, d, draw, dqkv, op, &rows));
     {
         KERNEL(draw, kv_reduce);
-        return k_->kv_reduce(ctx_, draw->dtype, rows, h, kv, d, dqkv->data, draw->data);
+        return k_->kv_reduce(ctx_, draw->dtype, rows, m, d, dqkv->data, draw->data);
     }
 }

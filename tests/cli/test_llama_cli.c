@@ -3,7 +3,8 @@
  * scripts/make_hf_fixtures): the folder becomes a checkpoint, tokenize
  * prints the ids tokenizers gave the prompt (BOS first), and generate
  * greedily continues the prompt with the tokens transformers chose, their
- * bytes as the fixture spells them out; the generation stops at the tokenizer's EOS
+ * bytes as the fixture spells them out, on one device and split over
+ * three; the generation stops at the tokenizer's EOS
  * without printing it; bad folders exit 1 with the file and field named. */
 #include <jansson.h>
 #include <stdio.h>
@@ -11,10 +12,12 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "support/dp_check.h"
 #include "support/support.h"
 
 #define EXE     TD_TANDEM_EXE
 #define FIXTURE TD_SOURCE_DIR "/tests/fixtures/hf/llama"
+#define TEXT    TD_SOURCE_DIR "/data/text/tinyshakespeare.txt"
 
 static char *run(const char *args, int want_rc, const char *err_needle) {
     char cmd[4096], *out = NULL, *err = NULL;
@@ -75,6 +78,13 @@ static void converts_tokenizes_and_generates(void **state) {
              "--temperature 0",
              td_test_tmp("llama.safetensors"), prompt,
              json_array_size(json_object_get(ref, "greedy_tokens")));
+    out = run(args, 0, NULL);
+    assert_string_equal(out, want);
+    free(out);
+    /* the same text split over three devices, one slowed: query heads cut
+     * within the groups of key/value heads */
+    snprintf(args + strlen(args), sizeof args - strlen(args),
+             " --devices 'cpu*2,cpu*1{slowdown=3}' --strategy tensor");
     out = run(args, 0, NULL);
     assert_string_equal(out, want);
     free(out);
@@ -155,10 +165,45 @@ static void bad_folders_are_clear_errors(void **state) {
     }
 }
 
+/* The converted checkpoint (f32) fine-tunes alike under every strategy:
+ * three SGD steps from it under data, pipeline and tensor (three devices,
+ * one slowed, its query heads cut within the groups) end where one device's
+ * do, within f32 rounding. */
+static void fine_tunes_under_every_strategy(void **state) {
+    static const char *const runs[][2] = {
+        {"data", "'cpu*2'"}, {"pipeline", "'cpu*2'"}, {"tensor", "'cpu*2,cpu*1{slowdown=3}'"}};
+    char args[2048], one[600], other[600];
+    (void)state;
+    snprintf(args, sizeof args,
+             "convert --from hf '" FIXTURE "' --out '%s' --optimizer sgd --batch 4 --seed 3",
+             td_test_tmp("base.safetensors"));
+    free(run(args, 0, NULL));
+    snprintf(one, sizeof one, "%s", td_test_tmp("single.safetensors"));
+    for (int k = -1; k < 3; k++) {
+        const char *name = k < 0 ? "single" : runs[k][0], *devices = k < 0 ? "cpu:0" : runs[k][1];
+        snprintf(other, sizeof other, "%s", td_test_tmp(name));
+        snprintf(args, sizeof args,
+                 "train --resume '%s' --data '" TEXT "' --steps 3 --lr 0.05 --eval-samples 4 "
+                 "--no-epoch-eval --quiet --strategy %s --devices %s --checkpoint '%s'",
+                 td_test_tmp("base.safetensors"), name, devices, k < 0 ? one : other);
+        free(run(args, 0, NULL));
+        if (k < 0) {
+            double moved = td_dp_checkpoint_diff(td_test_tmp("base.safetensors"), one);
+            printf("single: the weights moved by %.3g\n", moved);
+            assert_true(moved > 1e-6);
+        } else {
+            double diff = td_dp_checkpoint_diff(one, other);
+            printf("%s on %s: %.3g from single\n", name, devices, diff);
+            assert_true(diff <= 1e-5);
+        }
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(converts_tokenizes_and_generates),
         cmocka_unit_test(generation_stops_at_eos),
+        cmocka_unit_test(fine_tunes_under_every_strategy),
         cmocka_unit_test(bad_folders_are_clear_errors),
     };
     return cmocka_run_group_tests(tests, td_test_tmpdir_setup, td_test_tmpdir_teardown);

@@ -25,8 +25,8 @@ static const char gpt_small[] =
     "    {\"type\": \"dropout\", \"p\": 0.25}, {\"type\": \"linear\", \"out\": 32}]}]},"
     "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 64}]}";
 
-/* Llama's layers: rotary attention (split by heads), grouped-query
- * attention (whole), SwiGLU MLPs with and without biases (split by hidden
+/* Llama's layers: rotary attention and grouped-query attention (split by
+ * query heads), SwiGLU MLPs with and without biases (split by hidden
  * features). */
 static const char llama_small[] =
     "{\"input\": {\"tokens\": 16, \"vocab\": 64}, \"layers\": ["
@@ -104,16 +104,20 @@ static void units_are_found(void **state) {
     n = units_of(cnn, u);
     assert_int_equal(n, 0);
     /* rotary attention without q, k, v biases; SwiGLU (its down bias left
-     * out of the split weights); grouped-query attention stays whole */
-    assert_int_equal(units_of(llama_small, u), 3);
+     * out of the split weights); grouped-query attention, by query heads */
+    assert_int_equal(units_of(llama_small, u), 4);
     assert_int_equal(u[0].kind, TD_SPLIT_HEADS);
     assert_int_equal(u[0].weights, 3 * 32 * 32 + 32 * 32);
     assert_int_equal(u[1].kind, TD_SPLIT_MLP);
     assert_int_equal(u[1].size, 40);
     assert_string_equal(u[1].layer, "layers.2.1");
     assert_int_equal(u[1].weights, 2 * 40 * 32 + 2 * 40 + 32 * 40);
-    assert_int_equal(u[2].size, 24);
-    assert_string_equal(u[2].layer, "layers.4.1");
+    assert_int_equal(u[2].kind, TD_SPLIT_HEADS);
+    assert_int_equal(u[2].size, 4);
+    assert_int_equal(u[2].group, 2);
+    assert_string_equal(u[2].layer, "layers.3.1");
+    assert_int_equal(u[3].size, 24);
+    assert_string_equal(u[3].layer, "layers.4.1");
     free(mnist);
 }
 
@@ -177,7 +181,16 @@ static void shard_slices_equal_the_whole_models(void **state) {
 
 /* Gather then scatter of every slice kind gives the numbers back. */
 static void slices_copy_both_ways(void **state) {
-    td_param_slice s = {2, {6, 4, 0, 0}, 0, 3, 1, 1};
+    td_param_slice s = {.ndim = 2, .shape = {6, 4}, .dim = 0, .blocks = 3, .first = 1, .count = 1};
+    td_param_slice g = {.ndim = 2,
+                        .shape = {10, 2},
+                        .dim = 0,
+                        .blocks = 3,
+                        .first = 2,
+                        .count = 4,
+                        .kv_extent = 2,
+                        .kv_first = 1,
+                        .kv_count = 1};
     double whole[24], part[12], back[24];
     (void)state;
     for (int i = 0; i < 24; i++)
@@ -194,6 +207,14 @@ static void slices_copy_both_ways(void **state) {
     s.count = 2; /* columns 1, 2 */
     td_param_slice_scatter(&s, sizeof(double), whole, part);
     assert_true(part[0] == 1 && part[1] == 2 && part[2] == 5 && part[11] == 22);
+    /* grouped: q rows 2-5 of 6, then key row 1 of 2 (row 7), value row 1 (row 9) */
+    td_param_slice_scatter(&g, sizeof(double), whole, part);
+    assert_true(part[0] == 4 && part[7] == 11 && part[8] == 14 && part[9] == 15 && part[10] == 18 &&
+                part[11] == 19);
+    memset(back, 0, sizeof back);
+    td_param_slice_gather(&g, sizeof(double), part, back);
+    assert_true(back[4] == 4 && back[11] == 11 && back[14] == 14 && back[19] == 19 &&
+                back[12] == 0 && back[16] == 0);
 }
 
 static double *read_all(td_tensor *t) {

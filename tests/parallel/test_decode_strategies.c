@@ -20,8 +20,8 @@ enum { T = 16, V = 64 };
 static int tied_head;
 
 /* Whether small_gpt is a Llama instead: RMSNorms, rotary attention split by
- * heads, grouped-query attention (heads / 2 key/value heads, left whole)
- * and SwiGLU MLPs split by hidden features. */
+ * heads, grouped-query attention (heads / 2 key/value heads) split by
+ * query heads and SwiGLU MLPs split by hidden features. */
 static int llama;
 
 /* gpt_tiny's layers, smaller, with `heads` heads of 32 channels in all. */
@@ -142,13 +142,16 @@ static void tied_head_f64(void **state) {
     tied_head = 0;
 }
 
-/* A Llama: the members' rotary heads and SwiGLU features, the grouped-query
- * attention on every member (3 hidden features over 3 devices in the
- * second MLP; on cpu*3 one member holds no head of the first attention). */
+/* A Llama: the members' rotary heads, grouped-query heads (on cpu*3 with 8
+ * heads in groups of 2, the second member's first query head is its
+ * group's second) and SwiGLU features (3 hidden features over 3 devices in
+ * the second MLP; on cpu*3 with 2 heads one member holds none). */
 static void llama_f64(void **state) {
     llama = 1;
     split_matches_whole("tensor", "cpu*2", 4, TD_F64, 1e-12);
     split_matches_whole("tensor", "cpu*3", 2, TD_F64, 1e-12);
+    split_matches_whole("tensor", "cpu*3", 8, TD_F64, 1e-12);
+    split_matches_whole("tensor", "cpu*3", 8, TD_F32, 1e-5);
     split_matches_whole("tensor", "cpu*2", 4, TD_F32, 1e-5);
     split_matches_whole("pipeline", "cpu*3", 4, TD_F64, 1e-12);
     llama = 0;

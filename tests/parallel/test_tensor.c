@@ -43,10 +43,9 @@ static const char *gpt2h_json =
     "16}]},"
     "{\"type\": \"layernorm\"}, {\"type\": \"linear\", \"out\": 32}]}";
 
-/* Llama's layers: rotary attention with its key/value heads (split by
- * heads), grouped-query attention (left whole, every member computing it
- * alike), a SwiGLU MLP (split by hidden features), RMSNorms; and a GELU
- * pair, split. */
+/* Llama's layers: rotary attention with its key/value heads, grouped-query
+ * attention (both split by query heads), a SwiGLU MLP (split by hidden
+ * features), RMSNorms; and a GELU pair, split. */
 static const char *llama_json =
     "{\"name\": \"tp_llama\", \"input\": {\"tokens\": 16, \"vocab\": 64}, \"layers\": ["
     "{\"type\": \"embedding\", \"vocab\": 64, \"dim\": 32, \"positions\": false},"
@@ -61,6 +60,23 @@ static const char *llama_json =
     "  {\"type\": \"linear\", \"out\": 64}, {\"type\": \"gelu\"}, {\"type\": \"linear\", "
     "\"out\": 32}]},"
     "{\"type\": \"rmsnorm\"}, {\"type\": \"linear\", \"out\": 64, \"bias\": false}]}";
+
+/* Grouped-query attention split unevenly: 6 query heads in groups of 3
+ * (with q, k, v biases), and 4 query heads sharing one key/value head
+ * (multi-query), so most splits cut a group and a key/value head is held by
+ * several members. */
+static const char *gqa_json =
+    "{\"name\": \"tp_gqa\", \"input\": {\"tokens\": 12, \"vocab\": 40}, \"layers\": ["
+    "{\"type\": \"embedding\", \"vocab\": 40, \"dim\": 48, \"positions\": false},"
+    "{\"type\": \"residual\", \"layers\": [{\"type\": \"rmsnorm\"},"
+    "  {\"type\": \"attention\", \"heads\": 6, \"kv_heads\": 2, \"rope_theta\": 10000,"
+    "   \"qkv_bias\": true, \"proj_bias\": false}]},"
+    "{\"type\": \"residual\", \"layers\": [{\"type\": \"rmsnorm\"},"
+    "  {\"type\": \"attention\", \"heads\": 4, \"kv_heads\": 1, \"rope_theta\": 10000,"
+    "   \"qkv_bias\": false, \"proj_bias\": false}]},"
+    "{\"type\": \"residual\", \"layers\": [{\"type\": \"rmsnorm\"},"
+    "  {\"type\": \"swiglu\", \"hidden\": 40}]},"
+    "{\"type\": \"rmsnorm\"}, {\"type\": \"linear\", \"out\": 40, \"bias\": false}]}";
 
 static const char *cnn_json = "{\"input\": {\"shape\": [1, 8, 8]}, \"layers\": ["
                               "{\"type\": \"conv2d\", \"out\": 4, \"kernel\": 3},"
@@ -227,7 +243,19 @@ static void llama_like_one_device(void **state) {
     check_like_one_device(llama_json, "cpu*3", TD_F64, 4, 1e-12, NULL);
     check_like_one_device(llama_json, "cpu*2", TD_F32, 1, 1e-5, NULL);
     /* more members than heads: one holds no head, and fewer hidden features */
-    check_like_one_device(llama_json, "cpu*5", TD_F64, 1, 1e-12, ": 0 of 4 heads");
+    check_like_one_device(llama_json, "cpu*5", TD_F64, 1, 1e-12, ": 0 of 8 heads");
+}
+
+/* Query heads cut within their groups: on 4 and 5 members (more than the
+ * key/value heads), and on 3 with one slowed, whose two fast members then
+ * read the same key/value heads. */
+static void grouped_query_heads_split_unevenly(void **state) {
+    (void)state;
+    check_like_one_device(gqa_json, "cpu*4", TD_F64, 2, 1e-12,
+                          "2 of 10 heads (reading 2 of 3 key/value heads)");
+    check_like_one_device(gqa_json, "cpu*5", TD_F64, 1, 1e-12, "(reading 2 of 3 key/value heads)");
+    check_like_one_device(gqa_json, "cpu*2,cpu*1{slowdown=3}", TD_F64, 2, 1e-12, NULL);
+    check_like_one_device(gqa_json, "cpu*3", TD_F32, 2, 1e-5, NULL);
 }
 
 /* Three times slower: a quarter of every unit (6 of 8 heads on the fast
@@ -369,6 +397,7 @@ int main(void) {
         cmocka_unit_test(mnist_mlp_like_one_device),
         cmocka_unit_test(gpt_like_one_device),
         cmocka_unit_test(llama_like_one_device),
+        cmocka_unit_test(grouped_query_heads_split_unevenly),
         cmocka_unit_test(a_slowed_device_gets_a_quarter),
         cmocka_unit_test(more_devices_than_heads),
         cmocka_unit_test(a_model_without_units_is_refused),

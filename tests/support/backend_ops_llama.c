@@ -83,24 +83,32 @@ void td_ops_rope_matches(void **state) {
     td_ops_compare("rope", rope_build, rope_run, NULL, outs);
 }
 
-/* 6 query heads and 2 key/value heads of 5, over 7 rows. */
+/* 6 query heads and 2 key/value heads of 5, over 7 rows; and a shard's 4
+ * query heads from the third of a group of 3, which read 2 key/value heads. */
 static void kv_build(td_ops_side *s, const void *p) {
     (void)p;
     mk2(s, 0, 7, (6 + 4) * 5, 160); /* raw */
     mk2(s, 1, 7, 3 * 6 * 5, 161);   /* qkv */
     mk2(s, 2, 7, 3 * 6 * 5, 162);   /* dqkv */
     mk2(s, 3, 7, (6 + 4) * 5, 163); /* draw */
+    mk2(s, 4, 7, (4 + 4) * 5, 164); /* the shard's raw */
+    mk2(s, 5, 7, 3 * 4 * 5, 165);   /* qkv */
+    mk2(s, 6, 7, 3 * 4 * 5, 166);   /* dqkv */
+    mk2(s, 7, 7, (4 + 4) * 5, 167); /* draw */
 }
 
 static td_status kv_run(td_ops_side *s, const void *p) {
+    td_kv_map whole = {6, 2, 3, 0}, shard = {4, 2, 3, 2};
     td_status st;
     (void)p;
-    if ((st = td__op_kv_expand(6, 2, 5, s->t[0], s->t[1])))
+    if ((st = td__op_kv_expand(whole, 5, s->t[0], s->t[1])) ||
+        (st = td__op_kv_reduce(whole, 5, s->t[2], s->t[3])) ||
+        (st = td__op_kv_expand(shard, 5, s->t[4], s->t[5])))
         return st;
-    return td__op_kv_reduce(6, 2, 5, s->t[2], s->t[3]);
+    return td__op_kv_reduce(shard, 5, s->t[6], s->t[7]);
 }
 
 void td_ops_kv_heads_match(void **state) {
-    static const int outs[] = {1, 3, -1};
+    static const int outs[] = {1, 3, 5, 7, -1};
     td_ops_compare("kv_expand and kv_reduce", kv_build, kv_run, NULL, outs);
 }

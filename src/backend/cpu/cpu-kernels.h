@@ -147,9 +147,9 @@ td_status td__cpu_swiglu_bwd(void *ctx, td_dtype dt, int64_t rows, int64_t f, co
 td_status td__cpu_rope(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t ld, int64_t col,
                        int64_t heads, int64_t d, int64_t pos0, int64_t npos, const void *tab,
                        int inverse, void *x);
-td_status td__cpu_kv_expand(void *ctx, td_dtype dt, int64_t rows, int64_t h, int64_t kv, int64_t d,
+td_status td__cpu_kv_expand(void *ctx, td_dtype dt, int64_t rows, td_kv_map m, int64_t d,
                             const void *raw, void *qkv);
-td_status td__cpu_kv_reduce(void *ctx, td_dtype dt, int64_t rows, int64_t h, int64_t kv, int64_t d,
+td_status td__cpu_kv_reduce(void *ctx, td_dtype dt, int64_t rows, td_kv_map m, int64_t d,
                             const void *dqkv, void *draw);
 
 /* Compact weights (kern_compact.c). The paths, worst to best; EXT is the

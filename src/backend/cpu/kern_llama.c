@@ -16,7 +16,8 @@ typedef struct llama_args {
     const void *x, *w, *rstd_in, *dy;
     void *y, *rstd, *dx;
     /* rope: x (b t, ld), heads of d columns from col; positions pos0 + row % t */
-    int64_t t, ld, col, heads, kv, d, pos0, npos;
+    int64_t t, ld, col, heads, d, pos0, npos;
+    td_kv_map map; /* kv_expand, kv_reduce */
     int inverse;
     void *partial[TD_CPU_MAX_PUS];
     int failed;
@@ -167,11 +168,11 @@ static void kv_expand_part(void *p, int part, int nparts) {
     rows_part(p, part, nparts, kv_expand_rows_f32, kv_expand_rows_f64);
 }
 
-td_status td__cpu_kv_expand(void *ctx, td_dtype dt, int64_t rows, int64_t h, int64_t kv, int64_t d,
+td_status td__cpu_kv_expand(void *ctx, td_dtype dt, int64_t rows, td_kv_map m, int64_t d,
                             const void *raw, void *qkv) {
     /* raw (rows, (h + 2 kv) d) -> qkv (rows, 3 h d) */
-    llama_args a = {.dt = dt, .rows = rows, .heads = h, .kv = kv, .d = d, .x = raw, .y = qkv};
-    run_parts(ctx, (double)rows * (double)(3 * h * d), kv_expand_part, &a);
+    llama_args a = {.dt = dt, .rows = rows, .map = m, .d = d, .x = raw, .y = qkv};
+    run_parts(ctx, (double)rows * (double)(3 * m.h * d), kv_expand_part, &a);
     return TD_OK;
 }
 
@@ -179,10 +180,10 @@ static void kv_reduce_part(void *p, int part, int nparts) {
     rows_part(p, part, nparts, kv_reduce_rows_f32, kv_reduce_rows_f64);
 }
 
-td_status td__cpu_kv_reduce(void *ctx, td_dtype dt, int64_t rows, int64_t h, int64_t kv, int64_t d,
+td_status td__cpu_kv_reduce(void *ctx, td_dtype dt, int64_t rows, td_kv_map m, int64_t d,
                             const void *dqkv, void *draw) {
     /* dqkv (rows, 3 h d) -> draw (rows, (h + 2 kv) d) */
-    llama_args a = {.dt = dt, .rows = rows, .heads = h, .kv = kv, .d = d, .dy = dqkv, .dx = draw};
-    run_parts(ctx, (double)rows * (double)(3 * h * d), kv_reduce_part, &a);
+    llama_args a = {.dt = dt, .rows = rows, .map = m, .d = d, .dy = dqkv, .dx = draw};
+    run_parts(ctx, (double)rows * (double)(3 * m.h * d), kv_reduce_part, &a);
     return TD_OK;
 }

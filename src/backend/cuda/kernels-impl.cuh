@@ -126,9 +126,9 @@ td_status cuda_swiglu_bwd(void *ctx, td_dtype dt, int64_t rows, int64_t f, const
 td_status cuda_rope(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t ld, int64_t col,
                     int64_t heads, int64_t d, int64_t pos0, int64_t npos, const void *tab,
                     int inverse, void *x);
-td_status cuda_kv_expand(void *ctx, td_dtype dt, int64_t rows, int64_t h, int64_t kv, int64_t d,
+td_status cuda_kv_expand(void *ctx, td_dtype dt, int64_t rows, td_kv_map m, int64_t d,
                          const void *raw, void *qkv);
-td_status cuda_kv_reduce(void *ctx, td_dtype dt, int64_t rows, int64_t h, int64_t kv, int64_t d,
+td_status cuda_kv_reduce(void *ctx, td_dtype dt, int64_t rows, td_kv_map m, int64_t d,
                          const void *dqkv, void *draw);
 td_status cuda_matmul_compact(void *ctx, td_weights fmt, int64_t n, int64_t rows, int64_t cols,
                               const float *x, const void *w, float *y);

@@ -175,62 +175,64 @@ td_status cuda_rope(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t ld, in
 }
 
 template <typename T>
-__global__ void kv_expand_k(int64_t rows, int64_t h, int64_t kv, int64_t d, const T *raw, T *qkv) {
-    int64_t c = h * d, w = (h + 2 * kv) * d, g = h / kv;
+__global__ void kv_expand_k(int64_t rows, td_kv_map m, int64_t d, const T *raw, T *qkv) {
+    int64_t c = m.h * d, w = (m.h + 2 * m.kv) * d;
     GRID_LOOP(e, rows * 3 * c) {
         int64_t r = e / (3 * c), k = e % (3 * c), part = k / c, i = k % c / d, q = k % d;
         const T *src = raw + r * w;
-        qkv[e] = part == 0 ? src[k] : src[c + ((part == 2 ? kv : 0) + i / g) * d + q];
+        qkv[e] =
+            part == 0 ? src[k] : src[c + ((part == 2 ? m.kv : 0) + (i + m.skew) / m.g) * d + q];
     }
 }
 
 template <typename T>
-__global__ void kv_reduce_k(int64_t rows, int64_t h, int64_t kv, int64_t d, const T *dqkv,
-                            T *draw) {
-    int64_t c = h * d, w = (h + 2 * kv) * d, g = h / kv;
+__global__ void kv_reduce_k(int64_t rows, td_kv_map m, int64_t d, const T *dqkv, T *draw) {
+    int64_t c = m.h * d, w = (m.h + 2 * m.kv) * d;
     GRID_LOOP(e, rows * w) {
         int64_t r = e / w, k = e % w;
         const T *src = dqkv + r * 3 * c;
         if (k < c) {
             draw[e] = src[k];
         } else {
-            int64_t jj = (k - c) / d, q = (k - c) % d;
-            int64_t base = jj < kv ? c + jj * g * d : 2 * c + (jj - kv) * g * d;
+            int64_t jj = (k - c) / d, q = (k - c) % d, j = jj < m.kv ? jj : jj - m.kv;
+            int64_t base = jj < m.kv ? c : 2 * c;
+            /* td__kv_queries, on the device */
+            int64_t lo = max(j * m.g - m.skew, (int64_t)0), hi = min((j + 1) * m.g - m.skew, m.h);
             T s = 0;
-            for (int64_t m = 0; m < g; m++)
-                s += src[base + m * d + q];
+            for (int64_t i = lo; i < hi; i++)
+                s += src[base + i * d + q];
             draw[e] = s;
         }
     }
 }
 
-td_status cuda_kv_expand(void *ctx, td_dtype dt, int64_t rows, int64_t h, int64_t kv, int64_t d,
+td_status cuda_kv_expand(void *ctx, td_dtype dt, int64_t rows, td_kv_map m, int64_t d,
                          const void *raw, void *qkv) {
     cuda_device *cd = dev_of(ctx);
-    size_t n = (size_t)(rows * 3 * h * d);
-    if (n == 0 || kv <= 0)
+    size_t n = (size_t)(rows * 3 * m.h * d);
+    if (n == 0 || m.kv <= 0)
         return TD_OK;
     if (dt == TD_F32)
-        kv_expand_k<float><<<grid_for(n), kThreads, 0, cd->stream>>>(
-            rows, h, kv, d, (const float *)raw, (float *)qkv);
+        kv_expand_k<float><<<grid_for(n), kThreads, 0, cd->stream>>>(rows, m, d, (const float *)raw,
+                                                                     (float *)qkv);
     else
         kv_expand_k<double><<<grid_for(n), kThreads, 0, cd->stream>>>(
-            rows, h, kv, d, (const double *)raw, (double *)qkv);
+            rows, m, d, (const double *)raw, (double *)qkv);
     return launched(cd, "grouped-query expansion kernel");
 }
 
-td_status cuda_kv_reduce(void *ctx, td_dtype dt, int64_t rows, int64_t h, int64_t kv, int64_t d,
+td_status cuda_kv_reduce(void *ctx, td_dtype dt, int64_t rows, td_kv_map m, int64_t d,
                          const void *dqkv, void *draw) {
     cuda_device *cd = dev_of(ctx);
-    size_t n = (size_t)(rows * (h + 2 * kv) * d);
-    if (n == 0 || kv <= 0)
+    size_t n = (size_t)(rows * (m.h + 2 * m.kv) * d);
+    if (n == 0 || m.kv <= 0)
         return TD_OK;
     if (dt == TD_F32)
         kv_reduce_k<float><<<grid_for(n), kThreads, 0, cd->stream>>>(
-            rows, h, kv, d, (const float *)dqkv, (float *)draw);
+            rows, m, d, (const float *)dqkv, (float *)draw);
     else
         kv_reduce_k<double><<<grid_for(n), kThreads, 0, cd->stream>>>(
-            rows, h, kv, d, (const double *)dqkv, (double *)draw);
+            rows, m, d, (const double *)dqkv, (double *)draw);
     return launched(cd, "grouped-query reduction kernel");
 }
 

@@ -98,32 +98,36 @@ td_status td__ocl_rope(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t ld,
     return td__ocl_run(&a, (size_t)(b * t * heads * (d / 2)));
 }
 
-td_status td__ocl_kv_expand(void *ctx, td_dtype dt, int64_t rows, int64_t h, int64_t kv, int64_t d,
+td_status td__ocl_kv_expand(void *ctx, td_dtype dt, int64_t rows, td_kv_map m, int64_t d,
                             const void *raw, void *qkv) {
     td_ocl_args a;
-    if (rows <= 0 || h <= 0 || kv <= 0 || d <= 0)
+    if (rows <= 0 || m.h <= 0 || m.kv <= 0 || d <= 0)
         return TD_OK;
     TD_CHECK(td__ocl_begin(&a, ctx, dt, TD_OCL_K_KV_EXPAND));
     td__ocl_arg_u64(&a, (uint64_t)rows);
-    td__ocl_arg_u64(&a, (uint64_t)h);
-    td__ocl_arg_u64(&a, (uint64_t)kv);
+    td__ocl_arg_u64(&a, (uint64_t)m.h);
+    td__ocl_arg_u64(&a, (uint64_t)m.kv);
+    td__ocl_arg_u64(&a, (uint64_t)m.g);
+    td__ocl_arg_u64(&a, (uint64_t)m.skew);
     td__ocl_arg_u64(&a, (uint64_t)d);
     td__ocl_arg_ptr(&a, raw);
     td__ocl_arg_ptr(&a, qkv);
-    return td__ocl_run(&a, (size_t)(rows * 3 * h * d));
+    return td__ocl_run(&a, (size_t)(rows * 3 * m.h * d));
 }
 
-td_status td__ocl_kv_reduce(void *ctx, td_dtype dt, int64_t rows, int64_t h, int64_t kv, int64_t d,
+td_status td__ocl_kv_reduce(void *ctx, td_dtype dt, int64_t rows, td_kv_map m, int64_t d,
                             const void *dqkv, void *draw) {
     td_ocl_args a;
-    if (rows <= 0 || h <= 0 || kv <= 0 || d <= 0)
+    if (rows <= 0 || m.h <= 0 || m.kv <= 0 || d <= 0)
         return TD_OK;
     TD_CHECK(td__ocl_begin(&a, ctx, dt, TD_OCL_K_KV_REDUCE));
     td__ocl_arg_u64(&a, (uint64_t)rows);
-    td__ocl_arg_u64(&a, (uint64_t)h);
-    td__ocl_arg_u64(&a, (uint64_t)kv);
+    td__ocl_arg_u64(&a, (uint64_t)m.h);
+    td__ocl_arg_u64(&a, (uint64_t)m.kv);
+    td__ocl_arg_u64(&a, (uint64_t)m.g);
+    td__ocl_arg_u64(&a, (uint64_t)m.skew);
     td__ocl_arg_u64(&a, (uint64_t)d);
     td__ocl_arg_ptr(&a, dqkv);
     td__ocl_arg_ptr(&a, draw);
-    return td__ocl_run(&a, (size_t)(rows * (h + 2 * kv) * d));
+    return td__ocl_run(&a, (size_t)(rows * (m.h + 2 * m.kv) * d));
 }

@@ -210,9 +210,9 @@ td_status td__ocl_swiglu_bwd(void *ctx, td_dtype dt, int64_t rows, int64_t f, co
 td_status td__ocl_rope(void *ctx, td_dtype dt, int64_t b, int64_t t, int64_t ld, int64_t col,
                        int64_t heads, int64_t d, int64_t pos0, int64_t npos, const void *tab,
                        int inverse, void *x);
-td_status td__ocl_kv_expand(void *ctx, td_dtype dt, int64_t rows, int64_t h, int64_t kv, int64_t d,
+td_status td__ocl_kv_expand(void *ctx, td_dtype dt, int64_t rows, td_kv_map m, int64_t d,
                             const void *raw, void *qkv);
-td_status td__ocl_kv_reduce(void *ctx, td_dtype dt, int64_t rows, int64_t h, int64_t kv, int64_t d,
+td_status td__ocl_kv_reduce(void *ctx, td_dtype dt, int64_t rows, td_kv_map m, int64_t d,
                             const void *dqkv, void *draw);
 
 extern const char td__ocl_source[];

@@ -105,16 +105,17 @@ static void TD_T_NAME(rope_rows)(llama_args *a, size_t r0, size_t r1) {
 }
 
 /* raw (rows, (h + 2 kv) d) to qkv (rows, 3 h d): query head i keeps its
- * place, key and value heads j repeat for query heads [j g, (j + 1) g). */
+ * place and gets key and value head (i + skew) / g (td_kv_map). */
 static void TD_T_NAME(kv_expand_rows)(llama_args *a, size_t r0, size_t r1) {
-    int64_t h = a->heads, kv = a->kv, d = a->d, g = h / kv, wr = (h + 2 * kv) * d, c = h * d;
+    int64_t h = a->map.h, kv = a->map.kv, d = a->d, wr = (h + 2 * kv) * d, c = h * d;
     for (size_t r = r0; r < r1; r++) {
         const T *raw = (const T *)a->x + (int64_t)r * wr;
         T *qkv = (T *)a->y + (int64_t)r * 3 * c;
         memcpy(qkv, raw, sizeof(T) * (size_t)c);
         for (int64_t i = 0; i < h; i++) {
-            memcpy(qkv + c + i * d, raw + c + (i / g) * d, sizeof(T) * (size_t)d);
-            memcpy(qkv + 2 * c + i * d, raw + c + (kv + i / g) * d, sizeof(T) * (size_t)d);
+            int64_t j = (i + a->map.skew) / a->map.g;
+            memcpy(qkv + c + i * d, raw + c + j * d, sizeof(T) * (size_t)d);
+            memcpy(qkv + 2 * c + i * d, raw + c + (kv + j) * d, sizeof(T) * (size_t)d);
         }
     }
 }
@@ -122,18 +123,20 @@ static void TD_T_NAME(kv_expand_rows)(llama_args *a, size_t r0, size_t r1) {
 /* The expansion's backward: each key and value head's gradient is the sum
  * over its query heads, in head order. */
 static void TD_T_NAME(kv_reduce_rows)(llama_args *a, size_t r0, size_t r1) {
-    int64_t h = a->heads, kv = a->kv, d = a->d, g = h / kv, wr = (h + 2 * kv) * d, c = h * d;
+    int64_t h = a->map.h, kv = a->map.kv, d = a->d, wr = (h + 2 * kv) * d, c = h * d;
     for (size_t r = r0; r < r1; r++) {
         const T *dqkv = (const T *)a->dy + (int64_t)r * 3 * c;
         T *draw = (T *)a->dx + (int64_t)r * wr;
         memcpy(draw, dqkv, sizeof(T) * (size_t)c);
         for (int64_t j = 0; j < 2 * kv; j++) {
-            /* j < kv: key head j; else value head j - kv */
-            const T *src = dqkv + (j < kv ? c + j * g * d : 2 * c + (j - kv) * g * d);
+            /* j < kv: key head j; else value head j - kv; its query heads [lo, hi) */
+            int64_t head = j < kv ? j : j - kv, lo, hi;
+            const T *src = dqkv + (j < kv ? c : 2 * c);
             T *dst = draw + c + j * d;
+            td__kv_queries(a->map, head, &lo, &hi);
             for (int64_t e = 0; e < d; e++) {
                 T s = 0;
-                for (int64_t k = 0; k < g; k++)
+                for (int64_t k = lo; k < hi; k++)
                     s += src[k * d + e];
                 dst[e] = s;
             }
