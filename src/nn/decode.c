@@ -138,10 +138,19 @@ static td_status head_slice(const td_decoder *d, td_layer *l, td_tensor *w, td_t
     return l->has_bias ? td__tensor_view(b, l->param[1], (size_t)d->vfirst, 1, &d->vcount) : TD_OK;
 }
 
+/* x's and y's last of n rows, as (1, 1, features) views. */
+static td_status last_row_only(const td_tensor *x, int64_t n, td_tensor *xs, td_tensor *y) {
+    int64_t in = td_tensor_dim(x, td_tensor_ndim(x) - 1), out = td_tensor_dim(y, 2);
+    int64_t xshape[3] = {1, 1, in}, yshape[3] = {1, 1, out};
+    td_tensor whole = *y;
+    TD_CHECK(td__tensor_view(xs, x, (size_t)((n - 1) * in), 3, xshape));
+    return td__tensor_view(y, &whole, (size_t)((n - 1) * out), 3, yshape);
+}
+
 static td_status linear_decode(td_layer *l, const td_tensor *x, pass *p) {
     const td_tensor *w = l->param[0], *b = l->has_bias ? l->param[1] : NULL;
     int64_t out = l->out_features;
-    td_tensor y, ws, bs;
+    td_tensor y, ws, bs, xs = {0};
     if (l == p->d->head && p->d->vcount < out) {
         if (!p->d->vcount)
             return TD_OK; /* another shard's decoder computes the logits */
@@ -157,17 +166,22 @@ static td_status linear_decode(td_layer *l, const td_tensor *x, pass *p) {
         int64_t shape[3] = {1, p->n, out};
         TD_CHECK(td__tensor_view(&y, &l->out, 0, 3, shape));
     }
+    /* the logits are read from the pass's last row only (read_logits): a
+     * prefill's head computes that row alone, in its place */
+    if (l == p->d->head && p->n > 1)
+        TD_CHECK(last_row_only(x, p->n, &xs, &y));
     /* y (n, out) = x (n, in) W^T + b; a shard holding none of a pair gives zeros */
     if (l->split.kind != TD__SPLIT_NONE && l->split.count == 0) {
         if (l->split.kind == TD__SPLIT_IN)
             TD_CHECK(td__zero(&y));
     } else {
-        TD_CHECK(td__packed_matmul(p->d->packed, l, 0, w == &ws ? p->d->vfirst : 0, &y, x, w));
+        TD_CHECK(td__packed_matmul(p->d->packed, l, 0, w == &ws ? p->d->vfirst : 0, &y,
+                                   xs.data ? &xs : x, w));
     }
     /* the second linear of a pair sums its partial outputs before its bias */
     if (l->split.kind == TD__SPLIT_IN)
         TD_CHECK(td__model_reduce(p->d->m, &y));
-    return b && y.numel ? td__op_bias_add(&y, b, p->n, out, 1) : TD_OK;
+    return b && y.numel ? td__op_bias_add(&y, b, td__tensor_rows(&y), out, 1) : TD_OK;
 }
 
 static td_status act_decode(td_layer *l, const td_tensor *x, pass *p) {
