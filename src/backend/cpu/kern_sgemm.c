@@ -9,7 +9,7 @@
  * walks the packed B block, 384 x 384, in L2). A strip past m is zero rows;
  * columns past n are never read and are masked when storing. When A is one
  * strip, a plain B is read in place instead of packed; long, few dot
- * products (A B^T with k >= 8 max(m, n)) take dot_nt. */
+ * products (A B^T with k >= 8 max(m, n), C small) take dot_nt. */
 #include <string.h>
 
 #include "backend/cpu/cpu-kernels.h"
@@ -21,6 +21,10 @@
 #define NR 32
 #define KC 384
 #define NC 384
+/* dot_nt's largest C: past it (a 128 x 384 block of a prefill's MLP, k
+ * 3072) the packed kernel is twice as fast, below it (LeNet's 6 x 25 and 16
+ * x 75 weight gradients) packing costs more than it saves. */
+#define DOT_MAX_TILE 1536
 
 // clang-format off
 #if defined(__clang__)
@@ -289,7 +293,7 @@ int td__cpu_sgemm512(int ta, int tb, int64_t m, int64_t n, int64_t k, float alph
     float *bp = td__cpu_scratch_slot(1, sizeof(float) * (KC * NC + MR * (KC + 16)));
     float *ap;
     int mrv = strip_rows(m);
-    if (!ta && tb && k >= 8 * (m > n ? m : n)) {
+    if (!ta && tb && k >= 8 * (m > n ? m : n) && m * n <= DOT_MAX_TILE) {
         dot_nt(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         return 1;
     }
