@@ -86,6 +86,8 @@ td_status td__cpu_conv2d_bwd(void *ctx, td_dtype dt, const td_conv_desc *d, cons
 /* kern_elem.c: SIMD elementwise ops and reductions */
 /* row[0:n] = softmax(scale * row) in place, at the CPU's SIMD level. */
 void td__cpu_softmax_row_f32(float *row, size_t n, float scale);
+/* h[0:n] = silu(g) u = g u / (1 + e^-g), vectorised (kern_elem.c). */
+void td__cpu_silu_gate_f32(size_t n, const float *g, const float *u, float *h);
 td_status td__cpu_bias_add(void *ctx, td_dtype dt, void *y, const void *bias, int64_t outer,
                            int64_t c, int64_t inner);
 td_status td__cpu_bias_grad(void *ctx, td_dtype dt, void *db, const void *dy, int64_t outer,

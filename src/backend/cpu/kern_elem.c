@@ -183,6 +183,21 @@ void td__cpu_softmax_row_f32(float *row, size_t n, float scale) {
         row[i] *= inv;
 }
 
+void td__cpu_silu_gate_f32(size_t n, const float *g, const float *u, float *h) {
+    size_t i = 0;
+#ifdef TD_X86_SIMD
+    {
+        int simd = td__cpu_simd();
+        if (simd == TD_SIMD_AVX512)
+            i = silu_gate_avx512(n, g, u, h);
+        else if (simd == TD_SIMD_AVX2)
+            i = silu_gate_avx2(n, g, u, h);
+    }
+#endif
+    for (; i < n; i++)
+        h[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
 /* Dispatch ------------------------------------------------------------------ */
 
 typedef enum elem_op {

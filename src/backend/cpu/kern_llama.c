@@ -46,15 +46,22 @@ static void rows_part(void *p, int part, int nparts, rows_fn f32, rows_fn f64) {
         f64(a, r0, r1);
 }
 
-#define T    float
-#define SFX  f32
-#define SQRT sqrtf
-#define EXP  expf
+static void silu_gate_f64(size_t n, const double *g, const double *u, double *h) {
+    for (size_t j = 0; j < n; j++)
+        h[j] = g[j] / (1 + exp(-g[j])) * u[j];
+}
+
+#define T         float
+#define SFX       f32
+#define SQRT      sqrtf
+#define EXP       expf
+#define SILU_GATE td__cpu_silu_gate_f32
 #include "backend/cpu/tmpl/llama.h"
-#define T    double
-#define SFX  f64
-#define SQRT sqrt
-#define EXP  exp
+#define T         double
+#define SFX       f64
+#define SQRT      sqrt
+#define EXP       exp
+#define SILU_GATE silu_gate_f64
 #include "backend/cpu/tmpl/llama.h"
 
 /* RMSNorm ----------------------------------------------------------------------- */

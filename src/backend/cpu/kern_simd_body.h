@@ -85,6 +85,17 @@ static size_t FN(relu_bwd)(size_t n, const float *x, const float *dy, float *dx)
     return i;
 }
 
+/* h = silu(g) u = g u / (1 + e^-g) (SwiGLU's gate). */
+static size_t FN(silu_gate)(size_t n, const float *g, const float *u, float *h) {
+    size_t i = 0;
+    for (; i + W <= n; i += W) {
+        V v = VLOAD(g + i);
+        V e = FN(vexp)(VNEG(v));
+        VSTORE(h + i, VDIV(VMUL(v, VLOAD(u + i)), VADD(VSET1(1.0f), e)));
+    }
+    return i;
+}
+
 static size_t FN(gelu_fwd)(size_t n, const float *x, float *y) {
     size_t i = 0;
     for (; i + W <= n; i += W) {

@@ -1,6 +1,7 @@
 /* The Llama family's row kernels (RMSNorm, the SwiGLU gate, rotary position
  * embedding, grouped-query head expansion), written once over the element
- * type T and compiled by kern_llama.c for each (T, SFX, SQRT, EXP). Not a
+ * type T and compiled by kern_llama.c for each (T, SFX, SQRT, EXP,
+ * SILU_GATE). Not a
  * header to include elsewhere. */
 #ifndef TD_T_NAME
 #define TD_T_CAT2(a, b) a##_##b
@@ -61,8 +62,7 @@ static void TD_T_NAME(swiglu_fwd_rows)(llama_args *a, size_t r0, size_t r1) {
     for (size_t r = r0; r < r1; r++) {
         const T *g = (const T *)a->x + (int64_t)r * 2 * f, *u = g + f;
         T *h = (T *)a->y + (int64_t)r * f;
-        for (int64_t j = 0; j < f; j++)
-            h[j] = g[j] / ((T)1 + EXP(-g[j])) * u[j];
+        SILU_GATE((size_t)f, g, u, h);
     }
 }
 
@@ -147,4 +147,5 @@ static void TD_T_NAME(kv_reduce_rows)(llama_args *a, size_t r0, size_t r1) {
 #undef T
 #undef SQRT
 #undef EXP
+#undef SILU_GATE
 #undef SFX
