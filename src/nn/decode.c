@@ -400,7 +400,7 @@ static td_status alloc_state(td_decoder *d) {
 }
 
 static td_status prepare_task(td_device *dev, void *arg) {
-    return td__model_prepare(arg, 0, 1);
+    return td__model_prepare(arg, 0, 1, 1);
 }
 
 td_status td_decoder_create(td_model *m, td_decoder **out) {
@@ -539,7 +539,7 @@ static td_status run_task(td_device *dev, void *arg) {
     pass p = {d, a->pos, a->n, 0};
     td_tensor x = m->input;
     m->stretch_start = td_clock_ns();
-    TD_CHECK(td__model_prepare(m, 0, 1));
+    TD_CHECK(td__model_prepare(m, 0, 1, 1));
     if (m->part_first > 0)
         TD_CHECK(first_rows(&m->input, a->n, &x)); /* copied in by td_decoder_part_pass */
     else
@@ -605,7 +605,7 @@ td_status td_decoder_step(td_decoder *d, int32_t token, double *logits) {
 
 static td_status carve_task(td_device *dev, void *arg) {
     (void)dev;
-    return td__model_prepare(arg, 0, 1);
+    return td__model_prepare(arg, 0, 1, 1);
 }
 
 /* A view's elements as a buffer on the model's device. */

@@ -564,12 +564,38 @@ static td_status child_weights(td_layer *c, const td_tensor *x, td_nn_run *r) {
     return TD_OK;
 }
 
-static td_status seq_plan(td_layer *l, td_nn_plan *p, const td_tensor *x) {
+/* Inference only: child i of l in bank i % 2 from p->used on, child i - 1's
+ * output (its input) in the other; each bank as large as its largest
+ * child's plan, measured dry first. */
+static td_status seq_plan_banks(td_layer *l, td_nn_plan *p, const td_tensor *x) {
+    size_t start = (p->used + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN, bank[2] = {0, 0};
     const td_tensor *cur = x;
     for (int i = 0; i < l->nchildren; i++) {
+        td_nn_plan dry = *p;
+        dry.dry = 1;
+        dry.used = 0;
+        TD_CHECK(l->children[i]->vt->plan(l->children[i], &dry, cur));
+        bank[i % 2] = dry.used > bank[i % 2] ? dry.used : bank[i % 2];
+    }
+    bank[0] = (bank[0] + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;
+    for (int i = 0; i < l->nchildren; i++) {
+        p->used = start + (i % 2 ? bank[0] : 0);
         TD_CHECK(l->children[i]->vt->plan(l->children[i], p, cur));
         cur = &l->children[i]->out;
     }
+    p->used = start + bank[0] + bank[1];
+    return TD_OK;
+}
+
+static td_status seq_plan(td_layer *l, td_nn_plan *p, const td_tensor *x) {
+    const td_tensor *cur = x;
+    if (p->infer && l->nchildren > 2)
+        TD_CHECK(seq_plan_banks(l, p, x));
+    else
+        for (int i = 0; i < l->nchildren; i++) {
+            TD_CHECK(l->children[i]->vt->plan(l->children[i], p, cur));
+            cur = &l->children[i]->out;
+        }
     l->out = l->children[l->nchildren - 1]->out;
     l->dout = l->children[l->nchildren - 1]->dout;
     return TD_OK;

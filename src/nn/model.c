@@ -102,8 +102,6 @@ td_status td__model_add_param(td_model *m, td_layer *l, const char *name, int nd
 
 /* The planner ------------------------------------------------------------------- */
 
-#define PLAN_ALIGN 16 /* elements: 64 bytes in f32 */
-
 static td_status plan_overflow(const td_nn_plan *p) {
     return td__error(TD_ERR_OUT_OF_MEMORY, "the activations of %lld samples overflow a size",
                      (long long)p->n);
@@ -173,16 +171,18 @@ static td_status plan_all(td_model *m, td_nn_plan *p) {
     return TD_OK;
 }
 
-td_status td__model_prepare(td_model *m, int slot, int64_t n) {
+td_status td__model_prepare(td_model *m, int slot, int64_t n, int infer) {
     td_status st;
     td_nn_slot *s = &m->slots[slot];
     td_nn_plan p;
-    if (n > s->cap_n) {
+    /* an arena sized for inference is too small for training */
+    if (n > s->cap_n || (s->cap_infer && !infer)) {
         int64_t len;
         memset(&p, 0, sizeof p);
         p.dev = m->dev;
         p.n = n;
         p.dry = 1;
+        p.infer = infer;
         if ((st = plan_all(m, &p)) != TD_OK)
             return st;
         if (m->cur_slot == slot)
@@ -198,17 +198,20 @@ td_status td__model_prepare(td_model *m, int slot, int64_t n) {
         if ((st = td_buffer_alloc(m->dev, (p.iused + 1) * sizeof(int32_t), &s->iarena)) != TD_OK)
             return st;
         s->cap_n = n;
+        s->cap_infer = infer;
     }
-    if (slot != m->cur_slot || n != m->planned_n) {
+    if (slot != m->cur_slot || n != m->planned_n || infer != m->planned_infer) {
         memset(&p, 0, sizeof p);
         p.dev = m->dev;
         p.n = n;
+        p.infer = infer;
         p.base = s->arena;
         p.ibase = s->iarena;
         m->cur_slot = -1;
         if ((st = plan_all(m, &p)) != TD_OK)
             return st;
         m->cur_slot = slot;
+        m->planned_infer = infer;
         m->planned_n = n;
     }
     return TD_OK;
@@ -417,7 +420,7 @@ static td_status step_task(td_device *dev, void *arg) {
     td_step_result res = {0, 0, 0};
     int done = 0;
     m->stretch_start = td_clock_ns();
-    if ((st = td__model_prepare(m, 0, a->batch->n)) != TD_OK)
+    if ((st = td__model_prepare(m, 0, a->batch->n, 0)) != TD_OK)
         return st;
     if ((st = td__model_load_batch(m, a->batch, 1, 1)) != TD_OK)
         return st;

@@ -127,6 +127,7 @@ typedef struct td_nn_slot {
     td_tensor *arena;  /* dtype elements */
     td_buffer *iarena; /* int32 elements */
     int64_t cap_n;     /* the arena fits batches of up to cap_n samples */
+    int cap_infer;     /* ... sized for inference only (td__model_prepare) */
     int64_t n;         /* samples of the last forward */
     int forward_done, backward_done, train;
     int weights_owed, accumulate; /* a backward left its weight gradients for later */
@@ -186,6 +187,7 @@ struct td_model {
     td_nn_slot *slots;
     int nslots, cur_slot;
     int64_t planned_n;
+    int planned_infer; /* the views were carved for inference only */
     td_tensor input;   /* (n, in...) view: features, or a later part's input */
     td_tensor in_grad; /* (n, in...) view: a later part's input gradient */
     td_buffer tokens;  /* (n, t) int32 view, the part with the embedding */
@@ -217,10 +219,13 @@ struct td_nn_plan {
     td_device *dev;
     int64_t n;
     int dry;
+    int infer;          /* inference only: siblings share banks (td__model_prepare) */
     size_t used, iused; /* elements */
     td_tensor *base;
     td_buffer *ibase;
 };
+
+#define PLAN_ALIGN 16 /* elements: 64 bytes in f32 */
 
 /* Carves a (n, shape...) view (batch dim prepended when batched). */
 td_status td__plan_tensor(td_nn_plan *p, td_tensor *view, int batched, int ndim,
@@ -275,8 +280,11 @@ uint64_t td__nn_mix64(uint64_t x);
 /* Models (model.c) ---------------------------------------------------------- */
 
 /* Makes slot's arena fit n samples and carves the views onto it. On the
- * device's thread. */
-td_status td__model_prepare(td_model *m, int slot, int64_t n);
+ * device's thread. For inference only (a decoder's passes), a layer list's
+ * children take turns in two banks of the arena (seq_plan): a child's
+ * activations live until the next child has read them, so the passes
+ * touch a few layers' memory, not every layer's. */
+td_status td__model_prepare(td_model *m, int slot, int64_t n, int infer);
 /* Writes b's inputs (x or tokens: when `inputs`) and labels (when `labels`)
  * into the carved views. */
 td_status td__model_load_batch(td_model *m, const td_batch *b, int inputs, int labels);

@@ -72,7 +72,7 @@ typedef struct part_args {
 
 static td_status prepare_task(td_device *dev, void *arg) {
     part_args *a = arg;
-    return td__model_prepare(a->m, a->slot, a->n);
+    return td__model_prepare(a->m, a->slot, a->n, 0);
 }
 
 /* Copies bytes of src into the carved view dst, after checking src's size. */
@@ -94,7 +94,7 @@ static td_status forward_task(td_device *dev, void *arg) {
     td_step_result res = {0, 0, 0};
     td_nn_run r;
     m->stretch_start = td_clock_ns(); /* a reduction in between starts it again */
-    TD_CHECK(td__model_prepare(m, a->slot, a->n));
+    TD_CHECK(td__model_prepare(m, a->slot, a->n, 0));
     TD_CHECK(td__model_load_batch(m, a->mb, m->part_first == 0, is_last(m)));
     memset(&r, 0, sizeof r);
     r.model = m;
@@ -185,7 +185,7 @@ const td_buffer *td_model_part_output(td_model *m, int slot) {
  * forward: the dropout stream and tokens that forward had. */
 static td_status backward_run(td_model *m, int slot, int accumulate, td_nn_run *r) {
     td_nn_slot *s = &m->slots[slot];
-    TD_CHECK(td__model_prepare(m, slot, s->n));
+    TD_CHECK(td__model_prepare(m, slot, s->n, 0));
     memset(r, 0, sizeof *r);
     r->model = m;
     r->train = 1;
