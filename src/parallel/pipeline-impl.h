@@ -59,7 +59,7 @@ td_status td__pp_plan(td_group *g, const td_pp_need *need, td_pp_plan *out);
 /* The pipeline strategy's decoder (td_strategy_decoder_create):
  * pipeline_decode.c. */
 td_status td__pipeline_decoder(td_group *g, const char *checkpoint, td_dtype dtype,
-                               td_decoder **out);
+                               const char *options, td_decoder **out);
 
 /* The running pipeline, shared by pipeline.c (the strategy) and
  * pipeline_run.c (a step on the stages). ------------------------------- */

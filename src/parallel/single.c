@@ -143,12 +143,13 @@ static td_status single_create(td_strategy *s) {
 /* Generation: the nn decoder of the whole model on the first device, which
  * owns the model. */
 static td_status single_decoder(td_group *g, const char *checkpoint, td_dtype dtype,
-                                td_decoder **out) {
+                                const char *options, td_decoder **out) {
     td_device *dev = td_group_device(g, 0);
     td_model *m = NULL;
     char *json = NULL;
     td_dtype saved;
     td_status st;
+    (void)options; /* single is no mesh axis */
     TD_TRY(td__tensor_check_dtype(dev, dtype));
     TD_TRY(td_checkpoint_read_meta(checkpoint, &json, &saved, NULL));
     TD_TRY(td_model_load_string(json, checkpoint, dev, dtype, 0, &m));

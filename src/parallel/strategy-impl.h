@@ -63,8 +63,10 @@ typedef struct td_strategy_ops {
     td_status (*carry_on)(td_strategy *s, td_group *survivors, int64_t steps_before,
                           td_strategy *next, int *step_taken, const char **why);
     /* A decoder of the model in checkpoint over g's devices, in dtype, that
-     * owns what it builds (td_strategy_decoder_create). */
-    td_status (*decoder)(td_group *g, const char *checkpoint, td_dtype dtype, td_decoder **out);
+     * owns what it builds (td_strategy_decoder_create); options: a mesh's
+     * ("tensor=N" for pipeline:P,tensor:N; "" for one axis). */
+    td_status (*decoder)(td_group *g, const char *checkpoint, td_dtype dtype, const char *options,
+                         td_decoder **out);
 } td_strategy_ops;
 
 struct td_strategy {

@@ -398,10 +398,15 @@ td_status td_strategy_decoder_create(td_group *g, const char *strategy, const ch
         return td__error(TD_ERR_INVALID_ARG,
                          "td_strategy_decoder_create: group or checkpoint is NULL");
     TD_CHECK(resolve(strategy, &ops, extra, sizeof extra, &devices));
-    if (extra[0])
+    /* data replicas take separate batches: one sequence gains nothing */
+    if (devices && td_group_size(g) != devices)
+        return td__error_setting(TD_ERR_INVALID_ARG, "devices",
+                                 "the mesh %s names %d devices; the group has %d", strategy,
+                                 devices, td_group_size(g));
+    if (strstr(extra, "replicas="))
         return td__error_setting(TD_ERR_UNSUPPORTED, "strategy",
-                                 "%s: generation runs on one axis (tensor or pipeline), not a "
-                                 "mesh",
+                                 "%s: generation runs on tensor, pipeline or pipeline:P,tensor:N; "
+                                 "a data axis serves separate batches, not one sequence",
                                  strategy);
     if (!ops->decoder)
         return td__error(TD_ERR_UNSUPPORTED, "%s: does not generate (these do: %s)", ops->name,
@@ -410,5 +415,5 @@ td_status td_strategy_decoder_create(td_group *g, const char *strategy, const ch
         return td__error(TD_ERR_UNSUPPORTED,
                          "%s: generates within one process; this group spans several", ops->name);
     TD_CHECK(check_member_count(ops, g));
-    return ops->decoder(g, checkpoint, dtype, out);
+    return ops->decoder(g, checkpoint, dtype, extra, out);
 }

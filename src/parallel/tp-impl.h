@@ -15,7 +15,8 @@
 #include "tandem/parallel.h"
 
 /* The tensor strategy's decoder (td_strategy_decoder_create; tp_decode.c). */
-td_status td__tensor_decoder(td_group *g, const char *checkpoint, td_dtype dtype, td_decoder **out);
+td_status td__tensor_decoder(td_group *g, const char *checkpoint, td_dtype dtype,
+                             const char *options, td_decoder **out);
 
 typedef struct tp_member {
     td_group *group;

@@ -149,13 +149,14 @@ static td_status make_members(tensor_dec *t, const char *json, const char *check
 }
 
 td_status td__tensor_decoder(td_group *g, const char *checkpoint, td_dtype dtype,
-                             td_decoder **out) {
+                             const char *options, td_decoder **out) {
     tensor_dec *t = td__calloc(sizeof *t, "a tensor-parallel decoder");
     td_decoder_impl impl = {tensor_pass, tensor_dec_destroy, t, 0, 0, 0};
     double alone[TD_DP_MAX_MEMBERS];
     char *json = NULL;
     td_dtype saved;
     td_status st;
+    (void)options; /* data:R,tensor:N is refused above it */
     if (!t)
         return TD_ERR_OUT_OF_MEMORY;
     t->g = g;

@@ -185,6 +185,21 @@ static int collect(void *arg, int32_t token) {
     return 0;
 }
 
+/* pipeline:P,tensor:N: stages of N devices, each splitting its layers'
+ * heads and features; the last stage's members each give a slice of the
+ * logits; a tied head, and a Llama's grouped-query heads, split too. */
+static void pipeline_of_tensor_stages_f64(void **state) {
+    split_matches_whole("pipeline:2,tensor:2", "cpu*4", 4, TD_F64, 1e-12);
+    split_matches_whole("pipeline:3,tensor:2", "cpu*6", 4, TD_F64, 1e-12);
+    split_matches_whole("pipeline:2,tensor:2", "cpu*4", 4, TD_F32, 1e-5);
+    tied_head = 1;
+    split_matches_whole("pipeline:2,tensor:2", "cpu*4", 4, TD_F64, 1e-12);
+    tied_head = 0;
+    llama = 1;
+    split_matches_whole("pipeline:2,tensor:3", "cpu*6", 8, TD_F64, 1e-12);
+    llama = 0;
+}
+
 /* Greedy text from `strategy` over spec: n tokens after the prompt, sliding
  * the window past the context. */
 static collected greedy(const char *spec, const char *strategy, const char *path) {
@@ -236,6 +251,13 @@ static void what_cannot_generate_is_refused(void **state) {
     TD_ASSERT_STATUS(td_strategy_decoder_create(g, "data", path, TD_F32, &d), TD_ERR_UNSUPPORTED);
     td_test_assert_message_contains("data: does not generate (these do: single, pipeline, tensor)");
     assert_null(d);
+    /* data replicas serve batches, not one sequence */
+    TD_ASSERT_STATUS(td_strategy_decoder_create(g, "data:2,tensor:1", path, TD_F32, &d),
+                     TD_ERR_UNSUPPORTED);
+    td_test_assert_message_contains("not one sequence");
+    TD_ASSERT_STATUS(td_strategy_decoder_create(g, "pipeline:2,tensor:2", path, TD_F32, &d),
+                     TD_ERR_INVALID_ARG);
+    td_test_assert_message_contains("names 4 devices; the group has 2");
     TD_ASSERT_STATUS(td_strategy_decoder_create(g, "sideways", path, TD_F32, &d),
                      TD_ERR_INVALID_ARG);
     td_test_assert_message_contains("unknown strategy 'sideways'");
@@ -273,6 +295,7 @@ int main(void) {
         cmocka_unit_test(pipeline_three_stages_f64),
         cmocka_unit_test(pipeline_one_stage_slowed_f64),
         cmocka_unit_test(pipeline_more_devices_than_layers_f64),
+        cmocka_unit_test(pipeline_of_tensor_stages_f64),
         cmocka_unit_test(greedy_text_is_the_single_devices),
         cmocka_unit_test(what_cannot_generate_is_refused),
     };
