@@ -3,7 +3,8 @@
  * within the timeout (through shared memory process 0 is told at once;
  * through MPI it finds out by timing out), and the survivors shrink to a
  * group that works. Run with -np 2 by tests.cmake; with --stall, across
- * two nodes one of which scripts/nodes stalls (stalled_node_is_named). */
+ * two nodes one of which scripts/nodes stalls (stalled_node_is_named);
+ * with --late, process 1 stalls before it starts MPI (late_process_ends_the_run). */
 #include <mpi.h>
 #include <unistd.h>
 
@@ -49,6 +50,25 @@ static int stalled_node_is_named(void) {
     _exit(0);
 }
 
+/* Process 1 stalls for a minute before it starts MPI: process 0's start-up
+ * (MPI_Init, the group's communicators), which has no timeout of its own,
+ * ends at its watchdog's 10 s with the reason on stderr, and mpirun ends
+ * process 1. Reaching the end is the failure. */
+static int late_process_ends_the_run(void) {
+    td_group_config cfg = TD_GROUP_CONFIG_INIT;
+    td_group *g = NULL;
+    const char *rank = getenv("OMPI_COMM_WORLD_RANK");
+    if (rank && !strcmp(rank, "1"))
+        sleep(60);
+    cfg.transport = TD_TRANSPORT_MPI;
+    cfg.timeout_ms = 1000;
+    cfg.fault = "";
+    (void)td_group_create_spec("cpu", &cfg, &g);
+    printf("process %s: the group was made after all: the stall went unnoticed\n",
+           rank ? rank : "?");
+    return 1;
+}
+
 int main(int argc, char **argv) {
     td_group_config cfg = TD_GROUP_CONFIG_INIT;
     td_group *g = NULL, *s = NULL;
@@ -57,6 +77,8 @@ int main(int argc, char **argv) {
     uint64_t t0;
     if (argc > 1 && !strcmp(argv[1], "--stall"))
         return stalled_node_is_named();
+    if (argc > 1 && !strcmp(argv[1], "--late"))
+        return late_process_ends_the_run();
     cfg.transport = TD_TRANSPORT_MPI;
     cfg.timeout_ms = 2000;
     cfg.fault = "p1/cpu@allreduce:3:error";

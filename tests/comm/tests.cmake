@@ -13,6 +13,15 @@ if(TD_HAVE_MPI AND MPIEXEC_EXECUTABLE)
             $<TARGET_FILE:comm_mpi_faults>)
   set_tests_properties(comm/mpi_faults_np2 PROPERTIES LABELS comm TIMEOUT 120
     ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0:abort_on_error=0;OMPI_MCA_btl=self,vader")
+  # Process 1 stalls before starting MPI: process 0's start-up watchdog ends
+  # it within 10 s, naming why, and mpirun ends the run (not a minute later).
+  add_test(NAME comm/mpi_late_start
+    COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe -np 2
+            $<TARGET_FILE:comm_mpi_faults> --late)
+  set_tests_properties(comm/mpi_late_start PROPERTIES LABELS comm TIMEOUT 40
+    PASS_REGULAR_EXPRESSION "MPI process 0: starting MPI and joining a group of processes did not finish within 10000 ms"
+    FAIL_REGULAR_EXPRESSION "went unnoticed"
+    ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0:abort_on_error=0;OMPI_MCA_btl=self,vader")
   foreach(np 2 3)
     add_test(NAME comm/mpi_np${np}
       COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe -np ${np}

@@ -30,6 +30,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/watchdog.h"
 
 typedef struct mpi_state {
     MPI_Comm comm; /* the data collectives */
@@ -124,7 +125,7 @@ static int process_index(const td_group *g) {
     return s ? s->world_rank : 0;
 }
 
-static td_status group_init(td_group *g) {
+static td_status join_group(td_group *g) {
     mpi_state *s = NULL;
     const td_group *parent = g->mpi_parent;
     MPI_Comm base;
@@ -171,6 +172,24 @@ static td_status group_init(td_group *g) {
     s->counted = 1;
     return TD_OK;
 fail:
+    return st;
+}
+
+/* Starting MPI and making the group's communicators wait for every process
+ * and have no timeout: a watchdog gives them the group's, but at least
+ * STARTUP_MIN_MS, as MPI's start-up alone can take seconds on a busy
+ * machine. */
+#define STARTUP_MIN_MS 10000
+
+static td_status group_init(td_group *g) {
+    const char *rank = getenv("OMPI_COMM_WORLD_RANK");
+    td__watchdog *w =
+        td__watchdog_arm(g->timeout_ms > STARTUP_MIN_MS ? g->timeout_ms : STARTUP_MIN_MS,
+                         "MPI process %s: starting MPI and joining a group of "
+                         "processes",
+                         rank ? rank : "?");
+    td_status st = join_group(g);
+    td__watchdog_disarm(w);
     return st;
 }
 
