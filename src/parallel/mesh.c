@@ -7,9 +7,10 @@
  * tensor, pipeline or mirror strategy with `replicas` (tp_mesh.c,
  * pp_mesh.c, mirror_step.c), each replica taking its rows of the batch and
  * member k of every replica summing its
- * gradients with the others' before the update; and pipeline × tensor:
- * the pipeline strategy with `tensor` (pp_mesh.c), each stage's layers
- * split over its consecutive members. Three axes are refused by name. */
+ * gradients with the others' before the update; pipeline × tensor: the
+ * pipeline strategy with `tensor` (pp_mesh.c), each stage's layers split
+ * over its consecutive members; and data × pipeline × tensor, replicas of
+ * that. Other orders of the axes are refused by name. */
 #include <assert.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -99,6 +100,12 @@ td_status td__mesh_resolve(const char *name, const char **strategy, char *option
         snprintf(options, n, "tensor=%ld", ax[1].size);
         return TD_OK;
     }
+    if (count == 3 && !strcmp(ax[0].name, "data") && !strcmp(ax[1].name, "pipeline") &&
+        !strcmp(ax[2].name, "tensor")) {
+        *strategy = "pipeline";
+        snprintf(options, n, "replicas=%ld,tensor=%ld", ax[0].size, ax[2].size);
+        return TD_OK;
+    }
     if (count == 2 && !strcmp(ax[0].name, "tensor") && !strcmp(ax[1].name, "pipeline"))
         return td__error_setting(TD_ERR_UNSUPPORTED, "strategy",
                                  "mesh '%s': the tensor axis is the inner one (its members "
@@ -106,8 +113,8 @@ td_status td__mesh_resolve(const char *name, const char **strategy, char *option
                                  name, ax[1].size, ax[0].size);
     return td__error_setting(TD_ERR_UNSUPPORTED, "strategy",
                              "mesh '%s': of the compositions data:R,tensor:N, "
-                             "data:R,pipeline:N, data:R,mirror:M and pipeline:P,tensor:N run "
-                             "yet",
+                             "data:R,pipeline:N, data:R,mirror:M, pipeline:P,tensor:N and "
+                             "data:R,pipeline:P,tensor:N run yet",
                              name);
 }
 

@@ -1,4 +1,5 @@
-/* data × pipeline within one process (the mesh data:R,pipeline:N, mesh.c):
+/* data × pipeline within one process (the mesh data:R,pipeline:N, mesh.c),
+ * pipeline × tensor (pipeline:P,tensor:N) and both (data:R,pipeline:P,tensor:N):
  * R replicas of the pipeline, each over N consecutive members of the group,
  * all cut alike (the first replica's measured plan), so that stage k of
  * every replica holds the same layers. A step gives replica r rows
@@ -19,14 +20,19 @@
 
 struct pp_mesh {
     td__mesh m; /* the replicas' groups and those across them; or, with a tensor
-                   axis, each stage's members (rgroup) and the chains (across) */
+                   axis, (replica 0's) stages' members (rgroup) and chains (across) */
     int tensor; /* members splitting each stage; 1: rep[] are replicas */
+    /* With a tensor axis, replicas of the whole (data:R,pipeline:P,tensor:N):
+     * R, the groups across them (data.across[k N + j]: member j of stage k
+     * in every replica) and replica r's stages and chains (sub[r], r >= 1). */
+    int replicas;
+    td__mesh data, *sub;
     double share[TD_PP_MAX_STAGES][TD_DP_MAX_MEMBERS]; /* stage k's split, by member */
     pipeline *rep[TD_DP_MAX_MEMBERS];                  /* rep[0] is the strategy's own */
 };
 
 int td__pp_mesh_pipelines(const pp_mesh *x) {
-    return !x ? 1 : x->tensor > 1 ? x->tensor : x->m.replicas;
+    return !x ? 1 : x->tensor > 1 ? x->tensor * x->replicas : x->m.replicas;
 }
 
 int td__pp_mesh_sliced(const pp_mesh *x) {
@@ -43,6 +49,12 @@ void td__pp_mesh_close(pp_mesh *x) {
     for (int r = 1; r < td__pp_mesh_pipelines(x); r++)
         td__pp_free(x->rep[r]);
     td__mesh_close(&x->m);
+    if (x->replicas > 1 && x->tensor > 1) {
+        for (int r = 1; r < x->replicas && x->sub; r++)
+            td__mesh_close(&x->sub[r]);
+        td__mesh_close(&x->data);
+    }
+    free(x->sub);
     free(x);
 }
 
@@ -110,17 +122,36 @@ static td_status mark_joined(td_strategy *s, int layers, unsigned char **out, in
     return TD_OK;
 }
 
+/* Replica r's stages and chains over g (r 0: x->m), and its pipelines:
+ * chain j's is rep[r * tensor + j]. */
+static td_status begin_replica(td_strategy *s, pp_mesh *x, int r, td_group *g) {
+    td__mesh *cm = r ? &x->sub[r] : &x->m;
+    TD_CHECK(td__mesh_open(g, td_group_size(g) / x->tensor, "pipeline", cm));
+    for (int j = 0; j < x->tensor; j++)
+        TD_CHECK(td__pp_begin(s, cm->across[j], &x->rep[r * x->tensor + j]));
+    return TD_OK;
+}
+
 /* pipeline:P,tensor:N: the stages of chain j are member j of every
- * stage's members; all cut alike (the first chain's measured plan). */
-static td_status open_chains(td_strategy *s, pp_mesh *x, int tensor) {
+ * stage's members; all cut alike (the first chain's measured plan). With
+ * R replicas of that (data:R,pipeline:P,tensor:N), replica r is the group's
+ * r-th P N consecutive devices, cut as replica 0, its rows of the batch
+ * its own, and member j of stage k sums its gradients with member j of
+ * stage k of every other replica. */
+static td_status open_chains(td_strategy *s, pp_mesh *x, int replicas, int tensor) {
     td_pp_plan plan;
-    int stages = td_group_size(s->group) / tensor, units = 0;
+    int per = td_group_size(s->group) / replicas, units = 0;
     unsigned char *joined = NULL;
     td_status st;
     x->tensor = tensor;
-    TD_CHECK(td__mesh_open(s->group, stages, "pipeline", &x->m));
-    for (int j = 0; j < tensor; j++)
-        TD_CHECK(td__pp_begin(s, x->m.across[j], &x->rep[j]));
+    x->replicas = replicas;
+    if (replicas > 1) {
+        if (!(x->sub = td__calloc(sizeof *x->sub * (size_t)replicas, "a mesh's replicas")))
+            return TD_ERR_OUT_OF_MEMORY;
+        TD_CHECK(td__mesh_open(s->group, replicas, "pipeline", &x->data));
+    }
+    for (int r = 0; r < replicas; r++)
+        TD_CHECK(begin_replica(s, x, r, replicas > 1 ? x->data.rgroup[r] : s->group));
     st = mark_joined(s, x->rep[0]->info.layers, &joined, &units);
     if (st == TD_OK && units == 0)
         st = td__error_setting(TD_ERR_UNSUPPORTED, "strategy",
@@ -132,13 +163,17 @@ static td_status open_chains(td_strategy *s, pp_mesh *x, int tensor) {
     free(joined);
     TD_CHECK(st);
     TD_CHECK(measure_shares(s, x));
-    for (int j = 0; j < tensor; j++) {
-        pipeline *p = x->rep[j];
-        p->rank0 = j;
+    for (int q = 0; q < replicas * tensor; q++) {
+        int r = q / tensor, j = q % tensor;
+        const td__mesh *cm = r ? &x->sub[r] : &x->m;
+        pipeline *p = x->rep[q];
+        p->rank0 = r * per + j;
         p->rank_step = tensor;
         for (int k = 0; k < p->size; k++) {
-            p->st[k].tgroup = x->m.rgroup[k];
+            p->st[k].tgroup = cm->rgroup[k];
             p->st[k].shard = j;
+            if (replicas > 1)
+                p->st[k].across = x->data.across[k * tensor + j];
         }
         TD_CHECK(cut_slices(s, x, j, &p->shards));
         TD_CHECK(td__pp_finish(p, &plan));
@@ -153,16 +188,14 @@ td_status td__pp_mesh_open(td_strategy *s, int replicas, int tensor, pipeline **
     if (!(x = td__calloc(sizeof *x, "a pipeline mesh")))
         return TD_ERR_OUT_OF_MEMORY;
     x->tensor = 1;
-    if (replicas > 1 && tensor > 1)
-        st = td__error_setting(TD_ERR_UNSUPPORTED, "strategy",
-                               "pipeline: data x pipeline x tensor does not run yet");
-    else if (tensor > 1 && td_group_size(s->group) % tensor != 0)
+    x->replicas = 1;
+    if (tensor > 1 && td_group_size(s->group) % (replicas * tensor) != 0)
         st = td__error_setting(TD_ERR_INVALID_ARG, "strategy",
-                               "pipeline: %d members per stage do not divide the group's %d "
-                               "devices",
-                               tensor, td_group_size(s->group));
+                               "pipeline: %d replicas of stages of %d members do not divide the "
+                               "group's %d devices",
+                               replicas, tensor, td_group_size(s->group));
     else
-        st = tensor > 1 ? open_chains(s, x, tensor) : open_replicas(s, x, replicas);
+        st = tensor > 1 ? open_chains(s, x, replicas, tensor) : open_replicas(s, x, replicas);
     if (!x->rep[0]) {
         td__pp_mesh_close(x);
         return st;
@@ -176,14 +209,20 @@ static td_status run_pipeline(void *p) {
     return td__pp_run(p);
 }
 
-/* Pipeline r's rows of the batch: its share of the rows for a replica, the
- * whole batch for a chain of a tensor mesh (its stages split the layers,
+/* The data replicas: of the pipeline, or of a tensor mesh's chains. */
+static int replicas_of(const pp_mesh *x) {
+    return x->tensor > 1 ? x->replicas : x->m.replicas;
+}
+
+/* Pipeline r's rows of the batch: its replica's share of the rows (the
+ * chains of one replica take the same rows: its stages split the layers,
  * not the samples). */
 static td_batch rows_of(const pp_mesh *x, const pipeline *p, const td_batch *batch, int r,
                         int64_t *first) {
-    int64_t lo = batch->n * r / x->m.replicas, hi = batch->n * (r + 1) / x->m.replicas;
-    *first = x->tensor > 1 ? 0 : lo;
-    return x->tensor > 1 ? *batch : td__batch_rows(batch, &p->info, lo, hi);
+    int replicas = replicas_of(x), rep = x->tensor > 1 ? r / x->tensor : r;
+    int64_t lo = batch->n * rep / replicas, hi = batch->n * (rep + 1) / replicas;
+    *first = lo;
+    return replicas == 1 ? *batch : td__batch_rows(batch, &p->info, lo, hi);
 }
 
 /* Pipeline r's stages in stats->m (at their ranks in the group). */
@@ -215,11 +254,11 @@ td_status td__pp_mesh_step(pipeline *p, const td_batch *batch, uint64_t step, td
     int64_t lps = p->info.kind == TD_INPUT_TOKENS ? p->info.in_shape[0] : 1, first;
     uint64_t t0 = td_clock_ns();
     double step_s, speed = 0;
-    if (batch->n < x->m.replicas && x->tensor == 1)
+    if (batch->n < replicas_of(x))
         return td__error_setting(TD_ERR_INVALID_ARG, "batch",
                                  "pipeline: a batch of %lld samples for %d replicas: give each "
                                  "at least one",
-                                 (long long)batch->n, x->m.replicas);
+                                 (long long)batch->n, replicas_of(x));
     for (int r = 0; r < pipelines; r++) {
         rows[r] = rows_of(x, p, batch, r, &first);
         td__pp_setup_step(x->rep[r], &rows[r], first, step, 1.0 / (double)(batch->n * lps));
@@ -236,7 +275,7 @@ td_status td__pp_mesh_step(pipeline *p, const td_batch *batch, uint64_t step, td
     for (int r = 0; r < pipelines; r++) {
         td_step_result part;
         TD_CHECK(td__pp_results(x->rep[r], &part, stage_rows));
-        if (r == 0 || x->tensor == 1) { /* a tensor mesh's chains all compute the same loss */
+        if (r % x->tensor == 0) { /* a replica's chains all compute the same loss */
             res->loss_sum += part.loss_sum;
             res->correct += part.correct;
             res->count += part.count;
@@ -261,6 +300,11 @@ const char *td__pp_mesh_plan(const pipeline *p, char *buf, size_t n) {
     const pp_mesh *x = p->mesh;
     size_t used = 0;
     buf[0] = '\0';
+    if (x->replicas > 1)
+        used += (size_t)snprintf(buf, n,
+                                 "%d replicas, each %d stages of %d devices taking 1/%d of the "
+                                 "batch rows, cut as the first:\n",
+                                 x->replicas, p->size, x->tensor, x->replicas);
     for (int k = 0; k < p->size && used < n; k++) {
         if (!p->st[k].part) {
             used += (size_t)snprintf(buf + used, n - used, "stage %d: no layer\n", k + 1);
@@ -342,11 +386,11 @@ td_status td__pp_mesh_adopt_split(void *impl, const char *text, int *adopted) {
         }
     if (same)
         return TD_OK; /* these slices are built */
-    for (int j = 0; j < x->tensor; j++) {
-        pipeline *q = x->rep[j];
+    for (int r = 0; r < td__pp_mesh_pipelines(x); r++) {
+        pipeline *q = x->rep[r];
         free(q->shards);
         q->shards = NULL;
-        TD_CHECK(cut_slices(p->s, x, j, &q->shards));
+        TD_CHECK(cut_slices(p->s, x, r % x->tensor, &q->shards));
         TD_CHECK(td__pp_remake_stages(q));
     }
     return TD_OK;

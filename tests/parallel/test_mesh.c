@@ -1,5 +1,6 @@
 /* Device meshes: data:2,tensor:2, data:2,pipeline:2 and pipeline:2,tensor:2
- * on four devices (two replicas, or two stages, each split in two) train as
+ * on four devices (two replicas, or two stages, each split in two), and
+ * data:2,pipeline:2,tensor:2 on eight, train as
  * one device does, equal devices
  * and unequal ones, an MLP and a GPT; its checkpoints move to and from other strategies and resume
  * bit for bit; meshes that are not built, or that name another number of
@@ -40,6 +41,9 @@ static void an_mlp_trains_as_one_device(void **state) {
     td_strategy_check_equals_one_device("data:2,pipeline:1", "cpu:0,cpu:1{slowdown=3}",
                                         "mesh_pp_slowed");
     td_strategy_check_equals_one_device("pipeline:2,tensor:2", "cpu*4", "mesh_pt_mlp");
+    /* three axes: replicas of a pipeline whose stages are split */
+    td_strategy_check_equals_one_device("data:2,pipeline:1,tensor:2", "cpu*4", "mesh_dpt_mlp");
+    td_strategy_check_equals_one_device("data:2,pipeline:2,tensor:2", "cpu*8", "mesh_dpt8_mlp");
     /* a stage split unequally: the slowed member takes a quarter of its units */
     td_strategy_check_equals_one_device("pipeline:1,tensor:2", "cpu:0,cpu:1{slowdown=3}",
                                         "mesh_pt_slowed");
@@ -94,12 +98,18 @@ static void a_gpt_trains_as_one_device(void **state) {
     diff = td_dp_checkpoint_diff(td_test_tmp("one.st"), td_test_tmp("mesh_pt.st"));
     printf("pipeline:2,tensor:2, GPT, AdamW clipped: weights differ by %.3g\n", diff);
     assert_true(diff <= 1e-12);
+    train_and_save("data:2,pipeline:2,tensor:2", "cpu*8", d, 3, td_test_tmp("mesh_dpt.st"));
+    diff = td_dp_checkpoint_diff(td_test_tmp("one.st"), td_test_tmp("mesh_dpt.st"));
+    printf("data:2,pipeline:2,tensor:2, GPT, AdamW clipped: weights differ by %.3g\n", diff);
+    assert_true(diff <= 1e-12);
     /* a checkpoint of one mesh shape resumes under the others */
-    for (int i = 0; i < 2; i++) {
-        td_strategy_config c = config(i ? "pipeline:2,tensor:2" : "data:2,pipeline:2", d->n);
+    for (int i = 0; i < 3; i++) {
+        static const char *const meshes[] = {"data:2,pipeline:2", "pipeline:2,tensor:2",
+                                             "data:2,pipeline:2,tensor:2"};
+        td_strategy_config c = config(meshes[i], d->n);
         td_group *g = NULL;
         td_strategy *s = NULL;
-        TD_ASSERT_OK(td_group_create_spec("cpu*4", NULL, &g));
+        TD_ASSERT_OK(td_group_create_spec(i == 2 ? "cpu*8" : "cpu*4", NULL, &g));
         TD_ASSERT_OK(td_strategy_create(g, gpt_json, "mesh_gpt", &c, &s));
         TD_ASSERT_OK(td_strategy_load(s, td_test_tmp("mesh.st"), NULL));
         TD_ASSERT_OK(td_strategy_save(s, td_test_tmp("mesh_again.st"), NULL));
@@ -163,9 +173,9 @@ static void meshes_not_built_are_refused(void **state) {
     TD_ASSERT_STATUS(td_strategy_create(g, gpt_json, "mesh_gpt", &c, &s), TD_ERR_UNSUPPORTED);
     td_test_assert_message_contains("the tensor axis is the inner one");
     td_test_assert_message_contains("pipeline:2,tensor:2");
-    c.name = "data:1,pipeline:2,tensor:2";
+    c.name = "tensor:2,data:2";
     TD_ASSERT_STATUS(td_strategy_create(g, gpt_json, "mesh_gpt", &c, &s), TD_ERR_UNSUPPORTED);
-    td_test_assert_message_contains("data:R,mirror:M and pipeline:P,tensor:N run yet");
+    td_test_assert_message_contains("pipeline:P,tensor:N and data:R,pipeline:P,tensor:N run yet");
     c.name = "data:3,tensor:2";
     TD_ASSERT_STATUS(td_strategy_create(g, gpt_json, "mesh_gpt", &c, &s), TD_ERR_INVALID_ARG);
     td_test_assert_message_contains("the mesh data:3,tensor:2 names 6 devices; the group has 4");
