@@ -22,7 +22,7 @@
 #include "tensor/view.h"
 
 /* A stage: its members' part models (shards when members > 1) and their
- * decoders; m[0] NULL: an empty stage. */
+ * decoders, which own the models once built; d[0] NULL: an empty stage. */
 typedef struct pstage {
     int members;
     td_device *dev[TD_DP_MAX_MEMBERS];
@@ -166,6 +166,12 @@ static td_status make_stage(pstage *s, const char *json, const char *checkpoint,
             if (td_decoder_set_vocab_slice(s->d[j], vfirst[j], vcount[j]) == TD_ERR_UNSUPPORTED)
                 TD_CHECK(
                     td_decoder_set_vocab_slice(s->d[j], 0, j == 0 ? td_decoder_vocab(s->d[j]) : 0));
+    }
+    /* each decoder alone reads its part: its gradients (and f32 copies of
+     * packed matrices) go */
+    for (int j = 0; j < s->members; j++) {
+        td_decoder_take_model(s->d[j]);
+        s->m[j] = NULL;
     }
     return TD_OK;
 }

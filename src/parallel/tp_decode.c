@@ -120,7 +120,11 @@ static td_status make_member(tensor_dec *t, int k, const char *json, const char 
     TD_CHECK(td_decoder_create(m->m, &m->d));
     /* a head that is not a whole linear: the first member gives every logit */
     if (td_decoder_set_vocab_slice(m->d, vfirst[k], vcount[k]) == TD_ERR_UNSUPPORTED)
-        return td_decoder_set_vocab_slice(m->d, 0, k == 0 ? td_decoder_vocab(m->d) : 0);
+        TD_CHECK(td_decoder_set_vocab_slice(m->d, 0, k == 0 ? td_decoder_vocab(m->d) : 0));
+    /* the decoder alone reads the shard: its gradients (and f32 copies of
+     * packed matrices) go */
+    td_decoder_take_model(m->d);
+    m->m = NULL;
     return TD_OK;
 }
 
