@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -23,8 +24,9 @@
 
 struct td_safetensors {
     char name[1024];
-    uint8_t *bytes; /* the whole file */
+    uint8_t *bytes; /* the whole file: malloc'ed, or mapped */
     size_t n;
+    int mapped;            /* bytes is a private mapping of the file (load_file) */
     td_st_tensor *tensors; /* sorted by data offset */
     size_t count;
     st_meta *meta;
@@ -50,7 +52,10 @@ void td_safetensors_destroy(td_safetensors *st) {
     free(st->tensors);
     free(st->file_dtype);
     free(st->meta);
-    free(st->bytes);
+    if (st->mapped)
+        munmap(st->bytes, st->n);
+    else
+        free(st->bytes);
     free(st);
 }
 
@@ -239,11 +244,35 @@ static td_status name_dtypes(td_safetensors *st, json_t *root) {
     return TD_OK;
 }
 
-/* td_safetensors_parse() of bytes (n of them, malloc'ed), which the file
- * object takes over, freed with it or on failure: a file read from disk is
- * then held once, not twice. */
-static td_status parse_owned(uint8_t *bytes, size_t n, const char *name, int any_dtype,
+/* The checksum of n bytes of fd from offset on, read in chunks. */
+static td_status crc_file(int fd, size_t offset, size_t n, const char *name, uint32_t *crc) {
+    enum { CHUNK = 1 << 22 };
+    uint8_t *buf = malloc(CHUNK);
+    td_status st = TD_OK;
+    if (!buf)
+        return td__error(TD_ERR_OUT_OF_MEMORY, "%s: no memory to check its checksum", name);
+    while (n > 0 && st == TD_OK) {
+        ssize_t got = pread(fd, buf, n < CHUNK ? n : CHUNK, (off_t)offset);
+        if (got <= 0)
+            st = td__error(TD_ERR_IO, "%s: read failed at byte %zu", name, offset);
+        else {
+            *crc = td__st_crc_data(*crc, buf, (size_t)got);
+            offset += (size_t)got;
+            n -= (size_t)got;
+        }
+    }
+    free(buf);
+    return st;
+}
+
+/* td_safetensors_parse() of bytes (n of them, malloc'ed; or mapped from the
+ * file open as fd, -1 otherwise), which the file object takes over, freed
+ * with it or on failure: a file read from disk is then held once, not
+ * twice. A mapped file's checksum reads fd, so that the mapping's pages are
+ * touched only by those who read tensors. */
+static td_status parse_owned(uint8_t *bytes, size_t n, int fd, const char *name, int any_dtype,
                              td_safetensors **out) {
+    int mapped = fd >= 0;
     td_safetensors *st = NULL;
     json_t *root = NULL, *v;
     json_error_t jerr;
@@ -254,13 +283,17 @@ static td_status parse_owned(uint8_t *bytes, size_t n, const char *name, int any
     td_status st_;
     *out = NULL;
     if (!(st = td__calloc(sizeof *st, "a safetensors file"))) {
-        free(bytes);
+        if (mapped)
+            munmap(bytes, n);
+        else
+            free(bytes);
         return TD_ERR_OUT_OF_MEMORY;
     }
     snprintf(st->name, sizeof st->name, "%s", name ? name : "<memory>");
     st->any_dtype = any_dtype;
     st->bytes = bytes;
     st->n = n;
+    st->mapped = mapped;
     if (n < 8) {
         st_ = td__error(TD_ERR_CORRUPT, "%s: %zu bytes, shorter than the 8-byte header length",
                         st->name, n);
@@ -333,8 +366,15 @@ static td_status parse_owned(uint8_t *bytes, size_t n, const char *name, int any
         const char *want = td_safetensors_meta(st, TD_ST_CRC_KEY);
         if (want) {
             char got[16];
-            snprintf(got, sizeof got, "%08x",
-                     td__st_crc_meta(td__st_crc_data(0, data, data_len), st->meta, st->nmeta));
+            uint32_t crc = 0;
+            st_ = TD_OK;
+            if (mapped)
+                st_ = crc_file(fd, (size_t)(data - st->bytes), data_len, st->name, &crc);
+            else
+                crc = td__st_crc_data(0, data, data_len);
+            if (st_ != TD_OK)
+                goto fail;
+            snprintf(got, sizeof got, "%08x", td__st_crc_meta(crc, st->meta, st->nmeta));
             if (strcmp(got, want) != 0) {
                 st_ = td__error(TD_ERR_CORRUPT,
                                 "%s: checksum mismatch (stored %.16s, computed %s): the tensors "
@@ -367,40 +407,52 @@ td_status td_safetensors_parse(const void *bytes, size_t n, const char *name,
                          name ? name : "<memory>", n);
     if (n)
         memcpy(copy, bytes, n);
-    return parse_owned(copy, n, name, 0, out);
+    return parse_owned(copy, n, -1, name, 0, out);
 }
 
-/* td_safetensors_load(), and td__safetensors_load_any() with any_dtype. */
+/* td_safetensors_load(), and td__safetensors_load_any() with any_dtype. The
+ * file is mapped, not read into memory: its pages come from the page cache
+ * as they are read (the checksum reads them all once), and never count
+ * against memory as a copy would. Checkpoints are replaced by rename, so a
+ * mapped file does not change under its reader. */
 static td_status load_file(const char *path, int any_dtype, td_safetensors **out) {
     struct stat sb;
-    FILE *f;
-    uint8_t *buf = NULL;
-    long size;
+    void *map;
+    td_status st;
+    int fd;
     if (!out)
         return td__error(TD_ERR_INVALID_ARG, "td_safetensors_load: out is NULL");
     *out = NULL;
     if (!path)
         return td__error(TD_ERR_INVALID_ARG, "td_safetensors_load: path is NULL");
-    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
-        return td__error(TD_ERR_IO, "%s: not a regular file", path);
-    if (!(f = fopen(path, "rb")))
+    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
         return td__error(TD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0 ||
-        (size_t)size > TD_ST_MAX_FILE) {
-        fclose(f);
-        return td__error(TD_ERR_IO, "%s: cannot find its size, or it is too large", path);
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return td__error(TD_ERR_IO, "%s: not a regular file", path);
     }
-    if (!(buf = malloc(size ? (size_t)size : 1))) {
-        fclose(f);
-        return td__error(TD_ERR_OUT_OF_MEMORY, "%s: no memory for %ld bytes", path, size);
+    if ((size_t)sb.st_size > TD_ST_MAX_FILE) {
+        close(fd);
+        return td__error(TD_ERR_IO, "%s: %lld bytes: too large", path, (long long)sb.st_size);
     }
-    if (fread(buf, 1, (size_t)size, f) != (size_t)size) {
-        free(buf);
-        fclose(f);
-        return td__error(TD_ERR_IO, "%s: read failed", path);
+    if (sb.st_size < 8) { /* too short to map, or to be a file: parse says why */
+        uint8_t *few = malloc(8);
+        ssize_t got = few ? read(fd, few, (size_t)sb.st_size) : -1;
+        close(fd);
+        if (got < 0) {
+            free(few);
+            return td__error(TD_ERR_IO, "%s: read failed", path);
+        }
+        return parse_owned(few, (size_t)got, -1, path, any_dtype, out);
     }
-    fclose(f);
-    return parse_owned(buf, (size_t)size, path, any_dtype, out);
+    map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (map == MAP_FAILED) {
+        close(fd);
+        return td__error(TD_ERR_IO, "%s: cannot map: %s", path, strerror(errno));
+    }
+    st = parse_owned(map, (size_t)sb.st_size, fd, path, any_dtype, out);
+    close(fd);
+    return st;
 }
 
 td_status td_safetensors_load(const char *path, td_safetensors **out) {
