@@ -766,7 +766,7 @@ def bench_llama(a, work, prompt, bw2):
         verdicts.append(ok)
         log(f"FLOOR tandem cpu Llama prefill of {a.prompt_tokens} tokens <= 1.2x llama.cpp's: "
             f"{tp / lp:.2f}x: {'PASS' if ok else 'FAIL'}")
-        key = "tandem / llama.cpp"
+        key = "tandem cpu / llama.cpp"
         if key in agree:
             ok = agree[key] == a.new_tokens
             verdicts.append(ok)
