@@ -48,7 +48,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MNIST = os.path.join(ROOT, "data", "mnist")
 TEXT = os.path.join(ROOT, "data", "text", "tinyshakespeare.txt")
 
-# name, model file (or a GPT's shape: gpt=(layers, heads, channels)), data,
+# Llama-512's SwiGLU hidden features: 4 x 512 x 2/3 rounded up to a multiple of 32.
+LLAMA_HIDDEN = 1376
+
+# name, model file (or a GPT's shape: gpt=(layers, heads, channels), or a
+# Llama's: llama=(layers, heads, kv_heads, channels, hidden)), data,
 # batch, optimizer, lr, full run, floors: speed_floor against PyTorch on CPUs,
 # gpu_floor on a GPU (None: no floor), peak_floor: the share of the FMA peak
 # (None: none); cpu_only: not a GPU row. label: the name in the summary lines
@@ -67,11 +71,14 @@ MODELS = [
          batch=1024, opt="sgd", lr=0.05, speed_floor=1.2, cpu_only=True, bf16=True),
     dict(name="gpt_512", label="GPT-512", gpt=(4, 8, 512), data=TEXT, batch=16, opt="adamw",
          lr=3e-4, warmup=100, clip=1.0, speed_floor=1.2, cpu_only=True, bf16=True),
+    dict(name="llama_512", label="Llama-512", llama=(4, 8, 2, 512, LLAMA_HIDDEN), data=TEXT,
+         batch=16, opt="adamw", lr=3e-4, warmup=100, clip=1.0, speed_floor=1.2, cpu_only=True),
     dict(name="gpt_llmc", label="GPT-llm.c", gpt=(4, 4, 256), data=TEXT, batch=8, opt="adamw",
          lr=3e-4, warmup=100, clip=1.0, speed_floor=None, peak_floor=0.55, cpu_only=True),
 ]
 
 CONTEXT, VOCAB = 128, 256
+ROPE_THETA = 10000.0
 # The schedule's length: long enough that a timed round never reaches it.
 NOMINAL_STEPS = 1000000
 
@@ -90,12 +97,28 @@ def gpt_json(layers, heads, c):
                        {"type": "layernorm"}, {"type": "linear", "out": VOCAB}]}
 
 
+def llama_json(layers, heads, kv_heads, c, hidden):
+    """examples/llama_tiny.json's layers at another size."""
+    block = [{"type": "residual", "layers": [
+                 {"type": "rmsnorm", "eps": 1e-5},
+                 {"type": "attention", "heads": heads, "kv_heads": kv_heads,
+                  "rope_theta": ROPE_THETA, "qkv_bias": False, "proj_bias": False}]},
+             {"type": "residual", "layers": [{"type": "rmsnorm", "eps": 1e-5},
+                                             {"type": "swiglu", "hidden": hidden}]}]
+    return {"name": "llama_%d_%d_%d_%d" % (layers, heads, kv_heads, c),
+            "input": {"tokens": CONTEXT, "vocab": VOCAB},
+            "layers": [{"type": "embedding", "vocab": VOCAB, "dim": c, "positions": False},
+                       {"type": "repeat", "count": layers, "layers": block},
+                       {"type": "rmsnorm", "eps": 1e-5},
+                       {"type": "linear", "out": VOCAB, "bias": False}]}
+
+
 def model_file(spec, workdir):
     if "file" in spec:
         return os.path.join(ROOT, spec["file"])
     path = os.path.join(workdir, spec["name"] + ".json")
     with open(path, "w") as f:
-        json.dump(gpt_json(*spec["gpt"]), f)
+        json.dump(llama_json(*spec["llama"]) if "llama" in spec else gpt_json(*spec["gpt"]), f)
     return path
 
 
@@ -250,6 +273,102 @@ class GPTTiny(nn.Module):
         return self.head(self.ln(self.blocks(self.wte(idx) + self.wpe(pos))))
 
 
+def rms_norm(c):
+    """torch.nn.RMSNorm where this PyTorch has it (2.4 on), else Llama's own."""
+    if hasattr(nn, "RMSNorm"):
+        return nn.RMSNorm(c, eps=1e-5)
+    return LlamaRMSNorm(c)
+
+
+class LlamaRMSNorm(nn.Module):
+    def __init__(self, c, eps=1e-5):
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(c))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+# scaled_dot_product_attention's enable_gqa (PyTorch 2.5 on): grouped key and
+# value heads without copying them out per query head first.
+SDPA_GQA = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
+
+
+class LlamaAttention(nn.Module):
+    """tandem's attention with kv_heads and rope_theta (docs/models.md): one
+    projection, q's rows then k's then v's; rotary positions in transformers'
+    rotate_half form, the pairs (j, j + d/2) of each head turned by position x
+    theta^(-2j/d); key/value head j serves query heads [j g, (j + 1) g)."""
+
+    def __init__(self, c, heads, kv_heads, t=CONTEXT):
+        super().__init__()
+        self.heads, self.kv, self.d = heads, kv_heads, c // heads
+        self.qkv = nn.Linear(c, (heads + 2 * kv_heads) * self.d, bias=False)
+        self.proj = nn.Linear(c, c, bias=False)
+        inv = ROPE_THETA ** (-torch.arange(0, self.d, 2, dtype=torch.float64) / self.d)
+        ang = torch.arange(t, dtype=torch.float64)[:, None] * inv[None, :]  # (T, d/2)
+        self.register_buffer("cos", ang.cos().float(), persistent=False)
+        self.register_buffer("sin", ang.sin().float(), persistent=False)
+
+    def rope(self, x):  # x (B, heads, T, d)
+        t, h = x.shape[2], self.d // 2
+        c, s = self.cos[:t], self.sin[:t]
+        x1, x2 = x[..., :h], x[..., h:]
+        return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split((self.heads * self.d, self.kv * self.d, self.kv * self.d), 2)
+        q = self.rope(q.view(b, t, self.heads, self.d).transpose(1, 2))
+        k = self.rope(k.view(b, t, self.kv, self.d).transpose(1, 2))
+        v = v.view(b, t, self.kv, self.d).transpose(1, 2)
+        if SDPA_GQA:  # the grouped heads read in place, PyTorch's fastest way here
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:  # transformers' repeat_kv
+            g = self.heads // self.kv
+            k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate(x)) * up(x)), gate and up one projection (gate's rows first)."""
+
+    def __init__(self, c, hidden):
+        super().__init__()
+        self.gate_up = nn.Linear(c, 2 * hidden, bias=False)
+        self.down = nn.Linear(hidden, c, bias=False)
+
+    def forward(self, x):
+        g, u = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(g) * u)
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, c, heads, kv_heads, hidden):
+        super().__init__()
+        self.n1, self.att = rms_norm(c), LlamaAttention(c, heads, kv_heads)
+        self.n2, self.mlp = rms_norm(c), SwiGLU(c, hidden)
+
+    def forward(self, x):
+        x = x + self.att(self.n1(x))
+        return x + self.mlp(self.n2(x))
+
+
+class Llama(nn.Module):
+    """The model llama_json describes: no position table, no biases."""
+
+    def __init__(self, layers, heads, kv_heads, c, hidden, vocab=VOCAB):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, c)
+        self.blocks = nn.Sequential(*[LlamaBlock(c, heads, kv_heads, hidden)
+                                      for _ in range(layers)])
+        self.norm, self.head = rms_norm(c), nn.Linear(c, vocab, bias=False)
+
+    def forward(self, idx):
+        return self.head(self.norm(self.blocks(self.wte(idx))))
+
+
 # PyTorch training ------------------------------------------------------------
 
 def make_optimizer(model, spec, total_steps):
@@ -297,8 +416,11 @@ def torch_run(spec, dev, seconds=None, steps=None, full=False, bf16=False):
             return xtr_d[idx], ytr_d[idx]
     else:
         tr, va = text()
-        layers, heads, c = spec["gpt"]
-        model = GPTTiny(c=c, layers=layers, heads=heads)
+        if "llama" in spec:
+            model = Llama(*spec["llama"])
+        else:
+            layers, heads, c = spec["gpt"]
+            model = GPTTiny(c=c, layers=layers, heads=heads)
 
         def batch():
             s = torch.randint(0, len(tr) - CONTEXT, (b,), generator=g)
