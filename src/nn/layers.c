@@ -248,7 +248,8 @@ td_kv_map td__att_map(const td_layer *l) {
     if (l->split.kind != TD__SPLIT_HEADS)
         return m;
     m.h = count;
-    m.skew = first % m.g;
+    /* no query heads: no key/value heads, none shared */
+    m.skew = count ? first % m.g : 0;
     m.kv = count ? (first + count - 1) / m.g - first / m.g + 1 : 0;
     return m;
 }

@@ -174,7 +174,7 @@ static td_param_slice qkv_slice(const td_layer *l, int64_t d, int ndim, const in
     sl.kv_extent = l->kv_heads * d;
     sl.kv_first = map.h ? l->split.first / map.g * d : 0;
     sl.kv_count = map.kv * d;
-    sl.kv_shared = map.skew ? d : 0;
+    sl.kv_shared = map.skew ? d : 0; /* 0 without heads: td__att_map */
     return sl;
 }
 
