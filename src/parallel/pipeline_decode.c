@@ -118,19 +118,6 @@ static void cut_layers(const td_layer_info *li, int nl, const double *share, int
     }
 }
 
-/* Member j's slice of every splittable unit and of the vocabulary: the
- * members' shares of each, as `tensor` cuts them. */
-static void member_plan(const td_split_info *units, int nunits, const double *share, int members,
-                        int j, td_shard_plan *plan) {
-    plan->units = nunits;
-    for (int u = 0; u < nunits; u++) {
-        int64_t first[TD_DP_MAX_MEMBERS], count[TD_DP_MAX_MEMBERS];
-        td__cut_by_shares(units[u].size, share, members, first, count);
-        plan->first[u] = first[j];
-        plan->count[u] = count[j];
-    }
-}
-
 /* *table: the name of the embedding's table, which an untied head reads
  * (NULL: nothing tied); set by the stage holding the embedding, the first.
  * A tensor stage's members hold shards of its layers, sized by share. */
@@ -138,16 +125,19 @@ static td_status make_stage(pstage *s, const char *json, const char *checkpoint,
                             int first, int end, int untied, const char **table, const double *share,
                             int64_t classes) {
     td_split_info units[TD_SHARD_MAX_UNITS];
+    td_weights w = (td_weights)td_weights_default();
     int nunits = 0;
     if (s->members > 1)
         TD_CHECK(td_model_describe_splits(json, checkpoint, units, TD_SHARD_MAX_UNITS, &nunits));
+    if (s->members > 1 && td_weights_default() < 0) /* the checkpoint's: whole q8_0 blocks */
+        TD_CHECK(td_checkpoint_read_weights(checkpoint, &w));
     for (int j = 0; j < s->members; j++) {
         td_device *dev = s->dev[j];
         td_shard_plan plan;
         if (s->members == 1) {
             TD_CHECK(td_model_load_part(json, checkpoint, dev, dtype, 0, first, end, 1, &s->m[j]));
         } else {
-            member_plan(units, nunits, share, s->members, j, &plan);
+            td__cut_units(units, nunits, share, s->members, w, j, &plan);
             TD_CHECK(td_model_load_part_shard(json, checkpoint, dev, dtype, 0, first, end, 1, &plan,
                                               &s->m[j]));
             td_model_set_reduce_hook(s->m[j], stage_reduce, s->g);

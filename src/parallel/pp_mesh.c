@@ -87,20 +87,13 @@ static td_status measure_shares(td_strategy *s, pp_mesh *x) {
 /* Chain j's slices: of every unit, stage k's share of member j. */
 static td_status cut_slices(td_strategy *s, const pp_mesh *x, int j, td_shard_plan **out) {
     td_split_info units[TD_SHARD_MAX_UNITS];
-    int64_t first[TD_DP_MAX_MEMBERS], count[TD_DP_MAX_MEMBERS];
     int nunits;
     td_shard_plan *plans;
     TD_CHECK(td_model_describe_splits(s->json, s->model_name, units, TD_SHARD_MAX_UNITS, &nunits));
     if (!(*out = plans = td__calloc(sizeof *plans * (size_t)x->m.replicas, "a stage's slices")))
         return TD_ERR_OUT_OF_MEMORY;
-    for (int k = 0; k < x->m.replicas; k++) {
-        plans[k].units = nunits;
-        for (int u = 0; u < nunits; u++) {
-            td__cut_by_shares(units[u].size, x->share[k], x->tensor, first, count);
-            plans[k].first[u] = first[j];
-            plans[k].count[u] = count[j];
-        }
-    }
+    for (int k = 0; k < x->m.replicas; k++)
+        td__cut_units(units, nunits, x->share[k], x->tensor, TD_WEIGHTS_F32, j, &plans[k]);
     return TD_OK;
 }
 

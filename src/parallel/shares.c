@@ -92,3 +92,25 @@ void td__cut_by_shares(int64_t size, const double *share, int n, int64_t *first,
     }
     assert(at == size); /* shares summing past 1 would overshoot */
 }
+
+/* The units a cut keeps together so that no q8_0 block of 32 columns is
+ * split between two members: whole blocks of features, or enough heads
+ * to fill one (a head width that divides no block cannot be q8_0 anyway). */
+static int64_t block_granule(const td_split_info *u, td_weights w) {
+    int64_t g = 1;
+    while (w == TD_WEIGHTS_Q8_0 && (g * u->width) % 32 != 0 && g < 32)
+        g *= 2;
+    return (g * u->width) % 32 == 0 ? g : 1;
+}
+
+void td__cut_units(const td_split_info *units, int nunits, const double *share, int n, td_weights w,
+                   int j, td_shard_plan *plan) {
+    plan->units = nunits;
+    for (int u = 0; u < nunits; u++) {
+        int64_t first[TD_DP_MAX_MEMBERS], count[TD_DP_MAX_MEMBERS], g = block_granule(&units[u], w);
+        td__cut_by_shares(units[u].size / g, share, n, first, count);
+        plan->first[u] = first[j] * g;
+        /* a tail shorter than a granule: the last member's */
+        plan->count[u] = count[j] * g + (j == n - 1 ? units[u].size % g : 0);
+    }
+}

@@ -95,6 +95,10 @@ void td__shares_from_speed(const double *alone_s, int n, double *share);
  * first[k] + count[k]), in proportion to share, the largest remainders
  * first (ties to the lower rank); a range may be empty. */
 void td__cut_by_shares(int64_t size, const double *share, int n, int64_t *first, int64_t *count);
+/* Member j's slices (of n members, by share) of every splittable unit:
+ * `tensor`'s cut, kept to whole q8_0 blocks when the weights are w. */
+void td__cut_units(const td_split_info *units, int nunits, const double *share, int n, td_weights w,
+                   int j, td_shard_plan *plan);
 
 /* Meshes (mesh.c): `name` ("data:2,tensor:2", or a plain strategy name) as
  * the strategy that runs it (*strategy), the options the mesh sets for it

@@ -51,29 +51,9 @@ static td_status reduce_hook(void *arg, td_tensor *t) {
 
 /* Sizing ---------------------------------------------------------------------------- */
 
-/* The units a cut keeps together so that no q8_0 block of 32 columns is
- * split between two members: whole blocks of features, or enough heads
- * to fill one (a head width that divides no block cannot be q8_0 anyway). */
-static int64_t block_granule(const td_split_info *u, td_weights w) {
-    int64_t g = 1;
-    while (w == TD_WEIGHTS_Q8_0 && (g * u->width) % 32 != 0 && g < 32)
-        g *= 2;
-    return (g * u->width) % 32 == 0 ? g : 1;
-}
-
 static void make_plans(tensor_dec *t, const td_split_info *units, int nunits, td_weights w) {
-    for (int u = 0; u < nunits; u++) {
-        int64_t first[TD_DP_MAX_MEMBERS], count[TD_DP_MAX_MEMBERS], g = block_granule(&units[u], w);
-        td__cut_by_shares(units[u].size / g, t->share, t->size, first, count);
-        for (int k = 0; k < t->size; k++)
-            first[k] *= g, count[k] *= g;
-        count[t->size - 1] += units[u].size % g; /* a tail shorter than a block: the last's */
-        for (int k = 0; k < t->size; k++) {
-            t->mb[k].plan.units = nunits;
-            t->mb[k].plan.first[u] = first[k];
-            t->mb[k].plan.count[u] = count[k];
-        }
-    }
+    for (int k = 0; k < t->size; k++)
+        td__cut_units(units, nunits, t->share, t->size, w, k, &t->mb[k].plan);
 }
 
 /* Passes ------------------------------------------------------------------------------- */
