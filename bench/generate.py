@@ -206,12 +206,37 @@ def write_hf(cfg, path):
     GPT2LMHeadModel(GPT2Config(**cfg)).eval().save_pretrained(path)
 
 
+def add_id_vocabulary(w, vocab):
+    """llama.cpp takes its vocabulary size from the tokenizer ("none" gives
+    0): a SentencePiece-style list whose pieces are named by their ids
+    (<t3>, <t4>, ...), since the bench feeds and reads ids only."""
+    w.add_tokenizer_model("llama")
+    w.add_token_list([b"<unk>", b"<s>", b"</s>"] + [f"<t{i}>".encode() for i in range(3, vocab)])
+    w.add_token_scores([0.0] * vocab)
+    w.add_token_types([2, 3, 3] + [1] * (vocab - 3))
+
+
+def f32_adder(w):
+    """add(name, array): the array as an f32 tensor of w."""
+    import numpy as np
+
+    def add(name, arr):
+        w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
+    return add
+
+
+def finish_gguf(w):
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def write_gguf(hfdir, cfg, path):
     """The same weights as an f32 GGUF for llama.cpp's gpt2 architecture, as
     llama.cpp's convert_hf_to_gguf.py lays them out (Conv1D weights
     transposed to (out, in); the head written out as output.weight)."""
     import gguf
-    import numpy as np
     from safetensors.numpy import load_file
     st = load_file(os.path.join(hfdir, "model.safetensors"))
     pre = "transformer." if "transformer.wte.weight" in st else ""
@@ -223,17 +248,8 @@ def write_gguf(hfdir, cfg, path):
     w.add_head_count(cfg["n_head"])
     w.add_layer_norm_eps(1e-5)
     w.add_file_type(0)  # all f32
-    # llama.cpp takes its vocabulary size from the tokenizer ("none" gives
-    # 0): a SentencePiece-style list of placeholder pieces; ids go in as they are
-    v = cfg["vocab_size"]
-    w.add_tokenizer_model("llama")
-    w.add_token_list([b"<unk>", b"<s>", b"</s>"] + [f"<t{i}>".encode() for i in range(3, v)])
-    w.add_token_scores([0.0] * v)
-    w.add_token_types([2, 3, 3] + [1] * (v - 3))
-
-    def add(name, arr):
-        w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
-
+    add_id_vocabulary(w, cfg["vocab_size"])
+    add = f32_adder(w)
     add("token_embd.weight", st[pre + "wte.weight"])
     add("position_embd.weight", st[pre + "wpe.weight"])
     for i in range(cfg["n_layer"]):
@@ -253,10 +269,7 @@ def write_gguf(hfdir, cfg, path):
     add("output_norm.weight", st[pre + "ln_f.weight"])
     add("output_norm.bias", st[pre + "ln_f.bias"])
     add("output.weight", st[pre + "wte.weight"])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish_gguf(w)
 
 
 def write_llama_hf(cfg, path):
@@ -281,7 +294,6 @@ def write_llama_gguf(hfdir, cfg, path):
     its convert_hf_to_gguf.py writes a LlamaForCausalLM: q and k permuted for
     its rotary layout, the tied head left to token_embd (no output.weight)."""
     import gguf
-    import numpy as np
     from safetensors.numpy import load_file
     st = load_file(os.path.join(hfdir, "model.safetensors"))
     h, kvh = cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -297,15 +309,8 @@ def write_llama_gguf(hfdir, cfg, path):
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_vocab_size(cfg["vocab_size"])
     w.add_file_type(0)  # all f32
-    v = cfg["vocab_size"]  # placeholder pieces, as for GPT-2 (write_gguf)
-    w.add_tokenizer_model("llama")
-    w.add_token_list([b"<unk>", b"<s>", b"</s>"] + [f"<t{i}>".encode() for i in range(3, v)])
-    w.add_token_scores([0.0] * v)
-    w.add_token_types([2, 3, 3] + [1] * (v - 3))
-
-    def add(name, arr):
-        w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
-
+    add_id_vocabulary(w, cfg["vocab_size"])
+    add = f32_adder(w)
     add("token_embd.weight", st["model.embed_tokens.weight"])
     for i in range(cfg["num_hidden_layers"]):
         p, b = f"model.layers.{i}.", f"blk.{i}."
@@ -321,10 +326,7 @@ def write_llama_gguf(hfdir, cfg, path):
     add("output_norm.weight", st["model.norm.weight"])
     if "lm_head.weight" in st:  # an untied head
         add("output.weight", st["lm_head.weight"])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish_gguf(w)
 
 
 # llama.cpp's own file types (llama.h's llama_ftype) for its quantizer
